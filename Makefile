@@ -1,0 +1,52 @@
+# kvpilot — every target sets up what it needs (a fresh machine needs only Python 3.11, Go, npm).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv test unit e2e demo cluster-build cluster-up cluster-down render bench lint crds clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+$(STAMP): pyproject.toml
+	@echo "==> Creating $(VENV) and installing kvpilot + kvsim with test extras"
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,plots]'
+	@touch $@
+
+venv: $(STAMP) ## Create the virtualenv with kvpilot, kvsim and the test tools
+
+cluster-build: ## Build or reuse the control-plane binaries (cached outside the repo, keyed by version)
+	@hack/testenv/build.sh >/dev/null
+
+cluster-up: venv cluster-build ## Start etcd, kube-apiserver, controller-manager, scheduler, kwok + fake GPU nodes
+	@hack/testenv/cluster-up.sh
+
+cluster-down: ## Stop exactly what cluster-up started
+	@hack/testenv/cluster-down.sh
+
+test: venv cluster-build ## Run every test: unit, chart, simulator, end-to-end on the local control plane
+	$(BIN)/pytest -q tests
+
+unit: venv ## Run the fast tests that need no cluster
+	$(BIN)/pytest -q tests -m 'not e2e'
+
+demo: venv cluster-build ## Closed loop on a local cluster: build -> serve (kvsim) -> load -> retune
+	$(BIN)/python hack/demo.py
+
+render: venv ## Render the objects for every example (like helm template)
+	@for f in examples/*.yaml; do echo "# ---- $$f"; $(BIN)/kvpilot render -f $$f; done
+
+bench: venv ## Run the benchmarks and print their figures
+	$(BIN)/python -m tests.bench
+
+crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api/schema.py
+	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml
+	cp crds/serving.kvpilot.io_inferenceengines.yaml charts/kvpilot/crds/
+
+clean: ## Remove the virtualenv and local cluster state (not the binary cache)
+	-hack/testenv/cluster-down.sh
+	rm -rf $(VENV) .testenv

@@ -1,0 +1,1 @@
+"""The InferenceEngine API: schema (source of the CRD), typed models, defaults, validation, conditions."""

@@ -1,0 +1,56 @@
+"""camelCase API dicts <-> snake_case frozen dataclasses, driven by the dataclasses' type hints.
+
+A generic converter keeps the models declarative: adding a field to the schema and the dataclass is the
+whole change, and the parity test catches a field added to only one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar, Union
+
+T = TypeVar("T")
+
+
+def camel(name: str) -> str:
+    """``kv_cache_free_gpu_memory_percent`` -> ``kvCacheFreeGpuMemoryPercent``."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(inner, value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value)  # type: ignore[arg-type]
+    if origin is tuple:
+        (item_tp, _ellipsis) = typing.get_args(tp)
+        return tuple(_convert(item_tp, v) for v in value)
+    if origin is dict:
+        return {str(k): str(v) for k, v in value.items()}
+    if tp is int and isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Instantiate dataclass ``cls`` from a camelCase dict; missing keys fall back to the field default."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        key = camel(f.name)
+        if key in data:
+            kwargs[f.name] = _convert(hints[f.name], data[key])
+    return cls(**kwargs)
+
+
+def dataclass_fields(cls: type) -> dict[str, Any]:
+    """Field name (camelCase) -> resolved type, for the schema parity test."""
+    hints = typing.get_type_hints(cls)
+    return {camel(f.name): hints[f.name] for f in dataclasses.fields(cls)}

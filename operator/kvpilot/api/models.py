@@ -1,0 +1,215 @@
+"""Typed, immutable models of the InferenceEngine spec.
+
+Field names are the snake_case of the API's camelCase. Fields that the schema defaults are plain types;
+fields the user may leave out are ``Optional``. ``tests/unit/test_api_parity.py`` proves these classes and
+``spec_schema.py`` agree field for field, so neither can grow a field the other lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from kvpilot.api.convert import from_dict
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str
+    revision: Optional[str] = None
+    architecture: Optional[str] = None
+    credentials_secret_ref: Optional[SecretRef] = None
+
+    @property
+    def scheme(self) -> str:
+        """hf, pvc or s3."""
+        return self.source.split("://", 1)[0]
+
+    @property
+    def location(self) -> str:
+        """The source without its scheme: ``org/name``, ``claim/path`` or ``bucket/prefix``."""
+        return self.source.split("://", 1)[1]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    profile: str
+    speedup_ratio: int
+    startup_seconds: int
+    build_seconds: int
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    backend: str
+    image: Optional[str] = None
+    simulation: Optional[Simulation] = None
+    env: tuple[EnvVar, ...] = ()
+
+
+@dataclass(frozen=True)
+class KvCacheSpec:
+    type: str
+    tokens_per_block: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    dataset: str
+    size: int
+    max_seq_length: int
+
+
+@dataclass(frozen=True)
+class Resources:
+    requests: Optional[dict[str, str]] = None
+    limits: Optional[dict[str, str]] = None
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    dtype: str
+    quantization: str
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    max_beam_width: int
+    kv_cache: KvCacheSpec
+    multiple_profiles: bool
+    calibration: Calibration
+    timeout_seconds: int
+    backoff_limit: int
+    resources: Resources
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine instance needs: one per tensor-parallel x pipeline-parallel rank."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
+class BatchingSpec:
+    mode: str
+    max_batch_size: int
+    max_num_tokens: int
+    scheduler_policy: str
+    kv_cache_free_gpu_memory_percent: int
+    enable_block_reuse: bool
+    enable_chunked_context: bool
+    dynamic_batch_size_tuning: bool
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: Optional[str] = None
+    operator: Optional[str] = None
+    value: Optional[str] = None
+    effect: Optional[str] = None
+    toleration_seconds: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    max_surge: int
+    max_unavailable: int
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    replicas: int
+    port: int
+    resources: Resources
+    startup_timeout_seconds: int
+    rollout: RolloutSpec
+    gpu_product: Optional[str] = None
+    node_selector: Optional[dict[str, str]] = None
+    tolerations: tuple[Toleration, ...] = ()
+    priority_class_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EngineCacheSpec:
+    access_mode: str
+    claim_name: Optional[str] = None
+    storage_class_name: Optional[str] = None
+    size: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    time_to_first_token_millis: Optional[int] = None
+    time_per_output_token_millis: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    source: str
+    url: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class AutotuneSpec:
+    enabled: bool
+    mode: str
+    min_batch_size: int
+    max_batch_size: int
+    target_kv_cache_utilization_percent: int
+    interval_seconds: int
+    cooldown_seconds: int
+    warmup_seconds: int
+    allow_rebuild: bool
+    metrics: MetricsSpec
+    slo: Optional[SloSpec] = None
+
+
+@dataclass(frozen=True)
+class InferenceEngineSpec:
+    model: ModelSpec
+    runtime: RuntimeSpec
+    build: BuildSpec
+    batching: BatchingSpec
+    serving: ServingSpec
+    autotune: AutotuneSpec
+    engine_cache: Optional[EngineCacheSpec] = None
+
+    @property
+    def builds_engine(self) -> bool:
+        """tensorrt and simulated compile an engine in a Job; pytorch serves the checkpoint directly."""
+        return self.runtime.backend != "pytorch"
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Identity of the InferenceEngine the children are derived from (for names and owner references)."""
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InferenceEngine:
+    meta: ObjectRef
+    spec: InferenceEngineSpec
+
+
+def parse_spec(spec: dict[str, object]) -> InferenceEngineSpec:
+    """Build the typed spec from a *defaulted and validated* spec dict."""
+    return from_dict(InferenceEngineSpec, spec)

@@ -1,0 +1,143 @@
+"""The OpenAPI schema of ``InferenceEngine.status`` — what the operator observed and decided.
+
+Only the operator writes status. The runtime batch size in force lives here (``status.batching``), never
+in spec, so a GitOps tool that owns spec never fights the tuner.
+"""
+
+from __future__ import annotations
+
+from kvpilot.api.openapi import Schema, array, boolean, integer, map_list, obj, string
+
+HISTORY_LIMIT = 20
+
+
+def _condition() -> Schema:
+    return obj(
+        "A standard condition (metav1.Condition).",
+        {
+            "type": string("EngineReady, Available, Progressing or Degraded.", max_length=316),
+            "status": string("True, False or Unknown.", enum=("True", "False", "Unknown")),
+            "reason": string("A PascalCase reason.", max_length=1024),
+            "message": string("What happened, for a person.", max_length=32768),
+            "observedGeneration": integer("The spec generation this condition was computed from.", 0, fmt="int64"),
+            "lastTransitionTime": string("When status last changed.", max_length=64, fmt="date-time"),
+        },
+        required=("type", "status", "lastTransitionTime", "reason", "message"),
+    )
+
+
+def _engine() -> Schema:
+    return obj(
+        "The engine in service: the last one that built successfully. A failed build leaves it serving.",
+        {
+            "fingerprint": string("Hash of every input that affects the build.", max_length=64),
+            "path": string("Where the engine lives on the cache volume (or the checkpoint for pytorch).", 1024),
+            "claimName": string("The cache PersistentVolumeClaim.", 253),
+            "image": string("The TensorRT-LLM image it was built with and is served with.", 512),
+            "maxBatchSize": integer("The engine's ceiling on the runtime max_batch_size.", 0),
+            "maxNumTokens": integer("The engine's ceiling on the runtime max_num_tokens.", 0),
+            "maxSeqLen": integer("The engine's maximum sequence length.", 0),
+            "tokensPerBlock": integer("Tokens per KV-cache block compiled into the engine.", 0),
+            "tensorParallelSize": integer("Tensor-parallel size of the engine.", 0),
+            "pipelineParallelSize": integer("Pipeline-parallel size of the engine.", 0),
+            "builtAt": string("When the build finished.", 64, fmt="date-time"),
+            "buildJob": string("The Job that built it.", 253),
+        },
+    )
+
+
+def _build() -> Schema:
+    return obj(
+        "The most recent build the operator started for the current spec.",
+        {
+            "fingerprint": string("Fingerprint being built.", 64),
+            "job": string("The build Job.", 253),
+            "state": string("Where the build stands.", enum=("Building", "Succeeded", "Failed", "CacheHit")),
+            "message": string("Why it failed, from the build container's termination message.", 4096),
+            "startedAt": string("When the Job was created.", 64, fmt="date-time"),
+            "finishedAt": string("When it finished.", 64, fmt="date-time"),
+            "observedGeneration": integer("The spec generation that asked for this build.", 0, fmt="int64"),
+        },
+    )
+
+
+def _batching() -> Schema:
+    return obj(
+        "The runtime max_batch_size in force and why.",
+        {
+            "maxBatchSize": integer("The runtime max_batch_size the pods run with.", 0),
+            "reason": string("Why it has this value (SpecValue, AutotuneRaised, AutotuneLowered, ...).", 128),
+            "message": string("The decision's explanation.", 1024),
+            "changedAt": string("When it last changed.", 64, fmt="date-time"),
+            "summary": string("runtime/ceiling, for kubectl get.", 32),
+        },
+    )
+
+
+def _kv_cache() -> Schema:
+    return obj(
+        "The KV-cache pool as last observed, summed over ready pods.",
+        {
+            "utilizationPercent": integer("Used blocks over the pool's blocks, percent (peak of the window).", 0, 100),
+            "usedBlocks": integer("Blocks in use.", 0, fmt="int64"),
+            "maxBlocks": integer("Blocks in the pool.", 0, fmt="int64"),
+            "tokensPerBlock": integer("Tokens per block.", 0),
+            "waitingRequests": integer("Requests queued for admission (peak of the window).", 0),
+            "activeRequests": integer("Requests in the batch (peak of the window).", 0),
+            "pausedRequests": integer("Requests paused for lack of blocks in the window.", 0),
+            "observedAt": string("When the metrics were read.", 64, fmt="date-time"),
+        },
+    )
+
+
+def _decision() -> Schema:
+    return obj(
+        "One autotune decision.",
+        {
+            "at": string("When it was decided.", 64, fmt="date-time"),
+            "action": string("What it did.", enum=("Raise", "Lower", "Hold", "Rebuild")),
+            "fromBatchSize": integer("The runtime max_batch_size before.", 0),
+            "toBatchSize": integer("The runtime max_batch_size after (or recommended).", 0),
+            "reason": string("A PascalCase reason.", 128),
+            "message": string("The explanation.", 1024),
+            "applied": boolean("Whether it was applied (false in Advisory mode or when held)."),
+        },
+    )
+
+
+def _autotune() -> Schema:
+    return obj(
+        "What the tuner recommends and what it did.",
+        {
+            "recommendation": _decision(),
+            "lastAppliedAt": string("When a decision last changed the pods (the cooldown counts from here).", 64,
+                                    fmt="date-time"),
+            "ceilingRequest": integer(
+                "An engine ceiling the tuner asked to build (allowRebuild); it overrides build.maxBatchSize "
+                "in the fingerprint.", 0),
+            "history": array(f"The last {HISTORY_LIMIT} decisions that changed something.", _decision(),
+                             HISTORY_LIMIT),
+        },
+    )
+
+
+def status_schema() -> Schema:
+    """The full ``status`` schema."""
+    return obj(
+        "What the operator observed and decided.",
+        {
+            "observedGeneration": integer("The spec generation last reconciled.", 0, fmt="int64"),
+            "conditions": map_list(
+                "EngineReady, Available, Progressing and Degraded.", _condition(), ("type",), 16
+            ),
+            "engine": _engine(),
+            "build": _build(),
+            "batching": _batching(),
+            "kvCache": _kv_cache(),
+            "autotune": _autotune(),
+            "replicas": integer("Serving pods that exist.", 0),
+            "readyReplicas": integer("Serving pods that are ready.", 0),
+            "selector": string("Label selector of the serving pods (for the scale subresource).", 1024),
+            "endpoint": string("In-cluster URL of the OpenAI-compatible API.", 1024),
+        },
+    )
