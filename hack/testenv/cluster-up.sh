@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Start the local Kubernetes control plane on loopback and wait until it is healthy:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake GPU nodes) and the local
+# kubelet (hack/testenv/localkubelet.py, which runs simulated-backend pods as local processes).
+#
+# Usage: hack/testenv/cluster-up.sh [--help]
+#   Idempotent: if everything it started is still running and healthy, it only re-applies the nodes.
+#   If only part of it runs (a crash, a reboot), it stops that part and starts afresh with an empty etcd.
+#   Writes the admin kubeconfig to .testenv/kubeconfig (absolute paths); state, pids and logs live under
+#   .testenv/ (override with KVPILOT_TESTENV_DIR); binaries come from hack/testenv/build.sh's cache.
+#   Timeouts: TESTENV_WAIT_S (default 180) per component.
+set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0
+fi
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+T=$TESTENV_DIR; P=$T/pki; B=$TESTENV_BIN; LOGS=$T/logs; PIDS=$T/pids
+WAIT_S=${TESTENV_WAIT_S:-180}
+PY=$(testenv_python)
+T0=$SECONDS
+mkdir -p "$T" "$P" "$LOGS" "$PIDS"
+# Repo-local state must never be committed, even if .gitignore is edited: a nested ignore guards it.
+[[ -f "$T/.gitignore" ]] || echo '*' >"$T/.gitignore"
+
+for c in "${TESTENV_COMPONENTS[@]}"; do
+  [[ -x "$B/$c" ]] || { testenv_log "$c is not built yet: running build.sh (cold build takes minutes)"; "$HERE/build.sh" >/dev/null; break; }
+done
+command -v openssl >/dev/null || testenv_die "openssl is required to generate the cluster PKI (apt-get install openssl)"
+
+KC=$T/kubeconfig
+kubectl() { "$B/kubectl" --kubeconfig="$KC" "$@"; }
+
+SERVICES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok localkubelet)
+live=0
+for s in "${SERVICES[@]}"; do testenv_live_pid "$s" >/dev/null && live=$((live + 1)); done
+if ((live == ${#SERVICES[@]})) && kubectl get --raw=/readyz >/dev/null 2>&1; then
+  testenv_log "already up (pids in $PIDS); re-applying the fake GPU nodes"
+  kubectl apply -f "$HERE/nodes.yaml" >/dev/null
+  testenv_log "KUBECONFIG=$KC"
+  exit 0
+fi
+if ((live > 0)); then
+  testenv_log "only $live/${#SERVICES[@]} components are running: stopping them and starting afresh"
+  "$HERE/cluster-down.sh"
+fi
+
+# ---------------------------------------------------------------- PKI (kept across restarts)
+gen_pki() {
+  testenv_log "generating PKI in $P"
+  local ext='authorityKeyIdentifier=keyid,issuer
+subjectKeyIdentifier=hash
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment'
+  (
+    cd "$P"
+    openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 -keyout ca.key -out ca.crt \
+      -subj "/CN=kvpilot-testenv-ca" -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+    printf '%s\n%s\n%s\n' "$ext" 'extendedKeyUsage=serverAuth' \
+      'subjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1' >server.ext
+    printf '%s\n%s\n' "$ext" 'extendedKeyUsage=clientAuth' >client.ext
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver" 2>/dev/null
+    openssl x509 -req -sha256 -days 3650 -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -out apiserver.crt -extfile server.ext 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr \
+      -subj "/O=system:masters/CN=kvpilot-testenv-admin" 2>/dev/null
+    openssl x509 -req -sha256 -days 3650 -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -out admin.crt -extfile client.ext 2>/dev/null
+    # Service-account signing key: lets the TokenRequest API mint tokens (kubectl create token).
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f ./*.csr ./*.ext
+    chmod 600 ./*.key
+  )
+}
+[[ -s "$P/sa.pub" && -s "$P/admin.crt" ]] || gen_pki
+
+# ---------------------------------------------------------------- ports and kubeconfig
+mapfile -t PORTS < <(python3 "$HERE/uptools.py" ports 5)
+ETCD_PORT=${PORTS[0]}; ETCD_PEER=${PORTS[1]}; API_PORT=${PORTS[2]}; KCM_PORT=${PORTS[3]}; SCHED_PORT=${PORTS[4]}
+printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\nKCM_PORT=%s\nSCHED_PORT=%s\n' \
+  "$ETCD_PORT" "$ETCD_PEER" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" >"$T/ports.env"
+cat >"$KC.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kvpilot-testenv
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $P/ca.crt
+users:
+- name: kvpilot-testenv-admin
+  user:
+    client-certificate: $P/admin.crt
+    client-key: $P/admin.key
+contexts:
+- name: kvpilot-testenv
+  context: {cluster: kvpilot-testenv, user: kvpilot-testenv-admin, namespace: default}
+current-context: kvpilot-testenv
+EOF
+mv "$KC.tmp" "$KC"; chmod 600 "$KC"
+
+# ---------------------------------------------------------------- processes
+# Each component runs in its own session (setsid): Ctrl-C in the shell or pytest that started it does
+# not take the cluster down, and cluster-down.sh stops exactly the recorded pid.
+spawn() {  # spawn NAME CMD...
+  local name=$1; shift
+  nohup python3 -c 'import os, sys
+try:
+    os.setsid()
+except OSError:
+    pass
+os.execvp(sys.argv[1], sys.argv[1:])' "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name.pid"
+}
+wait_for() {  # wait_for NAME URL [uptools args...]
+  local name=$1 url=$2 waited; shift 2
+  if ! waited=$(python3 "$HERE/uptools.py" wait "$name" "$url" --timeout "$WAIT_S" --pid "$(<"$PIDS/$name.pid")" "$@"); then
+    testenv_log "last lines of $LOGS/$name.log:"; tail -n 25 "$LOGS/$name.log" >&2 || true
+    testenv_die "$name did not become healthy (see $LOGS/$name.log)"
+  fi
+  testenv_log "  $name healthy after ${waited}s"
+}
+TLS=(--cacert "$P/ca.crt" --cert "$P/admin.crt" --key "$P/admin.key")
+
+testenv_log "starting etcd on 127.0.0.1:$ETCD_PORT"
+rm -rf "$T/etcd"
+spawn etcd "$B/etcd" --name=testenv --data-dir="$T/etcd" \
+  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls="http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER" \
+  --initial-cluster="testenv=http://127.0.0.1:$ETCD_PEER" --unsafe-no-fsync --log-level=warn
+wait_for etcd "http://127.0.0.1:$ETCD_PORT/health"
+
+testenv_log "starting kube-apiserver on https://127.0.0.1:$API_PORT"
+# ServiceAccount admission is disabled (as envtest does): pods never wait for a `default` SA and get no
+# projected token volume the local kubelet would have to fake. The TokenRequest API still works (signing key).
+spawn kube-apiserver "$B/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT" --etcd-prefix=/registry \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
+  --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" --client-ca-file="$P/ca.crt" \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key" \
+  --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=RBAC --allow-privileged=true \
+  --endpoint-reconciler-type=none --disable-admission-plugins=ServiceAccount \
+  --enable-priority-and-fairness=false --profiling=false
+wait_for kube-apiserver "https://127.0.0.1:$API_PORT/readyz" "${TLS[@]}"
+
+testenv_log "starting kube-controller-manager and kube-scheduler"
+spawn kube-controller-manager "$B/kube-controller-manager" --kubeconfig="$KC" \
+  --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
+  --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --leader-elect=false --controllers='*' \
+  --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
+  --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key" \
+  --node-monitor-period=5s --profiling=false
+spawn kube-scheduler "$B/kube-scheduler" --kubeconfig="$KC" \
+  --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
+  --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --leader-elect=false --profiling=false
+wait_for kube-controller-manager "https://127.0.0.1:$KCM_PORT/healthz" --insecure
+wait_for kube-scheduler "https://127.0.0.1:$SCHED_PORT/healthz" --insecure
+
+testenv_log "starting kwok (stages: hack/testenv/kwok/stages.yaml, pod IPs 127.1.0.0/16)"
+spawn kwok "$B/kwok" --kubeconfig="$KC" --config="$HERE/kwok/stages.yaml" \
+  --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --cidr=127.1.0.0/16 --node-ip=127.0.0.1 --node-lease-duration-seconds=40
+
+testenv_log "registering fake GPU nodes"
+kubectl apply -f "$HERE/nodes.yaml" >/dev/null
+if ! kubectl wait --for=condition=Ready node -l type=kwok --timeout="${WAIT_S}s" >/dev/null; then
+  tail -n 25 "$LOGS/kwok.log" >&2 || true
+  testenv_die "fake nodes did not become Ready (is kwok running? see $LOGS/kwok.log)"
+fi
+kubectl get nodes -L nvidia.com/gpu.product --no-headers | sed 's/^/  /' >&2
+
+testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods as local processes)"
+rm -f "$T/run/localkubelet.ready"
+spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T"
+for _ in $(seq 1 $((WAIT_S * 4))); do
+  [[ -f "$T/run/localkubelet.ready" ]] && break
+  testenv_live_pid localkubelet >/dev/null || { tail -n 25 "$LOGS/localkubelet.log" >&2; testenv_die "the local kubelet exited (see $LOGS/localkubelet.log)"; }
+  sleep 0.25
+done
+[[ -f "$T/run/localkubelet.ready" ]] || testenv_die "the local kubelet did not report ready (see $LOGS/localkubelet.log)"
+
+testenv_log "cluster up in $((SECONDS - T0))s; KUBECONFIG=$KC"
+testenv_log "use it: eval \"\$(hack/testenv/env.sh)\" && kubectl get nodes"
