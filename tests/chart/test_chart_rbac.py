@@ -1,0 +1,117 @@
+"""The operator's RBAC as rendered: exactly the permissions it needs, no wildcards, in both modes.
+
+The expected tables below are the contract the operator is written against (docs/install.md has the
+reason for each line). An exact comparison makes least privilege testable: a permission added to the
+chart without adding it here (and to the docs) fails, and so does one that goes missing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from chart_helpers import RELEASE_NAMESPACE, Manifest, objects_of_kind, only_object
+from chart_policies import effective_permissions, wildcard_uses
+
+READ = frozenset({"get", "list", "watch"})
+MANAGE = READ | {"create", "patch", "update", "delete"}
+
+# What the operator needs in every namespace whose InferenceEngines it reconciles.
+NAMESPACED_NEEDS = {
+    ("serving.kvpilot.io", "inferenceengines"): READ | {"patch", "update"},
+    ("serving.kvpilot.io", "inferenceengines/status"): frozenset({"get", "patch", "update"}),
+    ("serving.kvpilot.io", "inferenceengines/finalizers"): frozenset({"update"}),
+    ("batch", "jobs"): READ | {"create", "patch", "delete"},
+    ("apps", "deployments"): MANAGE,
+    ("", "services"): MANAGE,
+    ("", "configmaps"): MANAGE,
+    ("", "persistentvolumeclaims"): MANAGE,
+    ("", "pods"): READ,
+    ("", "events"): frozenset({"create", "patch"}),
+    ("events.k8s.io", "events"): frozenset({"create", "patch"}),
+}
+# kopf 1.45 watches CRDs in every mode (kopf/_core/reactor/observation.py, resource_observer).
+KOPF_CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"})}
+# With explicit namespaces kopf also lists/watches namespaces (observation.py, namespace_observer);
+# cluster-wide it does not.
+NAMESPACED_MODE_CLUSTER_READS = {**KOPF_CLUSTER_READS, ("", "namespaces"): frozenset({"list", "watch"})}
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "bind", "escalate", "impersonate"})
+
+
+def service_account(objects: list[Manifest]) -> tuple[str, str]:
+    account = only_object(objects, "ServiceAccount")["metadata"]
+    return account["name"], account["namespace"]
+
+
+def test_no_rule_uses_a_wildcard(variant_objects: list[Manifest]) -> None:
+    roles = objects_of_kind(variant_objects, "ClusterRole") + objects_of_kind(variant_objects, "Role")
+    assert roles
+    for role in roles:
+        assert wildcard_uses(role) == [], f"{role['kind']}/{role['metadata']['name']}"
+
+
+def test_cluster_wide_grants_exactly_what_the_operator_needs(render) -> None:
+    objects = render()
+    granted = effective_permissions(objects, *service_account(objects))
+    assert granted == {None: {**NAMESPACED_NEEDS, **KOPF_CLUSTER_READS}}
+    assert objects_of_kind(objects, "Role") == []
+
+
+@pytest.mark.parametrize("namespaces", [["team-a"], ["team-a", "team-b", "team-c"]])
+def test_namespaced_grants_roles_per_namespace_and_only_cluster_reads(render, namespaces: list[str]) -> None:
+    objects = render({"watchNamespaces": namespaces})
+    granted = effective_permissions(objects, *service_account(objects))
+    expected: dict[str | None, dict] = {ns: NAMESPACED_NEEDS for ns in namespaces}
+    expected[None] = NAMESPACED_MODE_CLUSTER_READS
+    assert granted == expected
+    roles = objects_of_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
+    bindings = objects_of_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
+
+
+def test_namespaced_mode_has_no_cluster_wide_write(render) -> None:
+    objects = render(ci_files=("namespaced-values.yaml",))
+    cluster_grants = effective_permissions(objects, *service_account(objects))[None]
+    for (group, resource), verbs in cluster_grants.items():
+        assert not verbs & WRITE_VERBS, f"cluster-wide {sorted(verbs & WRITE_VERBS)} on {group}/{resource}"
+    # No ClusterRole bound to the operator may mention the API group it writes.
+    bound = {b["roleRef"]["name"] for b in objects_of_kind(objects, "ClusterRoleBinding")}
+    for role in objects_of_kind(objects, "ClusterRole"):
+        if role["metadata"]["name"] in bound:
+            assert all("serving.kvpilot.io" not in rule["apiGroups"] for rule in role["rules"])
+
+
+def test_operator_may_not_touch_secrets_or_rbac(variant_objects: list[Manifest]) -> None:
+    granted = effective_permissions(variant_objects, *service_account(variant_objects))
+    for perms in granted.values():
+        for group, resource in perms:
+            assert resource != "secrets", "the operator reads no Secret: pods mount them"
+            assert group != "rbac.authorization.k8s.io"
+
+
+def test_rbac_create_false_renders_no_roles(render) -> None:
+    objects = render({"rbac": {"create": False}})
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+        assert objects_of_kind(objects, kind) == [], kind
+
+
+def test_aggregated_user_roles_are_not_bound_to_the_operator(render) -> None:
+    objects = render()
+    aggregated = [
+        r for r in objects_of_kind(objects, "ClusterRole")
+        if any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in r["metadata"]["labels"])
+    ]
+    assert {r["metadata"]["name"] for r in aggregated} == {"kvpilot-view", "kvpilot-edit"}
+    bound = {b["roleRef"]["name"] for b in objects_of_kind(objects, "ClusterRoleBinding")}
+    assert not bound & {r["metadata"]["name"] for r in aggregated}
+    edit = next(r for r in aggregated if r["metadata"]["name"] == "kvpilot-edit")
+    assert any("inferenceengines/scale" in rule["resources"] and "update" in rule["verbs"] for rule in edit["rules"])
+    without = render({"rbac": {"aggregateToDefaultRoles": False}})
+    assert {r["metadata"]["name"] for r in objects_of_kind(without, "ClusterRole")} == {"kvpilot"}
+
+
+def test_bindings_name_the_release_namespace(variant_objects: list[Manifest]) -> None:
+    for binding in objects_of_kind(variant_objects, "ClusterRoleBinding") + objects_of_kind(variant_objects, "RoleBinding"):
+        for subject in binding["subjects"]:
+            assert subject["namespace"] == RELEASE_NAMESPACE
