@@ -65,7 +65,9 @@ def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
     for volume in pod.get("volumes") or []:
         kinds = set(volume) - {"name"}
         if not kinds <= RESTRICTED_VOLUME_TYPES:
-            problems.append(f"volume {volume.get('name')!r} has type {sorted(kinds)}; restricted allows only {sorted(RESTRICTED_VOLUME_TYPES)}")
+            problems.append(
+                f"volume {volume.get('name')!r} has type {sorted(kinds)}; restricted allows only {sorted(RESTRICTED_VOLUME_TYPES)}"
+            )
     for sysctl in pod_ctx.get("sysctls") or []:
         if sysctl.get("name") not in SAFE_SYSCTLS:
             problems.append(f"sysctl {sysctl.get('name')!r} is not in the safe set")
@@ -100,7 +102,9 @@ def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
             problems.append(f"{where}: runAsUser must not be 0")
         seccomp = (ctx.get("seccompProfile") or {}).get("type") or pod_seccomp
         if seccomp not in ("RuntimeDefault", "Localhost"):
-            problems.append(f"{where}: seccompProfile.type must be RuntimeDefault or Localhost (container or pod), got {seccomp!r}")
+            problems.append(
+                f"{where}: seccompProfile.type must be RuntimeDefault or Localhost (container or pod), got {seccomp!r}"
+            )
         if ctx.get("procMount", "Default") != "Default":
             problems.append(f"{where}.securityContext.procMount must be Default")
         for port in container.get("ports") or []:
@@ -118,7 +122,11 @@ ScopedPermissions = dict[str | None, Permissions]
 
 
 def _subject_matches(subject: Mapping[str, Any], sa_name: str, sa_namespace: str) -> bool:
-    return subject.get("kind") == "ServiceAccount" and subject.get("name") == sa_name and subject.get("namespace") == sa_namespace
+    return (
+        subject.get("kind") == "ServiceAccount"
+        and subject.get("name") == sa_name
+        and subject.get("namespace") == sa_namespace
+    )
 
 
 def effective_permissions(objects: Iterable[Manifest], sa_name: str, sa_namespace: str) -> ScopedPermissions:
@@ -144,7 +152,9 @@ def effective_permissions(objects: Iterable[Manifest], sa_name: str, sa_namespac
             role = cluster_roles.get(ref["name"])
         else:
             role = roles.get((scope, ref["name"]))
-        assert role is not None, f"{kind}/{binding['metadata']['name']} refers to {ref['kind']}/{ref['name']}, which the chart does not render"
+        assert role is not None, (
+            f"{kind}/{binding['metadata']['name']} refers to {ref['kind']}/{ref['name']}, which the chart does not render"
+        )
         for rule in role.get("rules") or []:
             for group in rule.get("apiGroups") or []:
                 for resource in rule.get("resources") or []:

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from chart_helpers import (
     CHART_DIR,
     KUBE_VERSION,
@@ -48,7 +47,9 @@ def _template_args(values_files: Iterable[Path], namespace: str, kube_version: s
 
 
 @pytest.fixture(scope="session")
-def render_result(helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., subprocess.CompletedProcess[str]]:
+def render_result(
+    helm: Helm, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., subprocess.CompletedProcess[str]]:
     """`helm template` with values given as a dict and/or ci/ files; returns the process (for failures)."""
     values_dir = tmp_path_factory.mktemp("values")
     cache: dict[str, subprocess.CompletedProcess[str]] = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from chart_helpers import CHART_DIR, REPO_ROOT, Manifest, objects_of_kind, only_object
 
 CRD_NAME = "inferenceengines.serving.kvpilot.io"
@@ -56,7 +55,9 @@ def test_crd_can_be_turned_off(render) -> None:
 
 
 def test_keep_can_be_turned_off_and_annotations_added(render) -> None:
-    crd = rendered_crd(render({"crds": {"keep": False, "annotations": {"argocd.argoproj.io/sync-options": "ServerSideApply=true"}}}))
+    crd = rendered_crd(
+        render({"crds": {"keep": False, "annotations": {"argocd.argoproj.io/sync-options": "ServerSideApply=true"}}})
+    )
     annotations = crd["metadata"]["annotations"]
     assert "helm.sh/resource-policy" not in annotations
     assert annotations["argocd.argoproj.io/sync-options"] == "ServerSideApply=true"
@@ -65,7 +66,9 @@ def test_keep_can_be_turned_off_and_annotations_added(render) -> None:
 def test_chart_has_no_crds_directory() -> None:
     """A crds/ directory would be installed before the templates and then clash with the templated CRD
     ("exists and cannot be imported into the current release"). The copy belongs in files/crds/."""
-    assert not (CHART_DIR / "crds").exists(), "move charts/kvpilot/crds/* to charts/kvpilot/files/crds/ (see docs/install.md)"
+    assert not (CHART_DIR / "crds").exists(), (
+        "move charts/kvpilot/crds/* to charts/kvpilot/files/crds/ (see docs/install.md)"
+    )
 
 
 def test_chart_crd_matches_the_repository_crd() -> None:

@@ -7,7 +7,6 @@ import re
 
 import pytest
 import yaml
-
 from chart_helpers import CHART_DIR, KUBE_VERSION, VARIANTS, Manifest
 
 RECOMMENDED_LABELS = (

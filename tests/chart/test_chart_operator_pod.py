@@ -6,8 +6,13 @@ from typing import Any
 
 import pytest
 import yaml
-
-from chart_helpers import CHART_DIR, RELEASE_NAMESPACE, Manifest, objects_of_kind, only_object
+from chart_helpers import (
+    CHART_DIR,
+    RELEASE_NAMESPACE,
+    Manifest,
+    objects_of_kind,
+    only_object,
+)
 from chart_policies import pod_specs, restricted_violations
 
 CHART_META = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from chart_policies import effective_permissions, restricted_violations, wildcard_uses
 
 GOOD_POD = {
@@ -60,7 +59,12 @@ def test_each_restricted_rule_is_enforced(path: list, value, complaint: str) -> 
 
 
 def test_wildcards_are_found_in_every_field() -> None:
-    role = {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, {"apiGroups": ["*"], "resources": ["x"], "verbs": ["*"]}]}
+    role = {
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": ["*"], "resources": ["x"], "verbs": ["*"]},
+        ]
+    }
     assert wildcard_uses(role) == ["rule 1 apiGroups=['*']", "rule 1 verbs=['*']"]
 
 
@@ -71,9 +75,27 @@ def test_effective_permissions_follow_binding_scope() -> None:
     objects = [
         {"kind": "ClusterRole", "metadata": {"name": "cr"}, "rules": rules},
         {"kind": "Role", "metadata": {"name": "r", "namespace": "a"}, "rules": rules},
-        {"kind": "RoleBinding", "metadata": {"name": "rb", "namespace": "a"}, "roleRef": {"kind": "Role", "name": "r"}, "subjects": subject},
-        {"kind": "RoleBinding", "metadata": {"name": "rb2", "namespace": "b"}, "roleRef": {"kind": "ClusterRole", "name": "cr"}, "subjects": subject},
-        {"kind": "ClusterRoleBinding", "metadata": {"name": "crb"}, "roleRef": {"kind": "ClusterRole", "name": "cr"}, "subjects": other},
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "rb", "namespace": "a"},
+            "roleRef": {"kind": "Role", "name": "r"},
+            "subjects": subject,
+        },
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "rb2", "namespace": "b"},
+            "roleRef": {"kind": "ClusterRole", "name": "cr"},
+            "subjects": subject,
+        },
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "crb"},
+            "roleRef": {"kind": "ClusterRole", "name": "cr"},
+            "subjects": other,
+        },
     ]
     granted = effective_permissions(objects, "op", "ops")
-    assert granted == {"a": {("apps", "deployments"): frozenset({"get"})}, "b": {("apps", "deployments"): frozenset({"get"})}}
+    assert granted == {
+        "a": {("apps", "deployments"): frozenset({"get"})},
+        "b": {("apps", "deployments"): frozenset({"get"})},
+    }

@@ -8,7 +8,6 @@ chart without adding it here (and to the docs) fails, and so does one that goes 
 from __future__ import annotations
 
 import pytest
-
 from chart_helpers import RELEASE_NAMESPACE, Manifest, objects_of_kind, only_object
 from chart_policies import effective_permissions, wildcard_uses
 
@@ -99,7 +98,8 @@ def test_rbac_create_false_renders_no_roles(render) -> None:
 def test_aggregated_user_roles_are_not_bound_to_the_operator(render) -> None:
     objects = render()
     aggregated = [
-        r for r in objects_of_kind(objects, "ClusterRole")
+        r
+        for r in objects_of_kind(objects, "ClusterRole")
         if any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in r["metadata"]["labels"])
     ]
     assert {r["metadata"]["name"] for r in aggregated} == {"kvpilot-view", "kvpilot-edit"}
@@ -112,6 +112,8 @@ def test_aggregated_user_roles_are_not_bound_to_the_operator(render) -> None:
 
 
 def test_bindings_name_the_release_namespace(variant_objects: list[Manifest]) -> None:
-    for binding in objects_of_kind(variant_objects, "ClusterRoleBinding") + objects_of_kind(variant_objects, "RoleBinding"):
+    for binding in objects_of_kind(variant_objects, "ClusterRoleBinding") + objects_of_kind(
+        variant_objects, "RoleBinding"
+    ):
         for subject in binding["subjects"]:
             assert subject["namespace"] == RELEASE_NAMESPACE

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from chart_helpers import CHART_DIR, REPO_ROOT
 
 DASHBOARD_FILE = CHART_DIR / "files" / "dashboards" / "kvpilot.json"
@@ -41,8 +40,51 @@ TRTLLM_METRICS = {
     "trtllm_e2e_request_latency_seconds": "histogram",
 }
 # Default histogram buckets of trtllm-serve (same file): an SLO picker may only offer these bounds.
-TTFT_BUCKETS = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
-TPOT_BUCKETS = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
+TTFT_BUCKETS = {
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+}
+TPOT_BUCKETS = {
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+}
 
 # Grafana's built-in variables and what to put in their place to parse a query.
 BUILTIN_VARIABLES = {"__rate_interval": "5m", "__interval": "1m", "__range": "1h"}
@@ -169,7 +211,8 @@ def test_slo_choices_are_histogram_bucket_bounds(name: str, buckets: set[float])
         assert {float(s) for s in spellings} <= buckets, option
         # Prometheus stores a whole-number bound as "1" or "1.0" depending on version: list both.
         if float(spellings[0]).is_integer():
-            assert {"%d" % float(spellings[0]), "%.1f" % float(spellings[0])} <= set(spellings), option
+            bound = float(spellings[0])
+            assert {f"{bound:.0f}", f"{bound:.1f}"} <= set(spellings), option
 
 
 def test_operator_metric_names_are_defined_by_the_operator() -> None:
