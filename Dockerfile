@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+# The kvpilot operator image: `kvpilot run` (kopf) on CPython 3.11, nothing else.
+#
+# Two stages so that the image that runs in the cluster holds no build backend, no source tree and no
+# pip cache: the builder turns the repository into wheels (ours plus every dependency), the final
+# stage installs them offline and removes the installers.
+#
+#   docker build -t ghcr.io/kvpilot/kvpilot:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
+#
+# Pin PYTHON_IMAGE by digest in release builds (python:3.11-slim@sha256:...) so a rebuild is reproducible.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# Only what the wheel is built from (.dockerignore keeps the rest of the repository out of the context).
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY simulator/ simulator/
+# One wheel for the repository (packages kvpilot and kvsim) plus a wheel of every runtime dependency,
+# resolved here once; the final stage installs exactly these files.
+RUN pip wheel --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="kvpilot" \
+      org.opencontainers.image.description="Kubernetes operator that builds TensorRT-LLM engines, serves them and retunes max_batch_size from the KV-cache pool" \
+      org.opencontainers.image.source="https://github.com/kvpilot/kvpilot" \
+      org.opencontainers.image.url="https://github.com/kvpilot/kvpilot" \
+      org.opencontainers.image.documentation="https://github.com/kvpilot/kvpilot/blob/main/docs/install.md" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="kvpilot" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp
+# The wheels are bind-mounted from the builder, so they never become a layer of this image. After the
+# install, pip, setuptools and wheel go too: nothing installs or builds at run time.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels kvpilot \
+ && pip uninstall --yes setuptools wheel pip \
+ && kvpilot --help >/dev/null
+# A numeric uid:gid, so the kubelet can verify runAsNonRoot without /etc/passwd; the Helm chart runs
+# the pod as the same uid (podSecurityContext.runAsUser).
+USER 65532:65532
+# --metrics-port (Prometheus /metrics) and --health-port (kopf's /healthz).
+EXPOSE 8080 8081
+ENTRYPOINT ["kvpilot"]
+CMD ["run", "--all-namespaces"]
