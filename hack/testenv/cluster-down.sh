@@ -15,8 +15,8 @@ T=$TESTENV_DIR
 for name in localkubelet kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   if pid=$(testenv_live_pid "$name"); then
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do [[ -d "/proc/$pid" ]] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null || break; sleep 0.25; done
-    if [[ -d "/proc/$pid" ]] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; then
+    for _ in $(seq 1 60); do testenv_running "$pid" || break; sleep 0.25; done
+    if testenv_running "$pid"; then
       testenv_log "$name (pid $pid) ignored SIGTERM for 15s: SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
     fi

@@ -32,19 +32,58 @@ command -v openssl >/dev/null || testenv_die "openssl is required to generate th
 KC=$T/kubeconfig
 kubectl() { "$B/kubectl" --kubeconfig="$KC" "$@"; }
 
-SERVICES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok localkubelet)
+# ---------------------------------------------------------------- processes
+# Each component runs in its own session (setsid): Ctrl-C in the shell or pytest that started it does
+# not take the cluster down, and cluster-down.sh stops exactly the recorded pid.
+spawn() {  # spawn NAME CMD...
+  local name=$1; shift
+  nohup "$PY" -c 'import os, sys
+try:
+    os.setsid()
+except OSError:
+    pass
+os.execvp(sys.argv[1], sys.argv[1:])' "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name.pid"
+}
+wait_for() {  # wait_for NAME URL [uptools args...]
+  local name=$1 url=$2 waited; shift 2
+  if ! waited=$("$PY" "$HERE/uptools.py" wait "$name" "$url" --timeout "$WAIT_S" --pid "$(<"$PIDS/$name.pid")" "$@"); then
+    testenv_log "last lines of $LOGS/$name.log:"; tail -n 25 "$LOGS/$name.log" >&2 || true
+    testenv_die "$name did not become healthy (see $LOGS/$name.log)"
+  fi
+  testenv_log "  $name healthy after ${waited}s"
+}
+start_local_kubelet() {
+  testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods as local processes)"
+  rm -f "$T/run/localkubelet.ready"
+  spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T"
+  for _ in $(seq 1 $((WAIT_S * 4))); do
+    [[ -f "$T/run/localkubelet.ready" ]] && break
+    testenv_running "$(<"$PIDS/localkubelet.pid")" || { tail -n 25 "$LOGS/localkubelet.log" >&2; testenv_die "the local kubelet exited (see $LOGS/localkubelet.log)"; }
+    sleep 0.25
+  done
+  [[ -f "$T/run/localkubelet.ready" ]] || testenv_die "the local kubelet did not report ready (see $LOGS/localkubelet.log)"
+}
+
+# ---------------------------------------------------------------- idempotency
+CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 live=0
-for s in "${SERVICES[@]}"; do testenv_live_pid "$s" >/dev/null && live=$((live + 1)); done
-if ((live == ${#SERVICES[@]})) && kubectl get --raw=/readyz >/dev/null 2>&1; then
-  testenv_log "already up (pids in $PIDS); re-applying the fake GPU nodes"
+for s in "${CONTROL_PLANE[@]}"; do testenv_live_pid "$s" >/dev/null && live=$((live + 1)); done
+if ((live == ${#CONTROL_PLANE[@]})) && kubectl get --raw=/readyz >/dev/null 2>&1; then
+  testenv_log "control plane already up (pids in $PIDS); re-applying the fake GPU nodes"
   kubectl apply -f "$HERE/nodes.yaml" >/dev/null
-  testenv_log "KUBECONFIG=$KC"
+  if testenv_live_pid localkubelet >/dev/null; then
+    testenv_log "cluster already up; KUBECONFIG=$KC"
+    exit 0
+  fi
+  start_local_kubelet
+  testenv_log "local kubelet restarted in $((SECONDS - T0))s; KUBECONFIG=$KC"
   exit 0
-fi
-if ((live > 0)); then
-  testenv_log "only $live/${#SERVICES[@]} components are running: stopping them and starting afresh"
+elif ((live > 0)) || testenv_live_pid localkubelet >/dev/null; then
+  testenv_log "only $live/${#CONTROL_PLANE[@]} control-plane components are running: stopping them and starting afresh"
   "$HERE/cluster-down.sh"
 fi
+
 
 # ---------------------------------------------------------------- PKI (kept across restarts)
 gen_pki() {
@@ -78,7 +117,8 @@ keyUsage=critical,digitalSignature,keyEncipherment'
 [[ -s "$P/sa.pub" && -s "$P/admin.crt" ]] || gen_pki
 
 # ---------------------------------------------------------------- ports and kubeconfig
-mapfile -t PORTS < <(python3 "$HERE/uptools.py" ports 5)
+mkdir -p "$T/run"
+mapfile -t PORTS < <("$PY" "$HERE/uptools.py" ports 5)
 ETCD_PORT=${PORTS[0]}; ETCD_PEER=${PORTS[1]}; API_PORT=${PORTS[2]}; KCM_PORT=${PORTS[3]}; SCHED_PORT=${PORTS[4]}
 printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\nKCM_PORT=%s\nSCHED_PORT=%s\n' \
   "$ETCD_PORT" "$ETCD_PEER" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" >"$T/ports.env"
@@ -102,27 +142,6 @@ current-context: kvpilot-testenv
 EOF
 mv "$KC.tmp" "$KC"; chmod 600 "$KC"
 
-# ---------------------------------------------------------------- processes
-# Each component runs in its own session (setsid): Ctrl-C in the shell or pytest that started it does
-# not take the cluster down, and cluster-down.sh stops exactly the recorded pid.
-spawn() {  # spawn NAME CMD...
-  local name=$1; shift
-  nohup python3 -c 'import os, sys
-try:
-    os.setsid()
-except OSError:
-    pass
-os.execvp(sys.argv[1], sys.argv[1:])' "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
-  echo $! >"$PIDS/$name.pid"
-}
-wait_for() {  # wait_for NAME URL [uptools args...]
-  local name=$1 url=$2 waited; shift 2
-  if ! waited=$(python3 "$HERE/uptools.py" wait "$name" "$url" --timeout "$WAIT_S" --pid "$(<"$PIDS/$name.pid")" "$@"); then
-    testenv_log "last lines of $LOGS/$name.log:"; tail -n 25 "$LOGS/$name.log" >&2 || true
-    testenv_die "$name did not become healthy (see $LOGS/$name.log)"
-  fi
-  testenv_log "  $name healthy after ${waited}s"
-}
 TLS=(--cacert "$P/ca.crt" --cert "$P/admin.crt" --key "$P/admin.key")
 
 testenv_log "starting etcd on 127.0.0.1:$ETCD_PORT"
@@ -173,15 +192,7 @@ if ! kubectl wait --for=condition=Ready node -l type=kwok --timeout="${WAIT_S}s"
 fi
 kubectl get nodes -L nvidia.com/gpu.product --no-headers | sed 's/^/  /' >&2
 
-testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods as local processes)"
-rm -f "$T/run/localkubelet.ready"
-spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T"
-for _ in $(seq 1 $((WAIT_S * 4))); do
-  [[ -f "$T/run/localkubelet.ready" ]] && break
-  testenv_live_pid localkubelet >/dev/null || { tail -n 25 "$LOGS/localkubelet.log" >&2; testenv_die "the local kubelet exited (see $LOGS/localkubelet.log)"; }
-  sleep 0.25
-done
-[[ -f "$T/run/localkubelet.ready" ]] || testenv_die "the local kubelet did not report ready (see $LOGS/localkubelet.log)"
+start_local_kubelet
 
 testenv_log "cluster up in $((SECONDS - T0))s; KUBECONFIG=$KC"
 testenv_log "use it: eval \"\$(hack/testenv/env.sh)\" && kubectl get nodes"

@@ -24,6 +24,11 @@ testenv_python() {
   echo "$py"
 }
 
+# True while PID runs (a zombie, exited but not yet reaped, counts as gone).
+testenv_running() {
+  [[ -r "/proc/$1/status" ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status"
+}
+
 # Prints the pid recorded for NAME if that process is alive and still runs the binary we started.
 testenv_live_pid() {
   local name=$1 pidfile="$TESTENV_DIR/pids/$1.pid" pid

@@ -68,7 +68,7 @@ def wait_healthy(name: str, url: str, timeout_s: float, ctx: ssl.SSLContext | No
     last_error = "no answer yet"
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:  # noqa: S310 - loopback URL
+            with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:
                 if resp.status == 200:
                     return time.monotonic() - start
                 last_error = f"HTTP {resp.status}"
