@@ -45,7 +45,7 @@ bench: venv ## Run the benchmarks and print their figures
 
 crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api/schema.py
 	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml
-	cp crds/serving.kvpilot.io_inferenceengines.yaml charts/kvpilot/crds/
+	cp crds/serving.kvpilot.io_inferenceengines.yaml charts/kvpilot/files/crds/
 
 clean: ## Remove the virtualenv and local cluster state (not the binary cache)
 	-hack/testenv/cluster-down.sh

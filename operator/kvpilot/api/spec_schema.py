@@ -463,6 +463,12 @@ def _autotune() -> Schema:
 
 SPEC_RULES = (
     Rule(
+        "!has(self.model.architecture) || self.model.architecture != 'gemma' || "
+        "self.build.pipelineParallelSize == 1",
+        "build.pipelineParallelSize must be 1 for gemma: its checkpoint converter supports tensor parallelism only",
+        ".build.pipelineParallelSize",
+    ),
+    Rule(
         "self.runtime.backend == 'pytorch' || self.batching.maxBatchSize <= self.build.maxBatchSize",
         "batching.maxBatchSize must be <= build.maxBatchSize (the engine's ceiling): trtllm-serve refuses a larger "
         "runtime value",

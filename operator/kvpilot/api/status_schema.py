@@ -70,6 +70,7 @@ def _batching() -> Schema:
             "message": string("The decision's explanation.", 1024),
             "changedAt": string("When it last changed.", 64, fmt="date-time"),
             "summary": string("runtime/ceiling, for kubectl get.", 32),
+            "specValue": integer("spec.batching.maxBatchSize when this value was set; a new spec value resets it.", 0),
         },
     )
 

@@ -1,0 +1,78 @@
+"""Standard conditions (metav1.Condition) for InferenceEngine status.
+
+Kubernetes API conventions: PascalCase types and reasons, ``lastTransitionTime`` only moves when the
+status flips, every condition carries the generation it was computed from. No ``phase`` field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+ENGINE_READY = "EngineReady"
+AVAILABLE = "Available"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (ENGINE_READY, AVAILABLE, PROGRESSING, DEGRADED)
+MESSAGE_LIMIT = 2048
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A condition as computed by a pure status function (time is stamped when merged)."""
+
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+
+
+def true(type_: str, reason: str, message: str) -> Condition:
+    return Condition(type_, "True", reason, message)
+
+
+def false(type_: str, reason: str, message: str) -> Condition:
+    return Condition(type_, "False", reason, message)
+
+
+def rfc3339(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_conditions(
+    existing: list[dict[str, Any]] | None,
+    computed: list[Condition],
+    generation: int,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """Return the new condition list: computed ones replace their type, keeping the transition time
+    when the status did not change; conditions of other types are kept."""
+    by_type = {c["type"]: c for c in existing or []}
+    out: dict[str, dict[str, Any]] = dict(by_type)
+    for cond in computed:
+        previous = by_type.get(cond.type)
+        moved = previous is None or previous.get("status") != cond.status
+        message = cond.message if len(cond.message) <= MESSAGE_LIMIT else cond.message[: MESSAGE_LIMIT - 3] + "..."
+        out[cond.type] = {
+            "type": cond.type,
+            "status": cond.status,
+            "reason": cond.reason,
+            "message": message,
+            "observedGeneration": generation,
+            "lastTransitionTime": rfc3339(now) if moved else previous["lastTransitionTime"],  # type: ignore[index]
+        }
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
+
+
+def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    for cond in conditions or []:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
+    cond = find(conditions, type_)
+    return bool(cond and cond.get("status") == "True")

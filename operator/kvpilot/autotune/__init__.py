@@ -1,0 +1,1 @@
+"""Pure autotune policy and the bookkeeping of its decisions in status."""

@@ -1,0 +1,17 @@
+"""Arguments of ``kvpilot bench tuner`` (kept apart so `--help` needs no simulator import)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, help="kvsim workload: a bundled name (chat, code) or a YAML path.")
+    p.add_argument("--profile", required=True, help="kvsim profile, e.g. llama-3.1-8b-fp8-h100.")
+    p.add_argument("--slo-ttft-ms", type=float, required=True, help="Time-to-first-token objective (ms).")
+    p.add_argument("--slo-tpot-ms", type=float, required=True, help="Time-per-output-token objective (ms).")
+    p.add_argument("--replicas", type=int, default=2, help="Serving replicas behind a least-loaded balancer.")
+    p.add_argument("--restart-seconds", type=float, default=90.0, help="Cost of one replica restart (s).")
+    p.add_argument("--ceiling", type=int, default=2048, help="Engine ceiling (build max_batch_size) for the tuner.")
+    p.add_argument("--duration-seconds", type=float, default=None, help="Cut the workload after this long.")
+    p.add_argument("--json", action="store_true", help="Print one JSON object with every result.")

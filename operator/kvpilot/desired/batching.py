@@ -1,0 +1,88 @@
+"""The runtime max_batch_size in force, and the autotuner's decision folded into status.
+
+The value lives in ``status.batching`` (never in spec: a GitOps tool owns spec). A tuned value survives
+until the user changes ``spec.batching.maxBatchSize``, which resets the tuner to the new starting point.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from kvpilot.api.conditions import rfc3339
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.api.spec_schema import MAX_BATCH
+from kvpilot.api.status_schema import HISTORY_LIMIT
+from kvpilot.autotune.policy import Decision
+
+TUNED_REASONS = ("AutotuneRaised", "AutotuneLowered")
+
+
+def tuning_applies(spec: InferenceEngineSpec) -> bool:
+    return spec.autotune.enabled and spec.autotune.mode == "Auto"
+
+
+def value_in_force(spec: InferenceEngineSpec, previous: dict[str, Any], ceiling: int | None) -> tuple[int, str, str]:
+    """(value, reason, message) before this interval's decision."""
+    spec_value = spec.batching.max_batch_size
+    if (
+        tuning_applies(spec)
+        and previous.get("reason") in TUNED_REASONS
+        and previous.get("specValue") == spec_value
+        and previous.get("maxBatchSize")
+    ):
+        value, reason, message = int(previous["maxBatchSize"]), previous["reason"], previous.get("message", "")
+    else:
+        value, reason, message = spec_value, "SpecValue", "spec.batching.maxBatchSize"
+    limit = ceiling if ceiling is not None else MAX_BATCH
+    if value > limit:
+        return limit, "EngineCeiling", f"{value} exceeds the engine's ceiling {limit}"
+    return value, reason, message
+
+
+def batching_status(
+    spec: InferenceEngineSpec, previous: dict[str, Any], value: int, reason: str, message: str,
+    ceiling: int | None, now: datetime,
+) -> dict[str, Any]:
+    changed = previous.get("maxBatchSize") != value
+    return {
+        "maxBatchSize": value,
+        "reason": reason,
+        "message": message[:1024],
+        "changedAt": rfc3339(now) if changed or not previous.get("changedAt") else previous["changedAt"],
+        "summary": f"{value}/{ceiling}" if ceiling is not None else str(value),
+        "specValue": spec.batching.max_batch_size,
+    }
+
+
+def decision_record(decision: Decision, current: int, applied: bool, now: datetime) -> dict[str, Any]:
+    return {
+        "at": rfc3339(now),
+        "action": decision.action,
+        "fromBatchSize": current,
+        "toBatchSize": decision.ceiling_request if decision.action == "Rebuild" else decision.target,
+        "reason": decision.reason,
+        "message": decision.message[:1024],
+        "applied": applied,
+    }
+
+
+def autotune_status(
+    previous: dict[str, Any], decision: Decision | None, current: int, applied: bool, now: datetime
+) -> dict[str, Any]:
+    """Recommendation (refreshed only when it changes, to keep status writes rare) and bounded history."""
+    out = dict(previous)
+    if decision is None:
+        return out
+    record = decision_record(decision, current, applied, now)
+    old = previous.get("recommendation") or {}
+    same = all(old.get(k) == record[k] for k in ("action", "toBatchSize", "reason", "applied", "fromBatchSize"))
+    if not same:
+        out["recommendation"] = record
+        if decision.changes:
+            out["history"] = ([record] + list(previous.get("history") or []))[:HISTORY_LIMIT]
+    if applied:
+        out["lastAppliedAt"] = rfc3339(now)
+        if decision.action == "Rebuild" and decision.ceiling_request:
+            out["ceilingRequest"] = decision.ceiling_request
+    return out

@@ -1,0 +1,91 @@
+"""The build Job: one pod on the serving GPU product that builds and publishes one engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpilot.api.models import InferenceEngineSpec, ObjectRef
+from kvpilot.desired import labels as L
+from kvpilot.desired import pod_parts as P
+from kvpilot.trtllm.build import model_cache_key
+from kvpilot.trtllm.build_script import build_script
+
+# Keep finished Jobs a day so `kubectl get job -o yaml` and the logs stay readable; the engine index,
+# not the Job, is what records a finished build.
+TTL_SECONDS_AFTER_FINISHED = 86400
+
+
+def build_job(
+    owner: ObjectRef,
+    spec: InferenceEngineSpec,
+    fingerprint: str,
+    image: str,
+    claim: str,
+    ceiling: int,
+) -> dict[str, Any]:
+    b = spec.build
+    labels = {
+        **L.MANAGED_BY,
+        "app.kubernetes.io/name": "inference-engine",
+        L.COMPONENT_LABEL: "build",
+        L.BACKEND_LABEL: spec.runtime.backend,
+        L.FINGERPRINT_LABEL: fingerprint[:32],
+    }
+    mounts = [P.cache_mount(read_only=False)]
+    volumes = [P.cache_volume(claim, read_only=False)]
+    model_volume = P.model_volume(spec)
+    if model_volume is not None and spec.runtime.backend != "simulated":
+        volumes.append(model_volume)
+        mounts.append(P.model_mount())
+    shm = P.shm_volume(b.gpus)
+    if shm:
+        volumes.append(shm[0])
+        mounts.append(shm[1])
+    init = None
+    if spec.model.scheme == "s3" and spec.runtime.backend != "simulated":
+        dest = f"/engines/.models/{model_cache_key(spec.model.source, spec.model.revision)}"
+        init = [P.s3_sync_container(spec, dest, [P.cache_mount(read_only=False)])]
+    container = {
+        "name": "build",
+        "image": image,
+        "command": ["bash", "-c"],
+        "args": [build_script(spec, fingerprint, image, ceiling)],
+        "env": P.env(spec) or None,
+        "envFrom": P.credentials_env_from(spec),
+        "resources": P.resources(b.resources, b.gpus),
+        "volumeMounts": mounts,
+        # On failure the last log lines become the termination message: the operator copies it into the
+        # InferenceEngine's EngineReady condition, so `kubectl get ie` says why a build failed.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": L.build_job_name(fingerprint),
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": {
+                L.FINGERPRINT_ANNOTATION: fingerprint,
+                "serving.kvpilot.io/model": spec.model.source,
+            },
+            "ownerReferences": [L.owner_reference(owner, controller=False)],
+        },
+        "spec": {
+            "backoffLimit": b.backoff_limit,
+            "activeDeadlineSeconds": b.timeout_seconds,
+            "ttlSecondsAfterFinished": TTL_SECONDS_AFTER_FINISHED,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": P.node_selector(spec),
+                    "tolerations": P.tolerations(spec),
+                    "initContainers": init,
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    return P.prune(job)  # type: ignore[no-any-return]

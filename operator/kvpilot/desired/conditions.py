@@ -1,0 +1,115 @@
+"""Computes the four standard conditions from what was decided and observed.
+
+EngineReady: the engine the spec asks for is published. Available: at least one pod serves (possibly the
+previous engine). Progressing: a build or a rollout is under way. Degraded: something needs a person — a
+failed build, pods that cannot be scheduled, pods crash-looping, a missing cache claim.
+"""
+
+from __future__ import annotations
+
+from kvpilot.api.conditions import (
+    AVAILABLE,
+    DEGRADED,
+    ENGINE_READY,
+    PROGRESSING,
+    Condition,
+    false,
+    true,
+)
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.desired.engine import BuildDecision
+from kvpilot.desired.observed import DeploymentState, Observed
+
+CRASH_REASONS = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "Error")
+
+
+def engine_ready(spec: InferenceEngineSpec, build: BuildDecision, claim: str | None, claim_phase: str | None) -> Condition:
+    if not spec.builds_engine:
+        return true(ENGINE_READY, "NoBuildRequired", "The pytorch backend serves the checkpoint directly")
+    if build.ready is not None:
+        state = (build.status or {}).get("state")
+        reason = "CacheHit" if state == "CacheHit" else "EngineBuilt"
+        return true(ENGINE_READY, reason, f"Engine {build.fingerprint[:10]} is published on claim {claim}")
+    if claim_phase is None:
+        return false(ENGINE_READY, "CacheClaimMissing", f"PersistentVolumeClaim {claim} (spec.engineCache) was not found")
+    st = build.status or {}
+    if st.get("state") == "Failed":
+        return false(ENGINE_READY, "BuildFailed", f"Job {st.get('job')} failed: {st.get('message') or 'no message'}")
+    return false(ENGINE_READY, "Building", f"Job {st.get('job')} is building engine {build.fingerprint[:10]}")
+
+
+def _rollout_in_progress(dep: DeploymentState | None, desired_fp: str | None, desired_batch: str, desired_hash: str) -> bool:
+    if dep is None:
+        return False
+    stale_template = (
+        (desired_fp is not None and dep.fingerprint != desired_fp)
+        or dep.max_batch_size != desired_batch
+        or dep.config_hash != desired_hash
+    )
+    return (
+        stale_template
+        or dep.observed_generation < dep.generation
+        or dep.updated_replicas < dep.replicas
+        or dep.available_replicas < dep.updated_replicas
+        or dep.ready_replicas < dep.replicas
+    )
+
+
+def compute_conditions(
+    spec: InferenceEngineSpec,
+    build: BuildDecision,
+    observed: Observed,
+    claim: str | None,
+    serving_fp: str | None,
+    has_deployment: bool,
+    desired_batch: str,
+    desired_hash: str,
+) -> tuple[list[Condition], bool]:
+    """The conditions and whether a rollout is in progress (the tuner holds while one is)."""
+    ready = engine_ready(spec, build, claim, observed.claim_phase)
+    dep = observed.deployment
+    pods = [p for p in observed.pods if not p.deleting]
+    unschedulable = [p for p in pods if p.unschedulable_message]
+    crashing = [p for p in pods if p.waiting_reason in CRASH_REASONS]
+    rolling = has_deployment and _rollout_in_progress(dep, serving_fp if spec.builds_engine else None,
+                                                      desired_batch, desired_hash)
+    building = spec.builds_engine and build.ready is None and (build.status or {}).get("state") == "Building"
+
+    available_replicas = dep.available_replicas if dep else 0
+    if spec.serving.replicas == 0:
+        available = false(AVAILABLE, "ScaledToZero", "spec.serving.replicas is 0")
+    elif not has_deployment:
+        available = false(AVAILABLE, "EngineNotReady", "No engine is ready to serve yet")
+    elif available_replicas > 0:
+        note = " (previous engine; the new one is still building)" if building else ""
+        available = true(AVAILABLE, "MinimumReplicasAvailable",
+                         f"{available_replicas}/{spec.serving.replicas} pods serve{note}")
+    elif unschedulable:
+        available = false(AVAILABLE, "PodsUnschedulable", unschedulable[0].unschedulable_message or "")
+    else:
+        available = false(AVAILABLE, "PodsNotReady", "No serving pod is ready yet")
+
+    if building:
+        progressing = true(PROGRESSING, "Building", ready.message)
+    elif rolling:
+        progressing = true(PROGRESSING, "RollingOut", "Serving pods are being replaced")
+    elif dep is not None and dep.progress_deadline_exceeded:
+        progressing = false(PROGRESSING, "ProgressDeadlineExceeded", "The rollout did not finish in time")
+    else:
+        progressing = false(PROGRESSING, "Settled", "Nothing to build or roll out")
+
+    if ready.reason == "BuildFailed":
+        serving = " The previous engine keeps serving." if available.status == "True" else ""
+        degraded = true(DEGRADED, "BuildFailed", ready.message + serving)
+    elif ready.reason == "CacheClaimMissing":
+        degraded = true(DEGRADED, "CacheClaimMissing", ready.message)
+    elif unschedulable:
+        msg = unschedulable[0].unschedulable_message or ""
+        reason = "InsufficientGPU" if "nvidia.com/gpu" in msg else "PodsUnschedulable"
+        degraded = true(DEGRADED, reason, f"Pod {unschedulable[0].name} cannot be scheduled: {msg}")
+    elif crashing:
+        p = crashing[0]
+        degraded = true(DEGRADED, "PodsFailing", f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip())
+    else:
+        degraded = false(DEGRADED, "AsExpected", "No problem observed")
+    return [ready, available, progressing, degraded], rolling

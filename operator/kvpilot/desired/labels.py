@@ -1,0 +1,76 @@
+"""Names and labels of the children of one InferenceEngine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpilot import API_VERSION, KIND
+from kvpilot.api.models import ObjectRef
+
+ENGINE_LABEL = "serving.kvpilot.io/engine"
+BACKEND_LABEL = "serving.kvpilot.io/backend"
+FINGERPRINT_LABEL = "serving.kvpilot.io/fingerprint"
+FINGERPRINT_ANNOTATION = "serving.kvpilot.io/fingerprint"
+CONFIG_HASH_ANNOTATION = "serving.kvpilot.io/config-hash"
+BATCH_ANNOTATION = "serving.kvpilot.io/max-batch-size"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kvpilot"}
+
+
+def common_labels(name: str, backend: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "inference-engine",
+        "app.kubernetes.io/instance": name,
+        COMPONENT_LABEL: component,
+        **MANAGED_BY,
+        ENGINE_LABEL: name,
+        BACKEND_LABEL: backend,
+    }
+
+
+def server_selector(name: str) -> dict[str, str]:
+    """Matches the serving pods of one InferenceEngine (and nothing it builds)."""
+    return {ENGINE_LABEL: name, COMPONENT_LABEL: "server"}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(server_selector(name).items()))
+
+
+def owner_reference(owner: ObjectRef, controller: bool = True) -> dict[str, Any]:
+    """Children die with their InferenceEngine (garbage collection); shared build Jobs have several
+    non-controller owners and die with the last of them."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def deployment_name(name: str) -> str:
+    return name
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-llm-api"
+
+
+def build_job_name(fingerprint: str) -> str:
+    """Named by fingerprint, not by InferenceEngine: engines with the same build inputs share one Job."""
+    return f"kvpilot-build-{fingerprint[:10]}"
+
+
+def engine_index_name(claim: str) -> str:
+    """The record of which fingerprints a cache volume holds (one ConfigMap per claim)."""
+    return f"kvpilot-engines-{claim}"[:253]
+
+
+def created_claim_name(name: str) -> str:
+    return f"{name}-engines"

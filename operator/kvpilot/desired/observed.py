@@ -1,0 +1,166 @@
+"""What one reconcile observed, as plain values the pure functions can reason about.
+
+The I/O layer (``kvpilot.observe``) fills this from the API server and the pods; tests build it by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The build Job of the current fingerprint, reduced to what the decisions need."""
+
+    name: str
+    active: bool
+    succeeded: bool
+    failed: bool
+    message: str = ""
+    start_time: str | None = None
+    completion_time: str | None = None
+    owner_uids: tuple[str, ...] = ()
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The builder writes its engine manifest (JSON) as the termination message on success."""
+        try:
+            data = json.loads(self.message)
+        except (ValueError, TypeError):
+            return None
+        return data if isinstance(data, dict) and "fingerprint" in data else None
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One serving pod."""
+
+    name: str
+    ready: bool
+    fingerprint: str | None
+    unschedulable_message: str | None = None
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    restarts: int = 0
+    ip: str | None = None
+    started_at: str | None = None
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    generation: int
+    observed_generation: int
+    replicas: int
+    updated_replicas: int
+    ready_replicas: int
+    available_replicas: int
+    progress_deadline_exceeded: bool
+    fingerprint: str | None
+    max_batch_size: str | None
+    config_hash: str | None
+
+
+@dataclass(frozen=True)
+class KvWindow:
+    """The autotuner's view of the pool over the last window, aggregated over warm, ready pods."""
+
+    samples: int
+    pods: int
+    peak_utilization: float
+    mean_utilization: float
+    peak_used_blocks: int
+    max_blocks: int
+    tokens_per_block: int
+    peak_active: int
+    mean_active: float
+    peak_queued: int
+    mean_queued: float
+    paused: int
+    runtime_batch_size: int
+    tuner_recommended: int = 0
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    window_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observed:
+    status: dict[str, Any] = field(default_factory=dict)
+    engine_index: dict[str, dict[str, Any]] = field(default_factory=dict)
+    job: JobState | None = None
+    deployment: DeploymentState | None = None
+    pods: tuple[PodState, ...] = ()
+    claim_phase: str | None = None  # the cache claim's phase, None when absent
+    kv: KvWindow | None = None
+
+
+def job_state(job: dict[str, Any], pod_message: str = "") -> JobState:
+    """Reduce a batch/v1 Job (and its pod's termination message) to a JobState."""
+    status = job.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    failed = "Failed" in conds
+    message = pod_message
+    if failed and not message:
+        c = conds["Failed"]
+        message = f"{c.get('reason', 'Failed')}: {c.get('message', '')}".strip(": ")
+    return JobState(
+        name=job["metadata"]["name"],
+        active="Complete" not in conds and not failed,
+        succeeded="Complete" in conds,
+        failed=failed,
+        message=message,
+        start_time=status.get("startTime"),
+        completion_time=status.get("completionTime"),
+        owner_uids=tuple(o.get("uid", "") for o in job["metadata"].get("ownerReferences") or []),
+    )
+
+
+def deployment_state(dep: dict[str, Any]) -> DeploymentState:
+    st = dep.get("status") or {}
+    annotations = dep["spec"]["template"]["metadata"].get("annotations") or {}
+    conds = st.get("conditions") or []
+    return DeploymentState(
+        generation=dep["metadata"].get("generation", 0),
+        observed_generation=st.get("observedGeneration", 0),
+        replicas=dep["spec"].get("replicas", 1),
+        updated_replicas=st.get("updatedReplicas", 0),
+        ready_replicas=st.get("readyReplicas", 0),
+        available_replicas=st.get("availableReplicas", 0),
+        progress_deadline_exceeded=any(
+            c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded" for c in conds
+        ),
+        fingerprint=annotations.get("serving.kvpilot.io/fingerprint"),
+        max_batch_size=annotations.get("serving.kvpilot.io/max-batch-size"),
+        config_hash=annotations.get("serving.kvpilot.io/config-hash"),
+    )
+
+
+def pod_state(pod: dict[str, Any]) -> PodState:
+    st = pod.get("status") or {}
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    sched = conds.get("PodScheduled")
+    unschedulable = None
+    if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+        unschedulable = sched.get("message", "")
+    waiting_reason = waiting_message = None
+    restarts = 0
+    for cs in st.get("containerStatuses") or []:
+        restarts += cs.get("restartCount", 0)
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+            waiting_reason, waiting_message = waiting.get("reason"), waiting.get("message")
+    annotations = pod["metadata"].get("annotations") or {}
+    return PodState(
+        name=pod["metadata"]["name"],
+        ready=conds.get("Ready", {}).get("status") == "True",
+        fingerprint=annotations.get("serving.kvpilot.io/fingerprint"),
+        unschedulable_message=unschedulable,
+        waiting_reason=waiting_reason,
+        waiting_message=waiting_message,
+        restarts=restarts,
+        ip=st.get("podIP"),
+        started_at=st.get("startTime"),
+        deleting=bool(pod["metadata"].get("deletionTimestamp")),
+    )

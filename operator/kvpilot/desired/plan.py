@@ -1,0 +1,161 @@
+"""One reconcile, as a pure function: (InferenceEngine, observed state, now) -> what to apply and report.
+
+The same function serves the operator (each create/update/resume/timer), ``kvpilot render`` (with nothing
+observed) and the autotuner benchmark, so what a user reviews is exactly what the operator does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from kvpilot.api.conditions import AVAILABLE, merge_conditions
+from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
+from kvpilot.autotune.policy import Decision, TunerInput, decide
+from kvpilot.desired import labels as L
+from kvpilot.desired import serving
+from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
+from kvpilot.desired.build_job import build_job
+from kvpilot.desired.conditions import compute_conditions
+from kvpilot.desired.engine import BuildDecision, decide_build, served_engine
+from kvpilot.desired.events import Event, events_between
+from kvpilot.desired.observed import Observed
+from kvpilot.desired.pod_parts import image_for
+from kvpilot.desired.storage import cache_claim, cache_claim_name
+from kvpilot.trtllm.release import DEFAULT_IMAGE
+from kvpilot.trtllm.serve import ServedEngine
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator-wide settings the plan depends on."""
+
+    kvsim_image: str = "ghcr.io/kvpilot/kvsim:0.1.0"
+    default_image: str = DEFAULT_IMAGE
+
+
+@dataclass(frozen=True)
+class Plan:
+    apply: list[dict[str, Any]]  # owned children, server-side applied in this order
+    build_job: dict[str, Any] | None  # created if absent (shared by engines with the same fingerprint)
+    index_entry: tuple[str, str, dict[str, Any]] | None  # (claim, fingerprint, manifest) to record
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    decision: Decision | None = None
+    fingerprint: str = ""
+
+
+def _serving_children(
+    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch)
+    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm)
+    return cm, dep
+
+
+def _tune(
+    spec: InferenceEngineSpec, observed: Observed, current: int, ceiling: int, rolling: bool, building: bool,
+    now: datetime,
+) -> Decision | None:
+    if not spec.autotune.enabled:
+        return None
+    last = (observed.status.get("autotune") or {}).get("lastAppliedAt")
+    last_at = datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo) if last else None
+    return decide(
+        TunerInput(
+            current=current,
+            ceiling=ceiling,
+            spec=spec.autotune,
+            window=observed.kv,
+            scheduler_policy=spec.batching.scheduler_policy,
+            rollout_in_progress=rolling,
+            build_in_progress=building,
+            last_applied_at=last_at,
+            now=now,
+        )
+    )
+
+
+def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:
+    w = observed.kv
+    if w is None:
+        return observed.status.get("kvCache")
+    return {
+        "utilizationPercent": round(w.peak_utilization * 100),
+        "usedBlocks": w.peak_used_blocks,
+        "maxBlocks": w.max_blocks,
+        "tokensPerBlock": w.tokens_per_block,
+        "waitingRequests": w.peak_queued,
+        "activeRequests": w.peak_active,
+        "pausedRequests": w.paused,
+        "observedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
+    spec, meta = engine.spec, engine.meta
+    image = image_for(spec, settings.kvsim_image, settings.default_image)
+    claim = cache_claim_name(meta, spec)
+    claim_obj = cache_claim(meta, spec)
+    claim_phase = observed.claim_phase or ("Pending" if claim_obj is not None else None)
+    build: BuildDecision = decide_build(spec, observed, image, meta.generation, now, claim_phase is not None)
+    served, engine_info = served_engine(spec, build, observed.status, claim)
+    serve_image = (engine_info or {}).get("image", image) if spec.builds_engine else image
+    ceiling = served.max_batch_size if served else (None if not spec.builds_engine else build.ceiling)
+    previous_batching = observed.status.get("batching") or {}
+    batch, reason, message = value_in_force(spec, previous_batching, ceiling)
+
+    can_serve = served is not None or not spec.builds_engine
+    cm, dep = _serving_children(engine, served, serve_image, claim, batch) if can_serve else ({}, {})
+    desired_hash = serving.config_hash(cm) if cm else ""
+    obs = replace(observed, claim_phase=claim_phase)
+    serving_fp = served.fingerprint if served else None
+    conds, rolling = compute_conditions(spec, build, obs, claim, serving_fp, can_serve, str(batch), desired_hash)
+
+    building = spec.builds_engine and build.ready is None and (build.status or {}).get("state") == "Building"
+    tuner_ceiling = ceiling if ceiling is not None else spec.autotune.max_batch_size
+    before = batch
+    decision = _tune(spec, observed, batch, tuner_ceiling, rolling, building, now) if can_serve else None
+    applied = bool(decision and decision.changes and tuning_applies(spec))
+    if applied and decision is not None and decision.action in ("Raise", "Lower"):
+        batch = decision.target
+        reason = "AutotuneRaised" if decision.action == "Raise" else "AutotuneLowered"
+        message = decision.message
+        cm, dep = _serving_children(engine, served, serve_image, claim, batch)
+        conds, rolling = compute_conditions(
+            spec, build, obs, claim, serving_fp, can_serve, str(batch), serving.config_hash(cm)
+        )
+
+    apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)]
+    job = None
+    if build.create_job and claim is not None:
+        job = build_job(meta, spec, build.fingerprint, image, claim, build.ceiling)
+    index = (claim, build.fingerprint, build.record_in_index) if build.record_in_index and claim else None
+
+    dep_state = observed.deployment
+    status: dict[str, Any] = {
+        "observedGeneration": meta.generation,
+        "conditions": merge_conditions(observed.status.get("conditions"), conds, meta.generation, now),
+        "batching": batching_status(spec, previous_batching, batch, reason, message, ceiling, now),
+        "autotune": autotune_status(observed.status.get("autotune") or {}, decision, before, applied, now),
+        "replicas": dep_state.replicas if dep_state else 0,
+        "readyReplicas": dep_state.ready_replicas if dep_state else 0,
+        "selector": L.selector_string(meta.name),
+        "endpoint": serving.endpoint(meta, spec),
+    }
+    for key, value in (("engine", engine_info), ("build", build.status), ("kvCache", _kv_status(observed, now))):
+        if value:
+            status[key] = value
+    events = events_between(observed.status, status)
+    return Plan(apply, job, index, status, events, decision, build.fingerprint)
+
+
+def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> timedelta:
+    """Reconcile again soon while something moves, at the tuning interval when tuning, else at resync."""
+    conditions = {c["type"]: c for c in p.status["conditions"]}
+    if conditions.get("Progressing", {}).get("status") == "True" or conditions.get(AVAILABLE, {}).get("status") != "True":
+        return timedelta(seconds=min(resync_seconds, 5))
+    if engine.spec.autotune.enabled:
+        return timedelta(seconds=min(resync_seconds, engine.spec.autotune.interval_seconds))
+    return timedelta(seconds=resync_seconds)

@@ -1,0 +1,164 @@
+"""The serving children: the LLM-API ConfigMap, the Deployment of trtllm-serve pods, and the Service."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import yaml
+
+from kvpilot.api.models import InferenceEngineSpec, ObjectRef
+from kvpilot.desired import labels as L
+from kvpilot.desired import pod_parts as P
+from kvpilot.trtllm.serve import CONFIG_DIR, CONFIG_FILE, ServedEngine, llm_api_options, serve_command
+
+STARTUP_PROBE_PERIOD_SECONDS = 10
+
+
+def _meta(owner: ObjectRef, name: str, spec: InferenceEngineSpec, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": L.common_labels(owner.name, spec.runtime.backend, component),
+        "ownerReferences": [L.owner_reference(owner)],
+    }
+
+
+def llm_api_config_map(
+    owner: ObjectRef, spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int
+) -> dict[str, Any]:
+    text = yaml.safe_dump(llm_api_options(spec, engine, max_batch_size), sort_keys=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, L.config_map_name(owner.name), spec, "server"),
+        "data": {CONFIG_FILE: text},
+    }
+
+
+def config_hash(config_map: dict[str, Any]) -> str:
+    """Pods roll when the LLM-API YAML changes (a mounted ConfigMap alone would not restart them)."""
+    return hashlib.sha256(yaml.safe_dump(config_map["data"], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def _volumes(
+    owner: ObjectRef, spec: InferenceEngineSpec, claim: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": "llm-api", "configMap": {"name": L.config_map_name(owner.name)}}]
+    mounts: list[dict[str, Any]] = [{"name": "llm-api", "mountPath": CONFIG_DIR, "readOnly": True}]
+    if claim:
+        volumes.append(P.cache_volume(claim, read_only=not (spec.runtime.backend == "pytorch")))
+        mounts.append(P.cache_mount(read_only=spec.runtime.backend != "pytorch"))
+    model = P.model_volume(spec)
+    if model is not None and not spec.builds_engine:
+        volumes.append(model)
+        mounts.append(P.model_mount())
+    if spec.model.scheme == "s3" and not spec.builds_engine:
+        volumes.append({"name": "model", "emptyDir": {}})
+        mounts.append({"name": "model", "mountPath": "/model"})
+    shm = P.shm_volume(spec.build.gpus)
+    if shm:
+        volumes.append(shm[0])
+        mounts.append(shm[1])
+    return volumes, mounts
+
+
+def deployment(
+    owner: ObjectRef,
+    spec: InferenceEngineSpec,
+    engine: ServedEngine | None,
+    image: str,
+    claim: str | None,
+    max_batch_size: int,
+    config_map: dict[str, Any],
+) -> dict[str, Any]:
+    s = spec.serving
+    gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size if engine else spec.build.gpus
+    command = serve_command(spec, engine, max_batch_size)
+    volumes, mounts = _volumes(owner, spec, claim)
+    env = P.env(spec)
+    if not spec.builds_engine and claim:
+        env.append({"name": "HF_HOME", "value": "/engines/.hf-home"})  # downloads survive restarts
+    labels = L.common_labels(owner.name, spec.runtime.backend, "server")
+    annotations = {
+        L.CONFIG_HASH_ANNOTATION: config_hash(config_map),
+        L.BATCH_ANNOTATION: command.argv[command.argv.index("--max_batch_size") + 1],
+        "kubectl.kubernetes.io/default-container": "server",
+    }
+    if engine is not None:
+        annotations[L.FINGERPRINT_ANNOTATION] = engine.fingerprint
+    init = None
+    if spec.model.scheme == "s3" and not spec.builds_engine:
+        init = [P.s3_sync_container(spec, "/model", [{"name": "model", "mountPath": "/model"}])]
+    container = {
+        "name": "server",
+        "image": image,
+        "command": [command.argv[0]],
+        "args": list(command.argv[1:]),
+        "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
+        "env": env or None,
+        "envFrom": P.credentials_env_from(spec) if not spec.builds_engine else None,
+        "resources": P.resources(s.resources, gpus),
+        "volumeMounts": mounts,
+        # Model load can take many minutes: the startup probe owns that budget so liveness stays strict.
+        "startupProbe": _probe(
+            "/health", STARTUP_PROBE_PERIOD_SECONDS, math.ceil(s.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS)
+        ),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 15, 4),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, L.deployment_name(owner.name), spec, "server"),
+        "spec": {
+            "replicas": s.replicas,
+            "selector": {"matchLabels": L.server_selector(owner.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": s.rollout.max_surge, "maxUnavailable": s.rollout.max_unavailable},
+            },
+            "progressDeadlineSeconds": s.startup_timeout_seconds + 600,
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": {
+                    "nodeSelector": P.node_selector(spec),
+                    "tolerations": P.tolerations(spec),
+                    "priorityClassName": s.priority_class_name,
+                    "terminationGracePeriodSeconds": 60,
+                    "initContainers": init,
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    return P.prune(dep)  # type: ignore[no-any-return]
+
+
+def service(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, L.service_name(owner.name), spec, "server"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": L.server_selector(owner.name),
+            "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def endpoint(owner: ObjectRef, spec: InferenceEngineSpec) -> str:
+    return f"http://{L.service_name(owner.name)}.{owner.namespace}.svc:{spec.serving.port}/v1"

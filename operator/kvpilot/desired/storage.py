@@ -1,0 +1,56 @@
+"""The engine cache claim (when the operator creates it) and the engine index that records what it holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpilot.api.models import InferenceEngineSpec, ObjectRef
+from kvpilot.desired import labels as L
+
+
+def cache_claim_name(owner: ObjectRef, spec: InferenceEngineSpec) -> str | None:
+    cache = spec.engine_cache
+    if cache is None:
+        return None
+    return cache.claim_name or L.created_claim_name(owner.name)
+
+
+def cache_claim(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any] | None:
+    """A claim to create, only when the spec asks for one by size; an existing claim is never touched."""
+    cache = spec.engine_cache
+    if cache is None or cache.size is None:
+        return None
+    claim: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": cache_claim_name(owner, spec),
+            "namespace": owner.namespace,
+            "labels": L.common_labels(owner.name, spec.runtime.backend, "engine-cache"),
+            "ownerReferences": [L.owner_reference(owner)],
+        },
+        "spec": {
+            "accessModes": [cache.access_mode],
+            "resources": {"requests": {"storage": str(cache.size)}},
+        },
+    }
+    if cache.storage_class_name:
+        claim["spec"]["storageClassName"] = cache.storage_class_name
+    return claim
+
+
+def engine_index(namespace: str, claim: str) -> dict[str, Any]:
+    """The index ConfigMap itself (created empty; entries are merged in one key per fingerprint).
+
+    It has no owner: it describes the volume, which outlives any one InferenceEngine.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": L.engine_index_name(claim),
+            "namespace": namespace,
+            "labels": {**L.MANAGED_BY, L.COMPONENT_LABEL: "engine-index", "serving.kvpilot.io/claim": claim},
+            "annotations": {"serving.kvpilot.io/description": f"Engines published on the claim {claim}"},
+        },
+    }

@@ -1,0 +1,165 @@
+"""One long-lived loop per InferenceEngine: reconcile when woken or due, sample pod metrics in between.
+
+Why not kopf daemons or timers: they require a finalizer on every object, so uninstalling the operator
+before deleting the engines would leave them stuck in Terminating. kvpilot needs no cleanup of its own
+(owner references let the garbage collector delete every child), so it runs finalizer-free: kopf's
+event handlers feed the latest object into these loops and wake them on spec or child changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import aiohttp
+
+from kvpilot import telemetry
+from kvpilot.api.validate import InvalidEngineError
+from kvpilot.desired import labels as L
+from kvpilot.desired.observed import pod_state
+from kvpilot.desired.plan import Settings, requeue_after
+from kvpilot.k8s.api import Api
+from kvpilot.k8s.errors import ApiError
+from kvpilot.observe.scrape import EngineSampler, query_prometheus
+from kvpilot.reconcile import engine_from_body, reconcile
+
+log = logging.getLogger(__name__)
+ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
+
+
+@dataclass
+class EngineLoop:
+    key: tuple[str, str]
+    body: dict[str, Any]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    generation: int = 0
+    sampler: EngineSampler = field(default_factory=EngineSampler)
+
+
+class EngineLoops:
+    """The registry of loops, fed by kopf events."""
+
+    def __init__(self, api: Api, settings: Settings, resync_seconds: float):
+        self.api = api
+        self.settings = settings
+        self.resync_seconds = resync_seconds
+        self.loops: dict[tuple[str, str], EngineLoop] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """Called for every watch event of an InferenceEngine."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            loop = self.loops.pop(key, None)
+            if loop and loop.task:
+                loop.task.cancel()
+            telemetry.forget(*key)
+            return
+        loop = self.loops.get(key)
+        if loop is None:
+            loop = self.loops[key] = EngineLoop(key=key, body=body)
+            loop.task = asyncio.create_task(self._run(loop), name=f"kvpilot:{key[0]}/{key[1]}")
+            return
+        loop.body = body
+        generation = int(meta.get("generation") or 0)
+        if generation != loop.generation:  # spec changed; status-only changes (ours) do not wake
+            loop.wake.set()
+
+    def wake_owners(self, child: dict[str, Any]) -> None:
+        """A child changed: wake every InferenceEngine that owns it (a shared build Job has several)."""
+        meta = child.get("metadata") or {}
+        names = {ref.get("name", "") for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "InferenceEngine"}
+        names.add((meta.get("labels") or {}).get(L.ENGINE_LABEL, ""))  # pods are owned by ReplicaSets
+        for name in names - {""}:
+            loop = self.loops.get((meta.get("namespace", ""), name))
+            if loop:
+                loop.wake.set()
+
+    async def stop_all(self) -> None:
+        tasks = [loop.task for loop in self.loops.values() if loop.task]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _sample(self, loop: EngineLoop, spec: Any, pods: list[Any]) -> None:
+        tune = spec.autotune
+        if tune.metrics.source == "Prometheus" and tune.metrics.url:
+            return  # the server keeps the history; queried once per reconcile
+        want_latency = tune.slo is not None
+        await loop.sampler.tick(
+            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, want_latency
+        )
+
+    async def _window(self, loop: EngineLoop, engine: Any) -> Any:
+        tune = engine.spec.autotune
+        if not tune.enabled:
+            return None
+        if tune.metrics.source == "Prometheus" and tune.metrics.url:
+            try:
+                return await query_prometheus(self.session(), tune.metrics.url, engine.meta.namespace,
+                                              engine.meta.name, tune.interval_seconds)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
+                return None
+        return loop.sampler.window(tune.interval_seconds)
+
+    async def _run(self, loop: EngineLoop) -> None:
+        failures = 0
+        next_reconcile = 0.0
+        next_sample = 0.0
+        pods: list[Any] = []
+        while True:
+            now = time.monotonic()
+            try:
+                engine = engine_from_body(loop.body)
+                if now >= next_sample and engine.spec.autotune.enabled and pods:
+                    await self._sample(loop, engine.spec, pods)
+                    next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
+                if now >= next_reconcile or loop.wake.is_set():
+                    loop.wake.clear()
+                    loop.generation = engine.meta.generation
+                    kv = await self._window(loop, engine)
+                    engine, p = await reconcile(self.api, loop.body, self.settings, kv)
+                    loop.body = {**loop.body, "status": p.status}
+                    if p.decision is not None and p.decision.changes:
+                        loop.sampler.reset()
+                    pods = await self._serving_pods(engine)
+                    next_reconcile = time.monotonic() + requeue_after(engine, p, self.resync_seconds).total_seconds()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except InvalidEngineError as exc:
+                log.error("%s", exc)
+                next_reconcile = time.monotonic() + self.resync_seconds
+            except (ApiError, aiohttp.ClientError) as exc:
+                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
+                failures += 1
+                telemetry.RECONCILES.labels(result="error").inc()
+                log.warning("Reconcile of InferenceEngine %s/%s failed (retry in %ss): %s", *loop.key, delay, exc)
+                next_reconcile = time.monotonic() + delay
+            except Exception:  # noqa: BLE001 — a bug in one engine's loop must not stop the others
+                telemetry.RECONCILES.labels(result="error").inc()
+                log.exception("Reconcile of InferenceEngine %s/%s crashed", *loop.key)
+                next_reconcile = time.monotonic() + self.resync_seconds
+            deadline = min(next_reconcile, next_sample if pods else next_reconcile)
+            try:
+                await asyncio.wait_for(loop.wake.wait(), timeout=max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+
+    async def _serving_pods(self, engine: Any) -> list[Any]:
+        raw = await self.api.list("v1", "Pod", engine.meta.namespace, L.selector_string(engine.meta.name))
+        return [pod_state(p) for p in raw]

@@ -1,0 +1,37 @@
+"""Starts kopf with kvpilot's handlers, the metrics server and the liveness endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import kopf
+from prometheus_client import start_http_server
+
+from kvpilot.desired.plan import Settings
+from kvpilot.handlers import engine as engine_handlers
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                           "message": record.getMessage()})
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    if args.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(_JsonFormatter())
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    settings = Settings(kvsim_image=args.kvsim_image)
+    namespaces = list(args.namespace)
+    kopf.run(
+        standalone=True,  # one replica; no peering objects to create or RBAC for them
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        memo=engine_handlers.memo_for(settings, args.resync_seconds),
+    )
+    return 0

@@ -1,0 +1,75 @@
+"""The operator's own Prometheus metrics (prometheus-client), served by ``kvpilot run --metrics-port``.
+
+Names are part of the Helm chart's contract (dashboard, ServiceMonitor); change them with the chart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from kvpilot.api.models import InferenceEngine
+    from kvpilot.desired.observed import JobState, Observed
+    from kvpilot.desired.plan import Plan
+
+RECONCILES = Counter("kvpilot_reconcile_total", "Reconcile passes by result.", ["result"])
+RECONCILE_SECONDS = Histogram("kvpilot_reconcile_duration_seconds", "Duration of one reconcile pass.")
+BUILDS = Counter("kvpilot_engine_builds_total", "Engine builds by outcome.", ["outcome"])
+BUILD_SECONDS = Histogram(
+    "kvpilot_engine_build_duration_seconds", "Engine build Job durations.",
+    buckets=(60, 300, 600, 1200, 1800, 3600, 7200, 14400),
+)
+ROLLOUTS = Counter("kvpilot_rollouts_total", "Serving rollouts started, by reason.", ["reason"])
+BATCH_SIZE = Gauge("kvpilot_batch_size", "Runtime max_batch_size and engine ceiling.", ["namespace", "name", "kind"])
+KV_UTILIZATION = Gauge("kvpilot_kv_cache_utilization_ratio", "Peak KV-cache pool utilization of the last window.",
+                       ["namespace", "name"])
+DECISIONS = Counter("kvpilot_autotune_decisions_total", "Autotune decisions.",
+                    ["namespace", "name", "action", "reason"])
+RECOMMENDED = Gauge("kvpilot_autotune_recommended_batch_size", "The tuner's recommended runtime max_batch_size.",
+                    ["namespace", "name"])
+
+
+def _parse(ts: str | None) -> datetime | None:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ") if ts else None
+
+
+def record_build_finished(manifest: dict[str, Any], job: JobState | None) -> None:
+    BUILDS.labels(outcome="succeeded" if job is not None else "cache_hit").inc()
+    if job is not None:
+        start, end = _parse(job.start_time), _parse(job.completion_time)
+        if start and end:
+            BUILD_SECONDS.observe((end - start).total_seconds())
+
+
+def record_plan(engine: InferenceEngine, p: Plan, observed: Observed, seconds: float) -> None:
+    ns, name = engine.meta.namespace, engine.meta.name
+    RECONCILES.labels(result="ok").inc()
+    RECONCILE_SECONDS.observe(seconds)
+    batching = p.status.get("batching") or {}
+    BATCH_SIZE.labels(ns, name, "runtime").set(batching.get("maxBatchSize", 0))
+    ceiling = (p.status.get("engine") or {}).get("maxBatchSize")
+    if ceiling:
+        BATCH_SIZE.labels(ns, name, "ceiling").set(ceiling)
+    if observed.kv is not None:
+        KV_UTILIZATION.labels(ns, name).set(observed.kv.peak_utilization)
+    for event in p.events:
+        if event.reason == "EngineBuildFailed":
+            BUILDS.labels(outcome="failed").inc()
+        if event.reason in ("RolloutStarted", "BatchSizeChanged"):
+            ROLLOUTS.labels(reason=event.reason).inc()
+    if p.decision is not None:
+        DECISIONS.labels(ns, name, p.decision.action.lower(), p.decision.reason).inc()
+        RECOMMENDED.labels(ns, name).set(p.decision.ceiling_request or p.decision.target)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop the per-engine series of a deleted InferenceEngine."""
+    for gauge, labels in ((BATCH_SIZE, ("runtime", "ceiling")), (KV_UTILIZATION, (None,)), (RECOMMENDED, (None,))):
+        for extra in labels:
+            try:
+                gauge.remove(namespace, name, *( [extra] if extra else []))
+            except KeyError:
+                pass

@@ -1,0 +1,100 @@
+"""Assembles the build Job's bash script from the commands rendered in ``build.py``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.trtllm.build import (
+    MANIFEST,
+    TERMINATION_LOG,
+    BuildPaths,
+    Command,
+    convert,
+    hf_download,
+    model_dir,
+    simulated_checkpoint,
+    trtllm_build,
+)
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "config.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def build_commands(spec: InferenceEngineSpec, fingerprint: str, max_batch_size: int) -> list[Command]:
+    """Every command the build runs, in order (what the option-list tests check)."""
+    if spec.runtime.backend == "simulated":
+        paths = BuildPaths(fingerprint, model_dir="")
+        return [simulated_checkpoint(spec, paths), trtllm_build(spec.build, paths, max_batch_size)]
+    paths = BuildPaths(fingerprint, model_dir=model_dir(spec))
+    steps = []
+    if spec.model.scheme == "hf":
+        steps.append(hf_download(spec, paths.model_dir))
+    steps += [convert(spec, paths), trtllm_build(spec.build, paths, max_batch_size)]
+    return steps
+
+
+def manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_size: int) -> dict[str, object]:
+    """What the published engine says about itself (read back into the InferenceEngine's status)."""
+    b = spec.build
+    return {
+        "fingerprint": fingerprint,
+        "image": image,
+        "model": {"source": spec.model.source, "revision": spec.model.revision},
+        "backend": spec.runtime.backend,
+        "maxBatchSize": max_batch_size,
+        "maxNumTokens": b.max_num_tokens,
+        "maxInputLen": b.max_input_len,
+        "maxSeqLen": b.max_seq_len,
+        "tokensPerBlock": b.kv_cache.tokens_per_block,
+        "tensorParallelSize": b.tensor_parallel_size,
+        "pipelineParallelSize": b.pipeline_parallel_size,
+        "quantization": b.quantization,
+        "kvCacheDtype": b.kv_cache_dtype,
+    }
+
+
+def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_size: int) -> str:
+    """The whole build as a bash script: cache check, staging, the commands, atomic publish."""
+    paths = BuildPaths(fingerprint, model_dir=model_dir(spec) if spec.runtime.backend != "simulated" else "")
+    final, stage = paths.final, paths.stage
+    body = json.dumps(manifest(spec, fingerprint, image, max_batch_size), sort_keys=True)
+    lines = [
+        "set -euo pipefail",
+        f"echo 'kvpilot: engine {fingerprint}'",
+        f"if [ -f {final}/{MANIFEST} ]; then",
+        "  echo 'kvpilot: engine already in the cache; nothing to build'",
+        f"  cp {final}/{MANIFEST} {TERMINATION_LOG}",
+        "  exit 0",
+        "fi",
+        f'STAGE="{stage}"',
+        'rm -rf "$STAGE" && mkdir -p "$STAGE/tokenizer"',
+    ]
+    for step in build_commands(spec, fingerprint, max_batch_size):
+        lines.append(f"echo '+ {step.tool}'")
+        lines.append(step.shell())
+    if paths.model_dir:
+        files = " ".join(TOKENIZER_FILES)
+        lines += [
+            f"for f in {files}; do",
+            f'  if [ -f {paths.model_dir}/"$f" ]; then cp {paths.model_dir}/"$f" "$STAGE/tokenizer/"; fi',
+            "done",
+        ]
+    lines += [
+        'rm -rf "$STAGE/checkpoint"',
+        f'printf \'%s\\n\' {shlex.quote(body)} > "$STAGE/{MANIFEST}"',
+        "# Publish atomically; if another builder published first, its engine is identical.",
+        f'mv -T "$STAGE" {final} || {{ [ -f {final}/{MANIFEST} ] && rm -rf "$STAGE"; }}',
+        f"cp {final}/{MANIFEST} {TERMINATION_LOG}",
+        f"echo 'kvpilot: published {final}'",
+    ]
+    return "\n".join(lines) + "\n"

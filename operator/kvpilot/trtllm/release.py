@@ -1,0 +1,34 @@
+"""Facts about the TensorRT-LLM release image kvpilot targets (1.2).
+
+Sources are cited in docs/trtllm-sources.md; the values here are what the renderers use.
+"""
+
+from __future__ import annotations
+
+DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
+# Where NVIDIA's release image keeps the example scripts (convert_checkpoint.py, quantize.py).
+EXAMPLES_DIR = "/app/tensorrt_llm/examples"
+
+# Checkpoint converter per model family (1.x tree: examples/models/core/<family>/). Mistral and Mixtral
+# checkpoints go through the Llama converter, as NVIDIA's Mixtral README does.
+CONVERTERS = {
+    "llama": "models/core/llama/convert_checkpoint.py",
+    "mistral": "models/core/llama/convert_checkpoint.py",
+    "mixtral": "models/core/llama/convert_checkpoint.py",
+    "qwen": "models/core/qwen/convert_checkpoint.py",
+    "gemma": "models/core/gemma/convert_checkpoint.py",
+}
+QUANTIZE_SCRIPT = "quantization/quantize.py"
+
+# ModelOpt formats of quantize.py for kvpilot's quantization names.
+QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4", "none": "full_prec"}
+
+# LLM-API names of the capacity scheduler policies.
+SCHEDULER_POLICIES = {
+    "GuaranteedNoEvict": "GUARANTEED_NO_EVICT",
+    "MaxUtilization": "MAX_UTILIZATION",
+    "static": "STATIC_BATCH",
+}
+
+# TensorRT-LLM's own DynamicBatchConfig window (requests) when the in-engine tuner is on.
+DYNAMIC_BATCH_WINDOW = 128

@@ -1,0 +1,127 @@
+"""Renders ``trtllm-serve`` and its LLM-API YAML (``--extra_llm_api_options``).
+
+``trtllm-serve`` always gets an explicit ``--max_batch_size`` at most the engine's: its CLI default (2048)
+makes it refuse to start on any engine built with a smaller ceiling. In 1.2 the YAML overrides the CLI and
+replaces whole sub-objects (``kv_cache_config``), so the YAML repeats every value the CLI sets: both say
+the same thing, whichever wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.trtllm import release
+from kvpilot.trtllm.build import CACHE_MOUNT, MODEL_MOUNT, Command
+
+CONFIG_DIR = "/etc/kvpilot"
+CONFIG_FILE = "llm-api.yaml"
+
+
+@dataclass(frozen=True)
+class ServedEngine:
+    """What serving needs to know about the engine in service (from status.engine or the spec)."""
+
+    fingerprint: str
+    max_batch_size: int
+    max_num_tokens: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+
+    @property
+    def engine_dir(self) -> str:
+        return f"{CACHE_MOUNT}/{self.fingerprint}/engine"
+
+    @property
+    def tokenizer_dir(self) -> str:
+        return f"{CACHE_MOUNT}/{self.fingerprint}/tokenizer"
+
+
+def scheduler_policy(spec: InferenceEngineSpec) -> str:
+    if spec.batching.mode == "static":
+        return release.SCHEDULER_POLICIES["static"]
+    return release.SCHEDULER_POLICIES[spec.batching.scheduler_policy]
+
+
+def kv_fraction(spec: InferenceEngineSpec) -> float:
+    return round(spec.batching.kv_cache_free_gpu_memory_percent / 100, 2)
+
+
+def runtime_limits(spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int) -> tuple[int, int]:
+    """Runtime max_batch_size and max_num_tokens, clamped to the engine's ceilings (never above them)."""
+    if engine is None:
+        return max_batch_size, spec.batching.max_num_tokens
+    return min(max_batch_size, engine.max_batch_size), min(spec.batching.max_num_tokens, engine.max_num_tokens)
+
+
+def llm_api_options(spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int) -> dict[str, Any]:
+    """The LLM-API YAML: runtime batching, KV-cache pool, scheduler policy, and the stats kvpilot reads."""
+    batch, tokens = runtime_limits(spec, engine, max_batch_size)
+    kv_cache: dict[str, Any] = {
+        "free_gpu_memory_fraction": kv_fraction(spec),
+        "enable_block_reuse": spec.batching.enable_block_reuse,
+    }
+    if spec.runtime.backend == "pytorch" and spec.build.kv_cache_dtype != "auto":
+        kv_cache["dtype"] = spec.build.kv_cache_dtype  # the TensorRT backend bakes it into the engine
+    options: dict[str, Any] = {
+        "max_batch_size": batch,
+        "max_num_tokens": tokens,
+        "enable_chunked_prefill": spec.batching.enable_chunked_context,
+        # Perf metrics mount /prometheus/metrics; iteration stats (/metrics, the autotuner's input) are on by
+        # default in the TensorRT backend and must be asked for in the PyTorch one, whose args alone have
+        # the field: the strict LLM-API schema rejects unknown keys at startup.
+        "return_perf_metrics": True,
+        "kv_cache_config": kv_cache,
+        "scheduler_config": {
+            "capacity_scheduler_policy": scheduler_policy(spec),
+            "dynamic_batch_config": {
+                "enable_batch_size_tuning": spec.batching.dynamic_batch_size_tuning,
+                "enable_max_num_tokens_tuning": False,
+                "dynamic_batch_moving_average_window": release.DYNAMIC_BATCH_WINDOW,
+            },
+        },
+    }
+    if spec.runtime.backend == "pytorch":
+        options["enable_iter_perf_stats"] = True
+    return options
+
+
+def model_argument(spec: InferenceEngineSpec, engine: ServedEngine | None) -> list[str]:
+    """The positional MODEL: the engine directory (with its tokenizer), or the checkpoint for pytorch."""
+    if engine is not None and spec.builds_engine:
+        return [engine.engine_dir, "--tokenizer", engine.tokenizer_dir]
+    model = spec.model
+    if model.scheme == "hf":
+        args = [model.location]
+        if model.revision:
+            args += ["--revision", model.revision]
+        return args
+    if model.scheme == "pvc":
+        return [f"{MODEL_MOUNT}/{model.location.partition('/')[2]}".rstrip("/")]
+    return [f"{MODEL_MOUNT}"]  # s3: synced into the model volume by an init container
+
+
+def serve_command(
+    spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int
+) -> Command:
+    batch, tokens = runtime_limits(spec, engine, max_batch_size)
+    tp = engine.tensor_parallel_size if engine else spec.build.tensor_parallel_size
+    pp = engine.pipeline_parallel_size if engine else spec.build.pipeline_parallel_size
+    backend = "pytorch" if spec.runtime.backend == "pytorch" else "tensorrt"
+    argv = [
+        "trtllm-serve",
+        *model_argument(spec, engine),
+        "--backend", backend,
+        "--host", "0.0.0.0",
+        "--port", str(spec.serving.port),
+        "--max_batch_size", str(batch),
+        "--max_num_tokens", str(tokens),
+        "--kv_cache_free_gpu_memory_fraction", str(kv_fraction(spec)),
+        "--tp_size", str(tp),
+        "--pp_size", str(pp),
+        "--extra_llm_api_options", f"{CONFIG_DIR}/{CONFIG_FILE}",
+    ]
+    if backend == "pytorch":
+        argv += ["--max_seq_len", str(spec.build.max_seq_len)]
+    return Command("trtllm-serve", tuple(argv))
