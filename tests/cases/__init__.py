@@ -1,0 +1,1 @@
+"""Test data shared by the unit and end-to-end suites."""

@@ -1,0 +1,145 @@
+"""Scenario tests of the pure reconcile plan: build, cache, failure, rollout, sharing, conditions, events."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from kvpilot.desired import labels as L
+from kvpilot.desired.observed import DeploymentState, JobState, Observed, PodState
+from kvpilot.desired.plan import Settings, plan
+from tests.unit.helpers import engine
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+S = Settings()
+
+
+def conds(p) -> dict:
+    return {c["type"]: (c["status"], c["reason"]) for c in p.status["conditions"]}
+
+
+def kinds(p) -> list[str]:
+    return [o["kind"] for o in p.apply]
+
+
+def built(p_first) -> Observed:
+    """What the next reconcile sees once the first plan's Job has succeeded."""
+    job = JobState(name=p_first.build_job["metadata"]["name"], active=False, succeeded=True, failed=False,
+                   completion_time="2026-11-29T12:10:00Z", owner_uids=("uid-1",))
+    return Observed(status=p_first.status, claim_phase="Bound", job=job)
+
+
+def test_new_engine_creates_a_build_job_and_no_deployment() -> None:
+    p = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    assert p.build_job is not None and p.build_job["metadata"]["name"] == L.build_job_name(p.fingerprint)
+    assert kinds(p) == ["Service"]
+    assert conds(p)["EngineReady"] == ("False", "Building")
+    assert conds(p)["Available"] == ("False", "EngineNotReady")
+    assert [e.reason for e in p.events] == ["EngineBuildStarted"]
+
+
+def test_successful_job_records_the_engine_and_rolls_out() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    p = plan(engine(), built(first), S, NOW)
+    assert p.index_entry is not None and p.index_entry[1] == first.fingerprint
+    assert kinds(p) == ["ConfigMap", "Deployment", "Service"]
+    assert p.status["engine"]["fingerprint"] == first.fingerprint
+    assert conds(p)["EngineReady"] == ("True", "EngineBuilt")
+    assert "EngineBuilt" in [e.reason for e in p.events]
+    assert p.build_job is None
+
+
+def test_engine_in_the_cache_is_not_built_again() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    index = {first.fingerprint: {"fingerprint": first.fingerprint, "maxBatchSize": 512}}
+    p = plan(engine(name="other", uid="uid-2"), Observed(claim_phase="Bound", engine_index=index), S, NOW)
+    assert p.build_job is None
+    assert conds(p)["EngineReady"] == ("True", "CacheHit")
+
+
+def test_two_engines_with_the_same_build_inputs_share_one_job() -> None:
+    a = plan(engine(name="a", uid="ua", batching__maxBatchSize=32), Observed(claim_phase="Bound"), S, NOW)
+    b = plan(engine(name="b", uid="ub", serving__replicas=3), Observed(claim_phase="Bound"), S, NOW)
+    assert a.build_job["metadata"]["name"] == b.build_job["metadata"]["name"]
+    assert a.build_job["metadata"]["ownerReferences"][0]["controller"] is False
+
+
+def test_serving_only_change_rolls_pods_without_a_build() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    served = plan(engine(), built(first), S, NOW)
+    after = Observed(status=served.status, claim_phase="Bound",
+                     engine_index={first.fingerprint: served.index_entry[2]})
+    p = plan(engine(serving__replicas=3, batching__maxBatchSize=32, generation=2), after, S, NOW)
+    assert p.build_job is None and p.fingerprint == first.fingerprint
+    dep = next(o for o in p.apply if o["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    assert "32" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_failed_build_keeps_the_last_good_engine_serving() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    good = plan(engine(), built(first), S, NOW)
+    changed = engine(build__maxBatchSize=1024, generation=2)
+    second = plan(changed, Observed(status=good.status, claim_phase="Bound",
+                                    engine_index={first.fingerprint: good.index_entry[2]}), S, NOW)
+    assert second.build_job is not None and second.fingerprint != first.fingerprint
+    failed_job = JobState(name=second.build_job["metadata"]["name"], active=False, succeeded=False, failed=True,
+                          message="RuntimeError: CUDA out of memory")
+    dep_state = DeploymentState(1, 1, 1, 1, 1, 1, False, first.fingerprint, "64", None)
+    p = plan(changed, Observed(status=second.status, claim_phase="Bound", job=failed_job, deployment=dep_state,
+                               engine_index={first.fingerprint: good.index_entry[2]}), S, NOW)
+    dep = next(o for o in p.apply if o["kind"] == "Deployment")
+    assert dep["spec"]["template"]["metadata"]["annotations"][L.FINGERPRINT_ANNOTATION] == first.fingerprint
+    assert p.status["engine"]["fingerprint"] == first.fingerprint
+    assert conds(p)["EngineReady"][1] == "BuildFailed"
+    assert "CUDA out of memory" in next(c for c in p.status["conditions"] if c["type"] == "EngineReady")["message"]
+    assert conds(p)["Degraded"] == ("True", "BuildFailed")
+    assert p.build_job is None  # no hot loop: the failed Job is kept and not recreated
+    assert "EngineBuildFailed" in [e.reason for e in p.events]
+
+
+def test_unschedulable_pods_say_why() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    good = plan(engine(), built(first), S, NOW)
+    pod = PodState("e1-abc", ready=False, fingerprint=first.fingerprint,
+                   unschedulable_message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    dep_state = DeploymentState(1, 1, 1, 1, 0, 0, False, first.fingerprint, "64", None)
+    p = plan(engine(), Observed(status=good.status, claim_phase="Bound", deployment=dep_state, pods=(pod,),
+                                engine_index={first.fingerprint: good.index_entry[2]}), S, NOW)
+    assert conds(p)["Available"] == ("False", "PodsUnschedulable")
+    assert conds(p)["Degraded"] == ("True", "InsufficientGPU")
+
+
+def test_missing_claim_blocks_the_build_with_a_reason() -> None:
+    p = plan(engine(), Observed(claim_phase=None), S, NOW)
+    assert p.build_job is None
+    assert conds(p)["EngineReady"] == ("False", "CacheClaimMissing")
+
+
+def test_operator_created_claim_is_rendered_and_build_proceeds() -> None:
+    p = plan(engine(engineCache={"size": "100Gi", "storageClassName": "fast"}), Observed(), S, NOW)
+    claim = next(o for o in p.apply if o["kind"] == "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "e1-engines" and claim["spec"]["storageClassName"] == "fast"
+    assert p.build_job is not None
+
+
+def test_pytorch_serves_without_a_build() -> None:
+    p = plan(engine("pytorch"), Observed(claim_phase="Bound"), S, NOW)
+    assert p.build_job is None
+    assert kinds(p) == ["ConfigMap", "Deployment", "Service"]
+    assert conds(p)["EngineReady"] == ("True", "NoBuildRequired")
+
+
+def test_status_is_stable_when_nothing_changes() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    good = plan(engine(), built(first), S, NOW)
+    dep_state = DeploymentState(1, 1, 1, 1, 1, 1, False, first.fingerprint, "64",
+                                None)
+    obs = Observed(status=good.status, claim_phase="Bound", deployment=dep_state,
+                   engine_index={first.fingerprint: good.index_entry[2]})
+    again = plan(engine(), obs, S, NOW)
+    later = plan(engine(), Observed(status=again.status, claim_phase="Bound", deployment=dep_state,
+                                    engine_index={first.fingerprint: good.index_entry[2]}), S,
+                 datetime(2026, 11, 29, 13, 0, tzinfo=timezone.utc))
+    assert [c["lastTransitionTime"] for c in later.status["conditions"]] == \
+        [c["lastTransitionTime"] for c in again.status["conditions"]]
+    assert later.events == []
