@@ -22,7 +22,8 @@ from kvpilot.api.models import AutotuneSpec
 from kvpilot.desired.observed import KvWindow
 
 HYSTERESIS = 0.05  # utilization band around the target where the tuner does not move
-MIN_RELATIVE_STEP = 0.25  # smaller moves are not worth a pod restart
+MIN_RELATIVE_STEP = 0.25  # smaller raises are not worth a pod restart
+MIN_PROTECTIVE_STEP = 0.10  # lowering to protect memory or latency may be finer
 MAX_RAISE_FACTOR = 2.0
 MAX_LOWER_FACTOR = 0.5
 MIN_SAMPLES = 3
@@ -67,12 +68,12 @@ def _hold(inp: TunerInput, reason: str, message: str) -> Decision:
     return Decision("Hold", inp.current, reason, message)
 
 
-def _move(inp: TunerInput, target: int, reason: str, message: str) -> Decision:
+def _move(inp: TunerInput, target: int, reason: str, message: str, min_step: float = MIN_RELATIVE_STEP) -> Decision:
     lo, hi = bounds(inp)
     target = max(lo, min(hi, target))
     if target == inp.current:
         return _hold(inp, reason, message + f"; already at the bound {target}")
-    if abs(target - inp.current) < MIN_RELATIVE_STEP * inp.current:
+    if abs(target - inp.current) < min_step * inp.current:
         return _hold(inp, "ChangeTooSmall", message + f"; {inp.current}->{target} is not worth a restart")
     action = "Raise" if target > inp.current else "Lower"
     return Decision(action, target, reason, message + f"; {inp.current}->{target}")
@@ -122,14 +123,16 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     # Too large: memory (paused requests, pool over target) or latency (TPOT objective broken).
     if w.paused > 0:
         return _move(inp, math.floor(cur * MAX_LOWER_FACTOR), "RequestsPaused",
-                     f"{w.paused} requests were paused for lack of KV blocks; {util}")
-    if w.peak_utilization > target_u + HYSTERESIS:
+                     f"{w.paused} requests were paused for lack of KV blocks; {util}", MIN_PROTECTIVE_STEP)
+    # Under GUARANTEED_NO_EVICT a full pool only delays admission (nothing is paused), so pressure alone
+    # is a reason to lower only where the engine evicts.
+    if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
         scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
-        return _move(inp, math.floor(cur * scale), "KvCachePressure", f"{util} is above target")
+        return _move(inp, math.floor(cur * scale), "KvCachePressure", f"{util} is above target", MIN_PROTECTIVE_STEP)
     broken = _slo_broken(inp, w)
     if broken:
         scale = max(MAX_LOWER_FACTOR, (inp.spec.slo.time_per_output_token_millis or 1) / (w.tpot_p95_ms or 1))  # type: ignore[union-attr]
-        return _move(inp, math.floor(cur * scale), "TpotObjectiveBroken", broken)
+        return _move(inp, math.floor(cur * scale), "TpotObjectiveBroken", broken, MIN_PROTECTIVE_STEP)
 
     # Too small: the batch is full, requests queue, and the pool has room.
     full = w.peak_active >= SATURATION * cur

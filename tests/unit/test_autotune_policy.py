@@ -1,0 +1,119 @@
+"""Table tests and properties of the autotune policy."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpilot.api.models import AutotuneSpec, MetricsSpec, SloSpec
+from kvpilot.autotune.policy import Decision, TunerInput, decide
+from kvpilot.desired.observed import KvWindow
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+SPEC = AutotuneSpec(enabled=True, mode="Auto", min_batch_size=8, max_batch_size=1024,
+                    target_kv_cache_utilization_percent=85, interval_seconds=30, cooldown_seconds=600,
+                    warmup_seconds=60, allow_rebuild=False, metrics=MetricsSpec("Pod"))
+
+
+def window(util: float = 0.5, active: int = 64, queued: float = 0.0, paused: int = 0, tpot: float | None = None,
+           max_blocks: int = 30000) -> KvWindow:
+    used = int(util * max_blocks)
+    return KvWindow(samples=10, pods=1, peak_utilization=util, mean_utilization=util, peak_used_blocks=used,
+                    max_blocks=max_blocks, tokens_per_block=32, peak_active=active, mean_active=active,
+                    peak_queued=int(queued), mean_queued=queued, paused=paused, runtime_batch_size=64,
+                    tpot_p95_ms=tpot)
+
+
+def inp(current: int = 64, ceiling: int = 512, w: KvWindow | None = None, **kw: object) -> TunerInput:
+    defaults = dict(current=current, ceiling=ceiling, spec=SPEC, window=w if w is not None else window(),
+                    scheduler_policy="GuaranteedNoEvict", rollout_in_progress=False, build_in_progress=False,
+                    last_applied_at=None, now=NOW)
+    defaults.update(kw)
+    return TunerInput(**defaults)  # type: ignore[arg-type]
+
+
+CASES = {
+    "full batch, queue, headroom -> raise": (inp(w=window(util=0.30, active=64, queued=20)), "Raise",
+                                               "QueueWithHeadroom"),
+    "queue but batch not full -> reservation bound, hold": (inp(w=window(util=0.30, active=40, queued=20)), "Hold",
+                                                            "ReservationBound"),
+    "no queue -> hold": (inp(w=window(util=0.30, active=64, queued=0)), "Hold", "NoQueue"),
+    "pool above target, evicting policy -> lower": (
+        inp(scheduler_policy="MaxUtilization", w=window(util=0.99, active=64, queued=5)), "Lower", "KvCachePressure"),
+    "pool above target, no-evict policy -> hold": (inp(w=window(util=0.99, active=64, queued=5)), "Hold", "AtTarget"),
+    "paused requests -> lower": (inp(w=window(util=0.80, active=64, paused=3)), "Lower", "RequestsPaused"),
+    "tpot objective broken -> lower": (
+        inp(spec=replace(SPEC, slo=SloSpec(None, 50)), w=window(util=0.5, active=64, queued=5, tpot=80)), "Lower",
+        "TpotObjectiveBroken"),
+    "at target -> hold": (inp(w=window(util=0.84, active=64, queued=10)), "Hold", "AtTarget"),
+    "rollout -> hold": (inp(rollout_in_progress=True, w=window(util=0.3, active=64, queued=20)), "Hold",
+                        "RolloutInProgress"),
+    "build -> hold": (inp(build_in_progress=True, w=window(util=0.3, active=64, queued=20)), "Hold",
+                      "RolloutInProgress"),
+    "cooldown -> hold": (inp(last_applied_at=NOW - timedelta(seconds=60), w=window(util=0.3, active=64, queued=20)),
+                         "Hold", "Cooldown"),
+    "no data -> hold": (inp(w=replace(window(), samples=0)), "Hold", "InsufficientData"),
+    "above bounds -> lower at once": (inp(current=2048, ceiling=512), "Lower", "OutOfBounds"),
+    "at ceiling, no rebuild -> hold": (inp(current=512, ceiling=512, w=window(util=0.2, active=512, queued=50)),
+                                       "Hold", "QueueWithHeadroom"),
+    "at ceiling, rebuild allowed -> rebuild": (
+        inp(current=512, ceiling=512, spec=replace(SPEC, allow_rebuild=True), w=window(util=0.2, active=512,
+                                                                                         queued=50)),
+        "Rebuild", "CeilingTooLow"),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_decisions(case: tuple[TunerInput, str, str]) -> None:
+    tuner_input, action, reason = case
+    d = decide(tuner_input)
+    assert (d.action, d.reason) == (action, reason), d.message
+
+
+def test_raise_is_bounded_by_doubling_and_the_pool() -> None:
+    d = decide(inp(current=64, w=window(util=0.10, active=64, queued=50)))
+    assert d.target == 128  # at most x2 per step even when the pool fits far more
+    d = decide(inp(current=64, w=window(util=0.60, active=64, queued=50)))
+    assert 64 < d.target <= int(0.85 * 30000 / (0.60 * 30000 / 64))
+
+
+def test_small_changes_are_not_worth_a_restart() -> None:
+    d = decide(inp(current=64, w=window(util=0.78, active=64, queued=20)))
+    assert d.action == "Hold" and d.reason == "ChangeTooSmall"
+
+
+def test_rebuild_request_is_a_power_of_two_within_the_autotune_bound() -> None:
+    d = decide(inp(current=512, ceiling=512, spec=replace(SPEC, allow_rebuild=True),
+                   w=window(util=0.1, active=512, queued=50)))
+    assert d.ceiling_request == 1024
+
+
+windows = st.builds(
+    window, util=st.floats(0, 1), active=st.integers(0, 4096), queued=st.floats(0, 500), paused=st.integers(0, 50),
+    tpot=st.one_of(st.none(), st.floats(1, 500)), max_blocks=st.integers(1, 100000),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(current=st.integers(1, 4096), ceiling=st.integers(1, 4096), w=windows, lo=st.integers(1, 512),
+       hi=st.integers(1, 4096), rolling=st.booleans(), building=st.booleans(), rebuild=st.booleans(),
+       tpot_slo=st.one_of(st.none(), st.integers(1, 200)))
+def test_no_decision_exceeds_the_ceiling_or_the_bounds(current: int, ceiling: int, w: KvWindow, lo: int, hi: int,
+                                                      rolling: bool, building: bool, rebuild: bool,
+                                                      tpot_slo: int | None) -> None:
+    spec = replace(SPEC, min_batch_size=min(lo, hi), max_batch_size=max(lo, hi), allow_rebuild=rebuild,
+                   slo=SloSpec(None, tpot_slo) if tpot_slo else None)
+    d: Decision = decide(inp(current=current, ceiling=ceiling, w=w, spec=spec, rollout_in_progress=rolling,
+                             build_in_progress=building))
+    upper = min(spec.max_batch_size, ceiling)
+    lower = min(spec.min_batch_size, upper)
+    if d.action in ("Raise", "Lower"):
+        assert lower <= d.target <= upper
+    if d.action == "Rebuild":
+        assert d.ceiling_request is not None and ceiling < d.ceiling_request <= spec.max_batch_size
+    if (rolling or building) and lower <= current <= upper:
+        assert not d.changes  # never during a rollout or build (unless the value itself is out of bounds)
