@@ -164,3 +164,20 @@ def walk_properties(schema: Schema, path: str = "") -> dict[str, Schema]:
         if sub.get("type") == "array":
             out.update(walk_properties(sub["items"], child + "[]"))
     return out
+
+
+def expand_object_defaults(schema: Schema) -> Schema:
+    """Replace ``default: {}`` on objects with the object their children's defaults make.
+
+    The API server checks a default against the object's CEL rules *as written*, without applying the
+    children's defaults first, so ``{}`` fails a rule such as ``self.maxSurge + self.maxUnavailable >= 1``.
+    """
+    for sub in schema.get("properties", {}).values():
+        expand_object_defaults(sub)
+        if sub.get("type") == "object" and sub.get("default") == {}:
+            sub["default"] = {
+                name: child["default"] for name, child in sub.get("properties", {}).items() if "default" in child
+            }
+    if schema.get("type") == "array" and "items" in schema:
+        expand_object_defaults(schema["items"])
+    return schema

@@ -13,6 +13,7 @@ from kvpilot.api.openapi import (
     Schema,
     array,
     boolean,
+    expand_object_defaults,
     integer,
     obj,
     quantity,
@@ -508,7 +509,7 @@ SPEC_RULES = (
 
 def spec_schema() -> Schema:
     """The full ``spec`` schema."""
-    return obj(
+    schema = obj(
         "The desired model, engine, serving pods and tuning. kvpilot never writes spec: tuned values live in status.",
         {
             "model": _model(),
@@ -522,3 +523,4 @@ def spec_schema() -> Schema:
         required=("model",),
         rules=SPEC_RULES,
     )
+    return expand_object_defaults(schema)
