@@ -8,16 +8,20 @@
 #   If only part of it runs (a crash, a reboot), it stops that part and starts afresh with an empty etcd.
 #   Writes the admin kubeconfig to .testenv/kubeconfig (absolute paths); state, pids and logs live under
 #   .testenv/ (override with KVPILOT_TESTENV_DIR); binaries come from hack/testenv/build.sh's cache.
-#   Timeouts: TESTENV_WAIT_S (default 180) per component.
+#   Timeouts: TESTENV_WAIT_S (default 180) per component. A second, independent cluster needs its own
+#   KVPILOT_TESTENV_DIR and pod ranges: TESTENV_POD_CIDR (local kubelet, default 127.2.0.0/16) and
+#   TESTENV_KWOK_CIDR (kwok's fake pod IPs, default 127.1.0.0/16).
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0
 fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 T=$TESTENV_DIR; P=$T/pki; B=$TESTENV_BIN; LOGS=$T/logs; PIDS=$T/pids
 WAIT_S=${TESTENV_WAIT_S:-180}
+POD_CIDR=${TESTENV_POD_CIDR:-127.2.0.0/16}
+KWOK_CIDR=${TESTENV_KWOK_CIDR:-127.1.0.0/16}
 PY=$(testenv_python)
 T0=$SECONDS
 mkdir -p "$T" "$P" "$LOGS" "$PIDS"
@@ -56,7 +60,7 @@ wait_for() {  # wait_for NAME URL [uptools args...]
 start_local_kubelet() {
   testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods as local processes)"
   rm -f "$T/run/localkubelet.ready"
-  spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T"
+  spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T" --pod-cidr="$POD_CIDR"
   for _ in $(seq 1 $((WAIT_S * 4))); do
     [[ -f "$T/run/localkubelet.ready" ]] && break
     testenv_running "$(<"$PIDS/localkubelet.pid")" || { tail -n 25 "$LOGS/localkubelet.log" >&2; testenv_die "the local kubelet exited (see $LOGS/localkubelet.log)"; }
@@ -76,6 +80,9 @@ if ((live == ${#CONTROL_PLANE[@]})) && kubectl get --raw=/readyz >/dev/null 2>&1
     testenv_log "cluster already up; KUBECONFIG=$KC"
     exit 0
   fi
+  # shellcheck source=/dev/null
+  [[ -f "$T/cluster.env" ]] && POD_CIDR=$(sed -n 's/^POD_CIDR=//p' "$T/cluster.env")
+  POD_CIDR=${POD_CIDR:-127.2.0.0/16}
   start_local_kubelet
   testenv_log "local kubelet restarted in $((SECONDS - T0))s; KUBECONFIG=$KC"
   exit 0
@@ -120,8 +127,9 @@ keyUsage=critical,digitalSignature,keyEncipherment'
 mkdir -p "$T/run"
 mapfile -t PORTS < <("$PY" "$HERE/uptools.py" ports 5)
 ETCD_PORT=${PORTS[0]}; ETCD_PEER=${PORTS[1]}; API_PORT=${PORTS[2]}; KCM_PORT=${PORTS[3]}; SCHED_PORT=${PORTS[4]}
-printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\nKCM_PORT=%s\nSCHED_PORT=%s\n' \
-  "$ETCD_PORT" "$ETCD_PEER" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" >"$T/ports.env"
+# What this cluster was started with (read back by a later kubelet-only restart and by cluster.py).
+printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\nKCM_PORT=%s\nSCHED_PORT=%s\nPOD_CIDR=%s\nKWOK_CIDR=%s\n' \
+  "$ETCD_PORT" "$ETCD_PEER" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" "$POD_CIDR" "$KWOK_CIDR" >"$T/cluster.env"
 cat >"$KC.tmp" <<EOF
 apiVersion: v1
 kind: Config
@@ -179,10 +187,10 @@ spawn kube-scheduler "$B/kube-scheduler" --kubeconfig="$KC" \
 wait_for kube-controller-manager "https://127.0.0.1:$KCM_PORT/healthz" --insecure
 wait_for kube-scheduler "https://127.0.0.1:$SCHED_PORT/healthz" --insecure
 
-testenv_log "starting kwok (stages: hack/testenv/kwok/stages.yaml, pod IPs 127.1.0.0/16)"
+testenv_log "starting kwok (stages: hack/testenv/kwok/stages.yaml, pod IPs $KWOK_CIDR)"
 spawn kwok "$B/kwok" --kubeconfig="$KC" --config="$HERE/kwok/stages.yaml" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --cidr=127.1.0.0/16 --node-ip=127.0.0.1 --node-lease-duration-seconds=40
+  --cidr="$KWOK_CIDR" --node-ip=127.0.0.1 --node-lease-duration-seconds=40
 
 testenv_log "registering fake GPU nodes"
 kubectl apply -f "$HERE/nodes.yaml" >/dev/null

@@ -63,6 +63,18 @@ def kubeconfig_path() -> Path:
     return testenv_dir() / "kubeconfig"
 
 
+def settings() -> dict[str, str]:
+    """What the running cluster was started with (.testenv/cluster.env): API_PORT, ETCD_PORT, ...,
+    POD_CIDR (the local kubelet's pod IPs) and KWOK_CIDR (kwok's fake pod IPs). Defaults if absent."""
+    values = {"POD_CIDR": "127.2.0.0/16", "KWOK_CIDR": "127.1.0.0/16"}
+    try:
+        lines = (testenv_dir() / "cluster.env").read_text().splitlines()
+    except OSError:
+        return values
+    values.update(line.split("=", 1) for line in lines if "=" in line)
+    return values
+
+
 def env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for subprocesses that talk to the cluster: KUBECONFIG, the cache bin dir first
     on PATH, and Helm's cache/config/data under .testenv (never the user's ~/.cache/helm)."""

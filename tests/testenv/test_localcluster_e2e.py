@@ -123,7 +123,7 @@ def test_kwok_completes_and_fails_jobs_and_readies_ordinary_pods(ns: str) -> Non
     term = terminated_of(pods(ns, "job-name=breaks")[0])
     assert (term["exitCode"], term["message"]) == (7, "no such checkpoint")
     ok_pod = pods(ns, "job-name=builds")[0]
-    assert ipaddress.ip_address(ok_pod["status"]["podIP"]) in ipaddress.ip_network("127.1.0.0/16")
+    assert ipaddress.ip_address(ok_pod["status"]["podIP"]) in ipaddress.ip_network(cluster.settings()["KWOK_CIDR"])
 
 
 def test_simulated_deployment_serves_on_its_own_pod_ip(ns: str) -> None:
@@ -170,7 +170,7 @@ def test_simulated_deployment_serves_on_its_own_pod_ip(ns: str) -> None:
     ips = set()
     for pod in pods(ns, "app=web"):
         ip = pod["status"]["podIP"]
-        assert ipaddress.ip_address(ip) in ipaddress.ip_network("127.2.0.0/16")
+        assert ipaddress.ip_address(ip) in ipaddress.ip_network(cluster.settings()["POD_CIDR"])
         with urllib.request.urlopen(f"http://{ip}:8000/index.html", timeout=5) as resp:
             assert resp.read() == b"hi\n"
         status = pod["status"]["containerStatuses"][0]
