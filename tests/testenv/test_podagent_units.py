@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import time
 
 import pytest
 from podagent.agent import IPAllocator
+from podagent.kube import WatchExpired
 from podagent.podspec import (
     ConfigError,
     bind_to_pod_ip,
@@ -203,3 +205,62 @@ def test_ip_allocator_is_unique_keeps_existing_and_skips_foreign_ips() -> None:
     assert len(taken) == 5 and all(ip.startswith("127.2.0.") for ip in taken)
     ips.release("p0")
     assert ips.claim("p2", "127.2.0.5") == "127.2.0.5"
+
+
+class FakeKube:
+    """Scripted API server for the agent: each list returns the next pod set; each watch raises 410 Gone."""
+
+    def __init__(self, lists: list[list[dict]], stop) -> None:
+        self.lists, self.stop, self.patches, self.watches = lists, stop, [], 0
+
+    def list_pods(self, selector: str) -> tuple[list[dict], str]:
+        if len(self.lists) == 1:
+            self.stop.set()  # the last scripted list: let the loop end after it
+        return self.lists.pop(0), str(10 + len(self.lists))
+
+    def watch_pods(self, selector: str, resource_version: str, timeout_s: int):
+        self.watches += 1
+        raise WatchExpired("too old resource version")
+        yield  # pragma: no cover - makes this a generator like the real one
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        return None
+
+    def patch_pod_status(self, namespace: str, name: str, uid: str, status: dict) -> bool:
+        self.patches.append((name, status["phase"], status.get("podIP")))
+        return True
+
+    def delete_pod_now(self, namespace: str, name: str, uid: str) -> None:
+        pass
+
+
+def _bound_pod(name: str, uid: str, ip: str | None = None) -> dict:
+    return {
+        "metadata": {"name": name, "namespace": "ns1", "uid": uid},
+        "spec": {"nodeName": "gpu-h100-0", "containers": [{"name": "c", "image": "i", "command": ["sleep", "30"]}]},
+        "status": {"podIP": ip} if ip else {},
+    }
+
+
+def test_agent_relists_after_410_and_stops_pods_that_vanished(tmp_path) -> None:
+    import threading
+
+    from podagent.agent import Agent
+    from podagent.worker import AgentConfig
+
+    stop = threading.Event()
+    first = [_bound_pod("a", "uid-a"), _bound_pod("b", "uid-b", ip="127.2.0.77")]
+    second = [_bound_pod("b", "uid-b", ip="127.2.0.77"), _bound_pod("c", "uid-c")]
+    kube = FakeKube([first, second], stop)
+    cfg = AgentConfig(state_dir=tmp_path, base_env={"PATH": "/usr/bin:/bin"}, shims={})
+    agent = Agent(kube, cfg, "127.2.0.0/16")  # type: ignore[arg-type]
+    try:
+        agent.watch_forever(stop)
+        assert kube.watches == 2  # each list is followed by a watch; the first expired and forced the relist
+        assert set(agent.workers) == {"uid-b", "uid-c"}  # a vanished, c appeared
+        assert agent.ips.owner["127.2.0.77"] == "uid-b"  # b kept the IP it already had
+        time.sleep(0.5)
+        assert any(name == "c" and phase == "Running" for name, phase, _ in kube.patches)
+    finally:
+        agent.shutdown()
+    assert not (tmp_path / "run" / "pod-pgids").exists() or not list((tmp_path / "run" / "pod-pgids").iterdir())
