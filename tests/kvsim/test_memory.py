@@ -1,0 +1,53 @@
+"""KV pool sizing: weights, activations that grow with the build ceiling, the free-memory fraction."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsim.memory import plan_memory
+from kvsim.profiles import PROFILES, get_profile
+
+
+def test_default_8b_fp8_h100_pool_matches_reference_arithmetic():
+    plan = plan_memory(get_profile("llama-3.1-8b-fp8-h100"), 2048, 8192, 32, 0.9)
+    # simulator-calibration.md 4.1: ~9 GB weights, ~66 GB pool, ~1.0M tokens, ~31k blocks of 32
+    assert 8.5e9 < plan.weights_bytes < 9.5e9
+    assert 64e9 < plan.kv_pool_bytes < 68e9
+    assert 30_000 < plan.num_blocks < 33_000
+
+
+def test_higher_build_ceiling_costs_blocks():
+    profile = get_profile("llama-3.1-8b-fp8-h100")
+    small = plan_memory(profile, 256, 4096, 32, 0.9).num_blocks
+    large = plan_memory(profile, 4096, 32768, 32, 0.9).num_blocks
+    assert large < small
+
+
+def test_fraction_and_max_tokens_bound_the_pool():
+    profile = get_profile("llama-3.1-8b-bf16-h100")
+    assert plan_memory(profile, 2048, 8192, 32, 0.5).num_blocks < plan_memory(profile, 2048, 8192, 32, 0.9).num_blocks
+    assert plan_memory(profile, 2048, 8192, 32, 0.9, max_tokens=3200).num_blocks == 100
+    with pytest.raises(ValueError, match="free_gpu_memory_fraction"):
+        plan_memory(profile, 2048, 8192, 32, 1.5)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_profile_has_a_pool(name):
+    plan = plan_memory(PROFILES[name], 2048, 8192, 32, 0.9)
+    assert plan.num_blocks > 1000
+    assert plan.used_bytes <= PROFILES[name].gpu.memory_bytes
+
+
+def test_tensor_parallel_splits_weights_and_kv():
+    tp2 = get_profile("llama-3.1-70b-fp8-h100-tp2")
+    tp4 = get_profile("llama-3.1-70b-fp8-h100-tp4")
+    assert tp4.weights_resident_bytes == pytest.approx(tp2.weights_resident_bytes / 2)
+    assert tp4.kv_bytes_per_token == pytest.approx(tp2.kv_bytes_per_token / 2)
+
+
+def test_unknown_profiles_are_rejected_with_the_reason():
+    with pytest.raises(KeyError, match="unknown GPU"):
+        get_profile("llama-3.1-8b-fp8-b300")
+    with pytest.raises(KeyError, match="no FP8"):
+        get_profile("llama-3.1-8b-fp8-a100")
+    assert get_profile("llama-3.1-8b-bf16-h200").gpu.name == "h200"
