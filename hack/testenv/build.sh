@@ -6,7 +6,7 @@
 # Usage: hack/testenv/build.sh [--help]
 #   Prints the bin directory on the last line of stdout; progress goes to stderr.
 #   Needs Go >= 1.26 (module proxy access), npm, python3. Cache root: $KVPILOT_CACHE or ~/.cache/kvpilot.
-#   Each build's wall time is appended to <cache>/build-times.log.
+#   Each build's wall time is appended to build-times.log next to the bin/ directory.
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
   sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0
