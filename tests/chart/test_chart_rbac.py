@@ -1,6 +1,6 @@
 """The operator's RBAC as rendered: exactly the permissions it needs, no wildcards, in both modes.
 
-The expected tables below are the contract the operator is written against (docs/install.md has the
+The tables in rbac_contract.py are the contract the operator is written against (docs/install.md has the
 reason for each line). An exact comparison makes least privilege testable: a permission added to the
 chart without adding it here (and to the docs) fails, and so does one that goes missing.
 """
@@ -10,31 +10,12 @@ from __future__ import annotations
 import pytest
 from chart_helpers import RELEASE_NAMESPACE, Manifest, objects_of_kind, only_object
 from chart_policies import effective_permissions, wildcard_uses
-
-READ = frozenset({"get", "list", "watch"})
-MANAGE = READ | {"create", "patch", "update", "delete"}
-
-# What the operator needs in every namespace whose InferenceEngines it reconciles.
-NAMESPACED_NEEDS = {
-    ("serving.kvpilot.io", "inferenceengines"): READ | {"patch", "update"},
-    ("serving.kvpilot.io", "inferenceengines/status"): frozenset({"get", "patch", "update"}),
-    ("serving.kvpilot.io", "inferenceengines/finalizers"): frozenset({"update"}),
-    ("batch", "jobs"): READ | {"create", "patch", "delete"},
-    ("apps", "deployments"): MANAGE,
-    ("", "services"): MANAGE,
-    ("", "configmaps"): MANAGE,
-    ("", "persistentvolumeclaims"): MANAGE,
-    ("", "pods"): READ,
-    ("", "events"): frozenset({"create", "patch"}),
-    ("events.k8s.io", "events"): frozenset({"create", "patch"}),
-}
-# kopf 1.45 watches CRDs in every mode (kopf/_core/reactor/observation.py, resource_observer).
-KOPF_CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"})}
-# With explicit namespaces kopf also lists/watches namespaces (observation.py, namespace_observer);
-# cluster-wide it does not.
-NAMESPACED_MODE_CLUSTER_READS = {**KOPF_CLUSTER_READS, ("", "namespaces"): frozenset({"list", "watch"})}
-
-WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "bind", "escalate", "impersonate"})
+from rbac_contract import (
+    KOPF_CLUSTER_READS,
+    NAMESPACED_MODE_CLUSTER_READS,
+    NAMESPACED_NEEDS,
+    WRITE_VERBS,
+)
 
 
 def service_account(objects: list[Manifest]) -> tuple[str, str]:

@@ -143,3 +143,12 @@ def test_status_is_stable_when_nothing_changes() -> None:
     assert [c["lastTransitionTime"] for c in later.status["conditions"]] == \
         [c["lastTransitionTime"] for c in again.status["conditions"]]
     assert later.events == []
+
+
+def test_unschedulable_build_pod_says_why() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    job = JobState(name=first.build_job["metadata"]["name"], active=True, succeeded=False, failed=False,
+                   unschedulable_message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    p = plan(engine(), Observed(status=first.status, claim_phase="Bound", job=job), S, NOW)
+    assert conds(p)["EngineReady"] == ("False", "BuildUnschedulable")
+    assert conds(p)["Degraded"] == ("True", "InsufficientGPU")

@@ -23,7 +23,10 @@ from kvpilot.desired.observed import DeploymentState, Observed
 CRASH_REASONS = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "Error")
 
 
-def engine_ready(spec: InferenceEngineSpec, build: BuildDecision, claim: str | None, claim_phase: str | None) -> Condition:
+def engine_ready(
+    spec: InferenceEngineSpec, build: BuildDecision, claim: str | None, claim_phase: str | None,
+    unschedulable_build: str | None = None,
+) -> Condition:
     if not spec.builds_engine:
         return true(ENGINE_READY, "NoBuildRequired", "The pytorch backend serves the checkpoint directly")
     if build.ready is not None:
@@ -35,6 +38,9 @@ def engine_ready(spec: InferenceEngineSpec, build: BuildDecision, claim: str | N
     st = build.status or {}
     if st.get("state") == "Failed":
         return false(ENGINE_READY, "BuildFailed", f"Job {st.get('job')} failed: {st.get('message') or 'no message'}")
+    if unschedulable_build:
+        return false(ENGINE_READY, "BuildUnschedulable",
+                     f"The build pod of Job {st.get('job')} cannot be scheduled: {unschedulable_build}")
     return false(ENGINE_READY, "Building", f"Job {st.get('job')} is building engine {build.fingerprint[:10]}")
 
 
@@ -66,7 +72,9 @@ def compute_conditions(
     desired_hash: str,
 ) -> tuple[list[Condition], bool]:
     """The conditions and whether a rollout is in progress (the tuner holds while one is)."""
-    ready = engine_ready(spec, build, claim, observed.claim_phase)
+    job = observed.job
+    ready = engine_ready(spec, build, claim, observed.claim_phase,
+                         job.unschedulable_message if job is not None and job.active else None)
     dep = observed.deployment
     pods = [p for p in observed.pods if not p.deleting]
     unschedulable = [p for p in pods if p.unschedulable_message]
@@ -74,6 +82,9 @@ def compute_conditions(
     rolling = has_deployment and _rollout_in_progress(dep, serving_fp if spec.builds_engine else None,
                                                       desired_batch, desired_hash)
     building = spec.builds_engine and build.ready is None and (build.status or {}).get("state") == "Building"
+    waiting_pod = unschedulable[0] if unschedulable else None
+    waiting_msg = waiting_pod.unschedulable_message if waiting_pod else (
+        job.unschedulable_message if ready.reason == "BuildUnschedulable" and job is not None else None)
 
     available_replicas = dep.available_replicas if dep else 0
     if spec.serving.replicas == 0:
@@ -103,10 +114,10 @@ def compute_conditions(
         degraded = true(DEGRADED, "BuildFailed", ready.message + serving)
     elif ready.reason == "CacheClaimMissing":
         degraded = true(DEGRADED, "CacheClaimMissing", ready.message)
-    elif unschedulable:
-        msg = unschedulable[0].unschedulable_message or ""
-        reason = "InsufficientGPU" if "nvidia.com/gpu" in msg else "PodsUnschedulable"
-        degraded = true(DEGRADED, reason, f"Pod {unschedulable[0].name} cannot be scheduled: {msg}")
+    elif waiting_msg:
+        reason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
+        who = f"Pod {waiting_pod.name}" if waiting_pod else "The build pod"
+        degraded = true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
     elif crashing:
         p = crashing[0]
         degraded = true(DEGRADED, "PodsFailing", f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip())

@@ -22,6 +22,7 @@ class JobState:
     start_time: str | None = None
     completion_time: str | None = None
     owner_uids: tuple[str, ...] = ()
+    unschedulable_message: str | None = None  # the build pod waits for GPUs (or another node resource)
 
     def manifest(self) -> dict[str, Any] | None:
         """The builder writes its engine manifest (JSON) as the termination message on success."""
@@ -96,7 +97,7 @@ class Observed:
     kv: KvWindow | None = None
 
 
-def job_state(job: dict[str, Any], pod_message: str = "") -> JobState:
+def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:
     """Reduce a batch/v1 Job (and its pod's termination message) to a JobState."""
     status = job.get("status") or {}
     conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
@@ -114,6 +115,7 @@ def job_state(job: dict[str, Any], pod_message: str = "") -> JobState:
         start_time=status.get("startTime"),
         completion_time=status.get("completionTime"),
         owner_uids=tuple(o.get("uid", "") for o in job["metadata"].get("ownerReferences") or []),
+        unschedulable_message=unschedulable,
     )
 
 

@@ -61,7 +61,8 @@ async def observe_engine(
         job_obj = await api.get("batch/v1", "Job", L.build_job_name(fp), ns)
         if job_obj is not None:
             pods = await api.list("v1", "Pod", ns, f"job-name={job_obj['metadata']['name']}")
-            job = job_state(job_obj, termination_message(pods))
+            waiting = [m for p in pods if (m := pod_state(p).unschedulable_message)]
+            job = job_state(job_obj, termination_message(pods), waiting[0] if waiting else None)
     dep = await api.get("apps/v1", "Deployment", L.deployment_name(meta.name), ns)
     pods = await api.list("v1", "Pod", ns, L.selector_string(meta.name))
     return Observed(

@@ -1,0 +1,29 @@
+"""The operator's RBAC contract: what it needs, per scope. One table for the rendered-output tests and
+the install test on a real API server; docs/install.md explains every line."""
+
+from __future__ import annotations
+
+READ = frozenset({"get", "list", "watch"})
+MANAGE = READ | {"create", "patch", "update", "delete"}
+
+# What the operator needs in every namespace whose InferenceEngines it reconciles.
+NAMESPACED_NEEDS = {
+    ("serving.kvpilot.io", "inferenceengines"): READ | {"patch", "update"},
+    ("serving.kvpilot.io", "inferenceengines/status"): frozenset({"get", "patch", "update"}),
+    ("serving.kvpilot.io", "inferenceengines/finalizers"): frozenset({"update"}),
+    ("batch", "jobs"): READ | {"create", "patch", "delete"},
+    ("apps", "deployments"): MANAGE,
+    ("", "services"): MANAGE,
+    ("", "configmaps"): MANAGE,
+    ("", "persistentvolumeclaims"): MANAGE,
+    ("", "pods"): READ,
+    ("", "events"): frozenset({"create", "patch"}),
+    ("events.k8s.io", "events"): frozenset({"create", "patch"}),
+}
+# kopf 1.45 watches CRDs in every mode (kopf/_core/reactor/observation.py, resource_observer).
+KOPF_CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"})}
+# With explicit namespaces kopf also lists/watches namespaces (observation.py, namespace_observer);
+# cluster-wide it does not.
+NAMESPACED_MODE_CLUSTER_READS = {**KOPF_CLUSTER_READS, ("", "namespaces"): frozenset({"list", "watch"})}
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "bind", "escalate", "impersonate"})

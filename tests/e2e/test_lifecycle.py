@@ -1,0 +1,140 @@
+"""An engine's life on a real API server: build Job -> engine -> Deployment -> pods on fake GPU nodes ->
+Available; serving-only and build-affecting changes; scale; deletion. TensorRT-backend pods are faked by
+kwok (Jobs complete, serving pods turn Ready), which exercises the operator without a GPU."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.cases.engines import base
+from tests.e2e.conftest import apply, condition, get, kubectl, wait_for
+
+GPU_LABEL = "nvidia.com/gpu.product"
+
+
+def engine(ns: str, name: str = "llama", **spec: Any) -> dict[str, Any]:
+    doc = base(name, backend="tensorrt")
+    doc["metadata"]["namespace"] = ns
+    doc["spec"]["autotune"] = {"enabled": False}
+    for key, value in spec.items():
+        node = doc["spec"]
+        parts = key.split("__")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return doc
+
+
+def ie(ns: str, name: str = "llama") -> dict[str, Any]:
+    return get("inferenceengine", name, ns) or {}
+
+
+def jobs(ns: str) -> list[dict[str, Any]]:
+    return json.loads(kubectl("get", "jobs", "-n", ns, "-o", "json"))["items"]  # type: ignore[no-any-return]
+
+
+def pods(ns: str, selector: str = "app.kubernetes.io/component=server") -> list[dict[str, Any]]:
+    return json.loads(kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json"))["items"]  # type: ignore
+
+
+def available(ns: str, name: str = "llama") -> bool:
+    return condition(ie(ns, name), "Available").get("status") == "True"
+
+
+def test_engine_builds_rolls_out_and_becomes_available(ns: str) -> None:
+    apply(engine(ns))
+    job = wait_for(lambda: jobs(ns), 60, "the build Job")[0]
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "trtllm-build --checkpoint_dir" in script and "--kv_cache_type paged" in script
+    assert job["spec"]["template"]["spec"]["nodeSelector"][GPU_LABEL] == "NVIDIA-H100-80GB-HBM3"
+    kubectl("wait", "--for=condition=Available", "ie/llama", "-n", ns, "--timeout=90s")
+    status = ie(ns)["status"]
+    assert condition(ie(ns), "EngineReady")["reason"] == "EngineBuilt"
+    assert status["engine"]["fingerprint"] == status["build"]["fingerprint"]
+    assert status["batching"]["summary"] == "64/512"
+    (pod,) = pods(ns)
+    assert pod["status"]["phase"] == "Running" and pod["spec"]["nodeName"].startswith("gpu-h100")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1"
+    index = get("configmap", "kvpilot-engines-engines", ns)
+    assert index and status["engine"]["fingerprint"] in index["data"]
+    row = kubectl("get", "ie", "llama", "-n", ns, "--no-headers").split()
+    assert row[1:4] == ["True", "tensorrt", "64/512"]
+    events = kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.kind=InferenceEngine")
+    assert "EngineBuildStarted" in events and "EngineBuilt" in events
+
+
+def test_serving_change_rolls_pods_without_a_build(ns: str) -> None:
+    apply(engine(ns))
+    wait_for(lambda: available(ns), 90, "Available")
+    fp = ie(ns)["status"]["engine"]["fingerprint"]
+    apply(engine(ns, batching__maxBatchSize=128, serving__replicas=2))
+    wait_for(lambda: ie(ns)["status"].get("readyReplicas") == 2 and
+             ie(ns)["status"]["batching"]["maxBatchSize"] == 128, 90, "two pods at 128")
+    assert len(jobs(ns)) == 1 and ie(ns)["status"]["engine"]["fingerprint"] == fp
+    for pod in wait_for(lambda: [p for p in pods(ns) if "128" in p["spec"]["containers"][0]["args"]] or None, 60,
+                        "pods with the new batch size"):
+        assert pod["metadata"]["annotations"]["serving.kvpilot.io/fingerprint"] == fp
+
+
+def test_build_change_keeps_the_old_engine_until_the_new_one_is_ready(ns: str) -> None:
+    apply(engine(ns))
+    wait_for(lambda: available(ns), 90, "Available")
+    old_fp = ie(ns)["status"]["engine"]["fingerprint"]
+    kubectl("patch", "ie", "llama", "-n", ns, "--type=merge", "-p",
+            json.dumps({"spec": {"build": {"maxBatchSize": 1024, "kvCache": {"tokensPerBlock": 64}}}}))
+    new_job = wait_for(lambda: [j for j in jobs(ns) if j["metadata"]["annotations"]["serving.kvpilot.io/fingerprint"]
+                                != old_fp], 60, "a second build Job")[0]
+    new_fp = new_job["metadata"]["annotations"]["serving.kvpilot.io/fingerprint"]
+    # While it builds (kwok completes it quickly), every ready pod serves either engine, never nothing.
+    def settled() -> bool:
+        ready = [p for p in pods(ns) if any(c["type"] == "Ready" and c["status"] == "True"
+                                            for c in p["status"].get("conditions", []))]
+        fps = {p["metadata"]["annotations"]["serving.kvpilot.io/fingerprint"] for p in ready}
+        assert fps <= {old_fp, new_fp}
+        return ie(ns)["status"]["engine"]["fingerprint"] == new_fp and fps == {new_fp}
+    wait_for(settled, 90, "the new engine serving")
+    assert ie(ns)["status"]["batching"]["summary"] == "64/1024"
+
+
+def test_scale_subresource(ns: str) -> None:
+    apply(engine(ns))
+    wait_for(lambda: available(ns), 90, "Available")
+    kubectl("scale", "ie/llama", "-n", ns, "--replicas=3")
+    wait_for(lambda: ie(ns)["status"].get("readyReplicas") == 3, 90, "3 ready replicas")
+    scale = json.loads(kubectl("get", "--raw",
+                               f"/apis/serving.kvpilot.io/v1alpha1/namespaces/{ns}/inferenceengines/llama/scale"))
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert "serving.kvpilot.io/engine=llama" in scale["status"]["selector"]
+
+
+def test_too_many_gpus_leave_pods_pending_with_a_reason(ns: str) -> None:
+    apply(engine(ns, build__tensorParallelSize=16))
+    def says_why() -> dict[str, Any] | None:
+        degraded = condition(ie(ns), "Degraded")
+        return degraded if degraded.get("reason") == "InsufficientGPU" else None
+    degraded = wait_for(says_why, 120, "Degraded=InsufficientGPU")
+    assert "nvidia.com/gpu" in degraded["message"]
+    assert condition(ie(ns), "Available")["status"] == "False"
+
+
+def test_two_engines_with_the_same_build_inputs_share_one_build(ns: str) -> None:
+    apply(engine(ns, name="a"))
+    apply(engine(ns, name="b", batching__maxBatchSize=32))
+    wait_for(lambda: available(ns, "a") and available(ns, "b"), 120, "both Available")
+    (job,) = jobs(ns)
+    owners = {o["name"] for o in job["metadata"]["ownerReferences"]}
+    assert owners == {"a", "b"}
+
+
+def test_deleting_the_engine_removes_every_child(ns: str) -> None:
+    apply(engine(ns))
+    wait_for(lambda: available(ns), 90, "Available")
+    kubectl("delete", "ie", "llama", "-n", ns, "--timeout=60s")
+    def gone() -> bool:
+        left = kubectl("get", "deployments,services,configmaps,jobs,pods", "-n", ns, "-l",
+                       "app.kubernetes.io/managed-by=kvpilot,app.kubernetes.io/component!=engine-index", "-o", "name")
+        return left.strip() == ""
+    wait_for(gone, 90, "every child deleted")
+    assert get("inferenceengine", "llama", ns) is None
