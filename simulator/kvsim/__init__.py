@@ -44,9 +44,13 @@ from .config import CapacityPolicy, EngineConfig, KvCacheType
 from .engine import Engine
 from .profiles import PROFILES, Calibration, Profile, get_profile
 from .request import Request, RequestRecord, RequestRejected
+from .runner import RunResult, run_workload, sweep
+from .summary import summarize
+from .workload import Workload, WorkloadError, load_workload
 
 __all__ = [
     "CapacityPolicy", "Calibration", "Engine", "EngineConfig", "KvCacheType", "PROFILES", "Profile", "Request",
-    "RequestRecord", "RequestRejected", "get_profile",
+    "RequestRecord", "RequestRejected", "RunResult", "Workload", "WorkloadError", "get_profile", "load_workload",
+    "run_workload", "summarize", "sweep",
 ]
 __version__ = "0.1.0"

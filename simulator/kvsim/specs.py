@@ -81,4 +81,15 @@ DTYPES: dict[str, tuple[float, float, str | None, str | None]] = {
     "fp8": (1.0, 1.0, "FP8", "FP8"),
     "bf16": (2.0, 2.0, None, None),
     "fp16": (2.0, 2.0, None, None),
+    "fp8w": (1.0, 2.0, "FP8", None),  # FP8 weights, 16-bit KV cache
+    "bf16-kvfp8": (2.0, 1.0, None, "FP8"),  # 16-bit weights, FP8 KV cache
 }
+
+
+def dtype_key(quant_algo: str | None, kv_cache_quant_algo: str | None, dtype: str = "bfloat16") -> str:
+    """The DTYPES key for a checkpoint's quantization (anything not FP8 is treated as 16-bit)."""
+    weights_fp8 = (quant_algo or "").upper().startswith("FP8")
+    kv_fp8 = (kv_cache_quant_algo or "").upper().startswith("FP8")
+    base = "fp16" if dtype == "float16" else "bf16"
+    return {(True, True): "fp8", (True, False): "fp8w", (False, True): "bf16-kvfp8", (False, False): base}[
+        (weights_fp8, kv_fp8)]

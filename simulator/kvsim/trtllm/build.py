@@ -1,0 +1,163 @@
+"""``kvsim trtllm-build``: TensorRT-LLM 1.2's trtllm-build on the simulated backend.
+
+It parses the real command line (see build_args), reads the checkpoint config, applies the BuildConfig rules
+that decide the engine's limits, and writes ``OUTPUT_DIR/config.json`` in TensorRT-LLM's engine shape
+(``version``, ``pretrained_config``, ``build_config`` with ``plugin_config``) plus a few-byte placeholder per rank
+(``rank0.engine`` ...; not an engine) so the folder looks like an engine directory to tools and caches.
+
+Failure injection for the operator's tests: ``KVSIM_FAIL_BUILD=<message>`` prints the message to stderr and exits
+1; ``KVSIM_BUILD_SECONDS`` (default 0) sleeps to mimic build time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import TRTLLM_VERSION
+from .build_args import PLUGIN_ARGS, build_parser
+from .checkpoint import model_spec_from_config
+
+PLACEHOLDER = b"KVSIM-PLACEHOLDER-ENGINE\n"
+
+
+class BuildError(RuntimeError):
+    """The build refuses its inputs (TensorRT-LLM would raise or assert)."""
+
+
+def _log(level: str, message: str) -> None:
+    print(f"[TensorRT-LLM][{level}] {message}", file=sys.stderr if level in ("ERROR", "WARNING") else sys.stdout,
+          flush=True)
+
+
+def plugin_config(args, model_dtype: str) -> dict:
+    """PluginConfig as TensorRT-LLM serializes it: "auto" resolves to the model dtype, "disable" to null,
+    enable/disable features to booleans."""
+    out: dict = {"dtype": model_dtype}
+    for name, kind, _ in PLUGIN_ARGS:
+        value = getattr(args, name)
+        if kind == "bool":
+            out[name] = value == "enable"
+        elif kind is int:
+            out[name] = value
+        else:
+            out[name] = None if value in (None, "disable") else (model_dtype if value == "auto" else value)
+    out["paged_kv_cache"] = True
+    return out
+
+
+def build_config(args, pretrained: dict, overrides: dict | None = None) -> dict:
+    """The engine's build_config after TensorRT-LLM's defaults and consistency rules."""
+    cfg = {"max_batch_size": args.max_batch_size, "max_input_len": args.max_input_len,
+           "max_seq_len": args.max_seq_len, "max_beam_width": args.max_beam_width,
+           "max_num_tokens": args.max_num_tokens, "opt_num_tokens": args.opt_num_tokens,
+           "kv_cache_type": getattr(args, "kv_cache_type", "PAGED")}
+    if overrides:
+        cfg.update({k: v for k, v in overrides.items() if k in cfg})
+    if hasattr(args, "paged_kv_cache") and not hasattr(args, "kv_cache_type"):
+        cfg["kv_cache_type"] = "PAGED" if str(args.paged_kv_cache).lower() in ("enable", "true", "1") else "DISABLED"
+    for key in ("max_batch_size", "max_input_len", "max_beam_width", "max_num_tokens"):
+        if cfg[key] is None or int(cfg[key]) < 1:
+            raise BuildError(f"build_config.{key} must be a positive integer, got {cfg[key]}")
+    if cfg["max_seq_len"] is None:
+        cfg["max_seq_len"] = int(pretrained.get("max_position_embeddings") or 2048)
+        _log("INFO", f"max_seq_len is not specified, using deduced value {cfg['max_seq_len']}")
+    if cfg["max_input_len"] > cfg["max_seq_len"]:
+        _log("WARNING", f"max_input_len ({cfg['max_input_len']}) is larger than max_seq_len ({cfg['max_seq_len']}), "
+                        f"using max_seq_len as max_input_len")
+        cfg["max_input_len"] = cfg["max_seq_len"]
+    ceiling = cfg["max_batch_size"] * cfg["max_seq_len"]
+    if cfg["max_num_tokens"] > ceiling:
+        _log("WARNING", f"max_num_tokens ({cfg['max_num_tokens']}) shouldn't be greater than max_seq_len * "
+                        f"max_batch_size ({ceiling}), specifying to max_seq_len * max_batch_size ({ceiling}).")
+        cfg["max_num_tokens"] = ceiling
+    if args.multiple_profiles == "enable":
+        cfg["opt_num_tokens"] = None
+    elif cfg["opt_num_tokens"] is None:
+        cfg["opt_num_tokens"] = min(cfg["max_batch_size"] * cfg["max_beam_width"], cfg["max_num_tokens"])
+    cfg.update({
+        "max_encoder_input_len": args.max_encoder_input_len,
+        "max_prompt_embedding_table_size": args.max_prompt_embedding_table_size,
+        "gather_context_logits": args.gather_context_logits or args.gather_all_token_logits,
+        "gather_generation_logits": args.gather_generation_logits or args.gather_all_token_logits,
+        "strongly_typed": True, "force_num_profiles": None, "weight_sparsity": args.weight_sparsity,
+        "weight_streaming": args.weight_streaming, "profiling_verbosity": args.profiling_verbosity,
+        "enable_debug_output": args.enable_debug_output, "max_draft_len": args.max_draft_len,
+        "speculative_decoding_mode": args.speculative_decoding_mode, "use_refit": False,
+        "input_timing_cache": args.input_timing_cache, "output_timing_cache": args.output_timing_cache,
+        "lora_config": {"lora_dir": args.lora_dir or [], "lora_ckpt_source": args.lora_ckpt_source,
+                        "max_lora_rank": args.max_lora_rank, "lora_target_modules": args.lora_target_modules or []},
+        "use_strip_plan": args.strip_plan, "dry_run": args.dry_run, "visualize_network": args.visualize_network,
+        "monitor_memory": args.monitor_memory, "use_mrope": False,
+        "plugin_config": plugin_config(args, pretrained.get("dtype", "float16")),
+    })
+    return cfg
+
+
+def _read_checkpoint(args) -> dict:
+    source = args.checkpoint_dir if args.checkpoint_dir is not None else args.model_config
+    if source is None:
+        raise BuildError("one of --checkpoint_dir or --model_config is required "
+                         "(write a checkpoint with `kvsim checkpoint --profile P --output_dir DIR`)")
+    path = Path(source) if source.lower().endswith(".json") else Path(source) / "config.json"
+    if not path.is_file():
+        raise BuildError(f"checkpoint config {path} does not exist")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BuildError(f"checkpoint config {path} is not JSON: {exc}") from None
+    model_spec_from_config(cfg, str(path))
+    return cfg
+
+
+def run_build(args) -> Path:
+    pretrained = _read_checkpoint(args)
+    if args.multiple_profiles == "enable" and args.opt_num_tokens is not None:
+        raise BuildError("multiple_profiles is enabled, while opt_num_tokens is set. "
+                         "They are not supposed to be working in the same time for now.")
+    if args.streamingllm == "enable":
+        raise BuildError("StreamingLLM is no longer supported because attention sink cannot work with the "
+                         "non-cyclic kv cache kernel & runtime changes.")
+    tpb = args.tokens_per_block
+    if tpb < 2 or tpb & (tpb - 1):
+        raise BuildError(f"tokens_per_block must be a power of two greater than 1, got {tpb}")
+    overrides = json.loads(Path(args.build_config).read_text()) if args.build_config else None
+    cfg = build_config(args, pretrained, overrides)
+    if cfg["kv_cache_type"] == "DISABLED":
+        raise BuildError("kvsim simulates in-flight batching, which needs a KV cache: --kv_cache_type paged")
+    mapping = pretrained.get("mapping") or {}
+    world = int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
+    seconds = float(os.environ.get("KVSIM_BUILD_SECONDS", "0") or 0)
+    if seconds > 0:
+        time.sleep(seconds)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = {"version": TRTLLM_VERSION, "pretrained_config": pretrained, "build_config": cfg,
+              "kvsim": {"simulated": True, "builtAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    (out / "config.json").write_text(json.dumps(engine, indent=4) + "\n")
+    for rank in range(world):
+        (out / f"rank{rank}.engine").write_bytes(PLACEHOLDER)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    failure = os.environ.get("KVSIM_FAIL_BUILD")
+    if failure:
+        print(failure, file=sys.stderr, flush=True)
+        return 1
+    if hasattr(args, "paged_kv_cache"):
+        _log("WARNING", "Option --paged_kv_cache is deprecated, use --kv_cache_type=paged/disabled instead.")
+    started = time.time()
+    _log("INFO", f"TensorRT LLM version: {TRTLLM_VERSION} (kvsim simulated backend)")
+    try:
+        out = run_build(args)
+    except BuildError as exc:
+        _log("ERROR", str(exc))
+        return 1
+    _log("INFO", f"Engine (simulated) and config written to {out}")
+    _log("INFO", "Total time of building all engines: " + time.strftime("%H:%M:%S", time.gmtime(time.time() - started)))
+    return 0
