@@ -54,6 +54,11 @@ def test_crd_can_be_turned_off(render) -> None:
     assert objects_of_kind(objects, "Deployment"), "the operator still installs"
 
 
+def test_keep_off_removes_the_policy_even_if_the_generated_file_has_it(render) -> None:
+    crd = rendered_crd(render({"crds": {"keep": False}}))
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+
+
 def test_keep_can_be_turned_off_and_annotations_added(render) -> None:
     crd = rendered_crd(
         render({"crds": {"keep": False, "annotations": {"argocd.argoproj.io/sync-options": "ServerSideApply=true"}}})

@@ -128,6 +128,18 @@ def access_review(verb: str, group: str, resource: str, namespace: str | None) -
     }
 
 
+def json_stream(text: str) -> list[dict[str, Any]]:
+    """The JSON objects `kubectl create -o json` prints one after another for a List it created."""
+    decoder, objects, position = json.JSONDecoder(), [], 0
+    while position < len(text):
+        if text[position].isspace():
+            position += 1
+            continue
+        obj, position = decoder.raw_decode(text, position)
+        objects.extend(obj["items"] if obj.get("kind") == "List" else [obj])
+    return objects
+
+
 def permission_mismatches(cluster: PrivateCluster, expected: dict, namespace: str | None) -> list[str]:
     """Every (verb, resource) whose RBAC answer differs from `expected` in `namespace` (None: cluster-wide).
 
@@ -141,7 +153,7 @@ def permission_mismatches(cluster: PrivateCluster, expected: dict, namespace: st
         for verb in ALL_VERBS
     ]
     reviews = {"apiVersion": "v1", "kind": "List", "items": [access_review(*q, namespace) for q in questions]}
-    answers = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(reviews)).stdout)["items"]
+    answers = json_stream(cluster.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(reviews)).stdout)
     assert len(answers) == len(questions)
     mismatches = []
     for (verb, group, resource), answer in zip(questions, answers, strict=True):
