@@ -150,3 +150,16 @@ def test_scheduling_values_reach_the_pod(render) -> None:
     assert template["spec"]["tolerations"] == values["tolerations"]
     assert template["spec"]["priorityClassName"] == "system-cluster-critical"
     assert template["metadata"]["annotations"] == values["podAnnotations"]
+
+
+def test_the_operator_cli_accepts_the_rendered_command_line(variant_objects: list[Manifest]) -> None:
+    """The chart and `kvpilot run` must agree on every flag: parse the rendered args with the real parser."""
+    cli = pytest.importorskip("kvpilot.cli", reason="the kvpilot package is not installed")
+    args = operator_container(variant_objects)["args"]
+    parsed = cli.build_parser().parse_args(args)
+    assert parsed.command == "run"
+    namespaces = flag_values(args, "--namespace")
+    assert list(parsed.namespace) == namespaces
+    assert parsed.all_namespaces is (not namespaces)
+    assert parsed.metrics_port == 8080 and parsed.health_port == 8081
+    assert parsed.log_format == "json"
