@@ -63,6 +63,12 @@ def test_pod_monitor_selects_engine_servers_on_their_metrics_path(render) -> Non
     assert endpoint["port"] == "http"
     assert endpoint["path"] == "/prometheus/metrics"
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    # The engine's name, from the label the operator puts on its pods, becomes the `engine` label.
+    assert {
+        "action": "replace",
+        "sourceLabels": ["__meta_kubernetes_pod_label_serving_kvpilot_io_engine"],
+        "targetLabel": "engine",
+    } in endpoint["relabelings"]
 
 
 def test_pod_monitor_is_limited_to_watched_namespaces(render) -> None:

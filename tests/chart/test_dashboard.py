@@ -195,6 +195,13 @@ def test_dashboard_shows(what: str, series: str) -> None:
     assert any(series in expr for _, expr in all_exprs(load_dashboard())), f"no panel shows {what}"
 
 
+def test_engine_pod_series_are_filtered_by_namespace_and_engine() -> None:
+    """trtllm_* series come from the PodMonitor, which adds `engine`; each query must select on it."""
+    for title, expr in all_exprs(load_dashboard()):
+        for selector in re.findall(r"trtllm_[a-z_]+\{([^}]*)\}", expr):
+            assert 'engine=~"$engine"' in selector and 'namespace=~"$namespace"' in selector, (title, selector)
+
+
 def test_latency_panels_show_p50_and_p95() -> None:
     for metric in ("trtllm_time_to_first_token_seconds", "trtllm_time_per_output_token_seconds"):
         exprs = [e for _, e in all_exprs(load_dashboard()) if f"{metric}_bucket" in e and "histogram_quantile" in e]
