@@ -13,5 +13,6 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=2, help="Serving replicas behind a least-loaded balancer.")
     p.add_argument("--restart-seconds", type=float, default=90.0, help="Cost of one replica restart (s).")
     p.add_argument("--ceiling", type=int, default=2048, help="Engine ceiling (build max_batch_size) for the tuner.")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="Multiply the workload's arrival rates.")
     p.add_argument("--duration-seconds", type=float, default=None, help="Cut the workload after this long.")
     p.add_argument("--json", action="store_true", help="Print one JSON object with every result.")

@@ -1,0 +1,108 @@
+"""A fleet of simulated trtllm-serve replicas behind a least-loaded balancer, in simulated time.
+
+It stands in for a Deployment: a configuration change is rolled one replica at a time; a restarting
+replica stops taking requests, drains what it holds (up to the pods' termination grace period), then is
+down for ``restart_s`` (model load) before it serves again with the new configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvsim import Engine, EngineConfig, Request, RequestRecord, RequestRejected
+
+GRACE_SECONDS = 60.0  # the serving pods' terminationGracePeriodSeconds
+
+
+@dataclass
+class Replica:
+    name: str
+    config: EngineConfig
+    engine: Engine
+    state: str = "up"  # up | draining | down
+    until_s: float = 0.0
+    next_config: EngineConfig | None = None
+    restarts: int = 0
+    held: list[RequestRecord] = field(default_factory=list)
+
+    def load(self) -> int:
+        return sum(1 for r in self.held if r.finish_s is None)
+
+
+class Fleet:
+    def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0):
+        self.restart_s = restart_s
+        self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
+        self.backlog: list[Request] = []  # arrived while no replica could take them
+        self.records: list[RequestRecord] = []
+        self.lost: list[RequestRecord] = []
+        self.now = 0.0
+
+    # -- traffic ------------------------------------------------------------------------------------------
+    def advance(self, t_s: float) -> None:
+        for r in self.replicas:
+            if r.state != "down":
+                r.engine.advance_to(t_s)
+        self.now = t_s
+        self._transitions()
+
+    def submit(self, request: Request) -> None:
+        up = [r for r in self.replicas if r.state == "up"]
+        if not up:
+            self.backlog.append(request)
+            return
+        target = min(up, key=lambda r: (r.load(), r.name))
+        try:
+            record = target.engine.submit(request, now_s=self.now)
+        except RequestRejected:
+            return  # never servable: it counts as a miss (its arrival is in the workload total)
+        target.held.append(record)
+        self.records.append(record)
+        if len(target.held) > 4096:
+            target.held = [x for x in target.held if x.finish_s is None]
+
+    # -- rollouts -----------------------------------------------------------------------------------------
+    def rolling(self) -> bool:
+        return any(r.state != "up" or r.next_config is not None for r in self.replicas)
+
+    def roll_to(self, config: EngineConfig) -> None:
+        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1)."""
+        for r in self.replicas:
+            if r.config != config:
+                r.next_config = config
+        self._start_next_restart()
+
+    def configs(self) -> set[EngineConfig]:
+        return {r.config for r in self.replicas}
+
+    def _start_next_restart(self) -> None:
+        if any(r.state != "up" for r in self.replicas):
+            return
+        for r in self.replicas:
+            if r.next_config is not None:
+                r.state, r.until_s = "draining", self.now + GRACE_SECONDS
+                return
+
+    def _transitions(self) -> None:
+        for r in self.replicas:
+            if r.state == "draining" and (r.load() == 0 or self.now >= r.until_s):
+                self.lost += [x for x in r.held if x.finish_s is None]  # cut off by the restart
+                r.held = []
+                r.state, r.until_s = "down", self.now + self.restart_s
+            elif r.state == "down" and self.now >= r.until_s:
+                r.config = r.next_config or r.config
+                r.next_config = None
+                r.engine = Engine(r.config, epoch_s=r.engine.epoch_s)
+                r.engine.advance_to(self.now)
+                r.state = "up"
+                r.restarts += 1
+                self._start_next_restart()
+        if self.backlog and any(r.state == "up" for r in self.replicas):
+            waiting, self.backlog = self.backlog, []
+            for req in waiting:
+                self.submit(req)
+
+    def next_transition(self) -> float:
+        times = [r.until_s for r in self.replicas if r.state in ("draining", "down")]
+        return min(times) if times else math.inf

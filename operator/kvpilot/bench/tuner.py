@@ -1,0 +1,198 @@
+"""``kvpilot bench tuner``: the autotuner against static max_batch_size settings, on kvsim, in simulated time.
+
+The autotuned run drives the operator's own code: every tuning interval it drains each replica's
+iteration stats (the JSON ``/metrics`` returns), parses them with ``kvpilot.trtllm.metrics``, summarizes
+them with ``kvpilot.observe.window`` and hands an ``Observed`` to ``kvpilot.desired.plan.plan`` — the same
+pure function the operator runs — then rolls whatever the plan's status puts in force. Baselines:
+
+* ``seedDefault``: the blog's static 64 (an engine built for 64);
+* ``trtllmDefault``: TensorRT-LLM's defaults, a 2048 ceiling with its in-engine batch-size tuner;
+* ``oracle``: the best static max_batch_size found by sweeping (each built for its own value).
+
+Goodput = requests per second that meet both SLOs; unfinished and rejected requests count as misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from kvsim import EngineConfig, Request, RequestRecord
+from kvsim.workload import load_workload
+
+from kvpilot.api.crd import spec_openapi
+from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
+from kvpilot.api.validate import validate_manifest
+from kvpilot.bench.fleet import Fleet
+from kvpilot.desired.observed import DeploymentState, KvWindow, Observed
+from kvpilot.desired.plan import Settings, plan
+from kvpilot.observe.window import summarize as summarize_window
+from kvpilot.trtllm.metrics import parse_iteration_stats
+
+SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)
+EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float
+    tpot_ms: float
+
+
+def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: float) -> dict[str, float]:
+    good = sum(
+        1 for r in records
+        if r.finish_s is not None and r.ttft_s is not None and r.ttft_s * 1e3 <= slo.ttft_ms
+        and (r.tpot_s is None or r.tpot_s * 1e3 <= slo.tpot_ms)
+    )
+    finished = sum(1 for r in records if r.finish_s is not None)
+    return {"goodput": good / duration_s, "sloAttainment": good / total if total else math.nan,
+            "finished": finished, "requests": total}
+
+
+def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: bool = False) -> EngineConfig:
+    return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=runtime,
+                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner)
+
+
+def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
+               duration_s: float) -> dict:
+    fleet = Fleet(config, replicas, restart_s=0.0)
+    for req in requests:
+        fleet.advance(req.arrival_s)
+        fleet.submit(req)
+    fleet.advance(horizon_s)
+    return goodput(fleet.records, len(requests), slo, duration_s)
+
+
+def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int) -> InferenceEngine:
+    """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults."""
+    manifest = {
+        "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
+        "spec": {
+            "model": {"source": "pvc://models/bench", "architecture": "llama"},
+            "runtime": {"backend": "simulated", "simulation": {"profile": profile}},
+            "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
+            "batching": {"maxBatchSize": min(start, ceiling)},
+            "engineCache": {"claimName": "engines"},
+            "autotune": {"mode": "Auto", "maxBatchSize": ceiling,
+                         "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
+        },
+    }
+    defaulted, errors = validate_manifest(manifest, spec_openapi())
+    if errors:
+        raise SystemExit("\n".join(str(e) for e in errors))
+    return InferenceEngine(ObjectRef("bench", "bench", "uid", 1), parse_spec(defaulted["spec"]))
+
+
+def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float]) -> KvWindow | None:
+    samples, tpots = {}, []
+    for r in fleet.replicas:
+        if r.state != "up":
+            continue
+        stats = r.engine.drain_iteration_stats()
+        if now_s - ready_at.get(r.name, 0.0) < warmup_s:
+            continue  # the operator skips pods still warming up
+        samples[r.name] = parse_iteration_stats(stats, now_s)
+        tpots += [x.tpot_s * 1e3 for x in r.engine.pop_finished() if x.tpot_s is not None]
+    window = summarize_window(samples, window_seconds=interval_s)
+    if window is not None and tpots:
+        tpots.sort()
+        window = replace(window, tpot_p95_ms=tpots[min(len(tpots) - 1, int(0.95 * len(tpots)))])
+    return window
+
+
+def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
+                  slo: Slo, horizon_s: float, duration_s: float, start: int = 64) -> dict[str, Any]:
+    engine = tuned_engine(profile, ceiling, slo, start)
+    interval = float(engine.spec.autotune.interval_seconds)
+    status: dict[str, Any] = {}
+    fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
+    index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
+    fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size), replicas, restart_s)
+    ready_at = {r.name: 0.0 for r in fleet.replicas}
+    next_tick, i, changes, history = interval, 0, 0, []
+    while True:
+        t = min(requests[i].arrival_s if i < len(requests) else math.inf, next_tick, fleet.next_transition(),
+                horizon_s)
+        before = {r.name: r.state for r in fleet.replicas}
+        fleet.advance(t)
+        for r in fleet.replicas:
+            if before[r.name] != "up" and r.state == "up":
+                ready_at[r.name] = t
+        if t >= horizon_s:
+            break
+        while i < len(requests) and requests[i].arrival_s <= t:
+            fleet.submit(requests[i])
+            i += 1
+        if t >= next_tick:
+            next_tick += interval
+            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at)
+            observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
+                                deployment=None)
+            p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
+            status = p.status
+            want = status["batching"]["maxBatchSize"]
+            if _target(fleet) != want:
+                fleet.roll_to(engine_config(profile, ceiling, want))
+                changes += 1
+                history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"]})
+    result = goodput(fleet.records, len(requests), slo, duration_s)
+    result.update({"changes": changes, "final": _target(fleet), "history": history,
+                   "restarts": sum(r.restarts for r in fleet.replicas)})
+    return result
+
+
+def _target(fleet: Fleet) -> int:
+    return max((r.next_config or r.config).max_batch_size or 0 for r in fleet.replicas)
+
+
+def _with_rollout(observed: Observed, fleet: Fleet) -> Observed:
+    """A rollout in progress shows as a Deployment whose updated replicas lag (the tuner then holds)."""
+    n = len(fleet.replicas)
+    updated = n - sum(1 for r in fleet.replicas if r.next_config is not None or r.state != "up")
+    dep = DeploymentState(1, 1, n, updated, updated, updated, False, None, None, None)
+    return replace(observed, deployment=dep) if fleet.rolling() else observed
+
+
+def main(args: argparse.Namespace) -> int:
+    workload = load_workload(args.workload)
+    requests = workload.requests(duration_s=args.duration_seconds, rate_scale=args.rate_scale)
+    duration = args.duration_seconds or workload.duration_s
+    horizon = duration + 120.0  # let the tail finish; goodput is over the workload's duration
+    slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
+    log(f"workload {workload.name}: {len(requests)} requests over {duration:.0f}s; profile {args.profile}; "
+        f"{args.replicas} replicas; restart {args.restart_seconds:.0f}s")
+    out: dict[str, Any] = {"workload": workload.name, "profile": args.profile, "replicas": args.replicas,
+                           "slo": {"ttftMs": slo.ttft_ms, "tpotMs": slo.tpot_ms}}
+    out["seedDefault"] = {"maxBatchSize": 64, **run_static(requests, engine_config(args.profile, 64, 64),
+                                                           args.replicas, slo, horizon, duration)}
+    log(f"  seedDefault (static 64): goodput {out['seedDefault']['goodput']:.3f} req/s")
+    out["trtllmDefault"] = {"maxBatchSize": 2048, **run_static(
+        requests, engine_config(args.profile, 2048, 2048, in_engine_tuner=True), args.replicas, slo, horizon, duration)}
+    log(f"  trtllmDefault (2048 + in-engine tuner): goodput {out['trtllmDefault']['goodput']:.3f} req/s")
+    sweep = {}
+    for mbs in SWEEP:
+        sweep[mbs] = run_static(requests, engine_config(args.profile, mbs, mbs), args.replicas, slo, horizon,
+                                duration)
+        log(f"  static {mbs:5d}: goodput {sweep[mbs]['goodput']:.3f} req/s")
+    best = max(sweep, key=lambda m: (sweep[m]["goodput"], -m))
+    out["oracle"] = {"maxBatchSize": best, **sweep[best]}
+    out["sweep"] = {str(k): v["goodput"] for k, v in sweep.items()}
+    out["autotuned"] = run_autotuned(requests, args.profile, args.ceiling, args.replicas, args.restart_seconds,
+                                     slo, horizon, duration)
+    a, o, s = out["autotuned"]["goodput"], out["oracle"]["goodput"], out["seedDefault"]["goodput"]
+    out["ratios"] = {"autotunedOverOracle": a / o if o else math.nan, "autotunedOverSeed": a / s if s else math.nan,
+                     "oracleOverSeed": o / s if s else math.nan}
+    log(f"  autotuned: goodput {a:.3f} req/s, {out['autotuned']['changes']} changes, final "
+        f"{out['autotuned']['final']}; autotuned/oracle {out['ratios']['autotunedOverOracle']:.3f}, "
+        f"autotuned/static64 {out['ratios']['autotunedOverSeed']:.3f}")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    return 0
