@@ -55,8 +55,10 @@ class _Seq(RequestRecord):
 class Engine(SchedulingMixin):
     """Drive with ``submit`` and ``advance_to``; read ``drain_iteration_stats`` and ``finished_requests``."""
 
-    def __init__(self, config: EngineConfig, *, epoch_s: float | None = None,
+    def __init__(self, config: EngineConfig, *, epoch_s: float | None = None, time_scale: float = 1.0,
                  timeline_interval_s: float | None = None) -> None:
+        """``epoch_s``: wall-clock time of simulated t=0 (for timestamps); ``time_scale``: simulated seconds per
+        wall second (trtllm-serve's KVSIM_SPEEDUP), so a timestamp is epoch + t / time_scale."""
         cfg = config.resolved()
         self.config = cfg
         self.profile = cfg.profile
@@ -71,6 +73,8 @@ class Engine(SchedulingMixin):
         self._contiguous_blocks = ceil_div(cfg.max_seq_len, cfg.tokens_per_block)
         self._max_active = cfg.max_batch_size * self.profile.pp
         self.epoch_s = time.time() if epoch_s is None else epoch_s
+        self.time_scale = time_scale
+        self.last_sample: StepSample | None = None
         self.now = 0.0
         self.iteration = 0
         self._G = 0
@@ -138,7 +142,7 @@ class Engine(SchedulingMixin):
 
     def drain_iteration_stats(self) -> list[dict]:
         """The iteration-stats objects gathered since the last call (``GET /metrics`` semantics)."""
-        out = [sample_to_json(s, self.epoch_s) for s in self._stats]
+        out = [sample_to_json(s, self.epoch_s, self.time_scale) for s in self._stats]
         self._stats.clear()
         return out
 
@@ -359,13 +363,14 @@ class Engine(SchedulingMixin):
 
     def _record_step(self, dt: float, k: int, n_gen: int, n_ctx: int, ctx_tokens: int) -> None:
         cfg = self.config
-        self._stats.append(StepSample(
+        self.last_sample = StepSample(
             self.now, self.iteration, dt * 1000.0 / k, len(self._active), len(self._waiting),
             self._completed_step, self._max_active, cfg.max_batch_size, self._tuner_bs,
             self._runtime_batch_size(), cfg.max_num_tokens, self._tuner_nt, self._runtime_max_num_tokens(),
             int(self.memory.used_bytes), self.memory.num_blocks, self.pool.used, self._tpb, self._alloc_total,
             self._alloc_new, self._reused, self._missed, n_gen + n_ctx, n_ctx, n_gen, self._paused_step,
-            ctx_tokens))
+            ctx_tokens)
+        self._stats.append(self.last_sample)
         self._completed_step = self._paused_step = 0
         if self._timeline_interval is not None and self.now >= self._next_sample_s:
             self.timeline.append(self.snapshot())

@@ -52,12 +52,12 @@ def format_timestamp(epoch_s: float) -> str:
     return time.strftime("%m-%d-%Y %H:%M:%S", time.localtime(whole)) + f".{micros:06d}"
 
 
-def sample_to_json(s: StepSample, epoch_offset_s: float) -> dict:
-    """One iteration-stats object with TensorRT-LLM's field names."""
+def sample_to_json(s: StepSample, epoch_offset_s: float, time_scale: float = 1.0) -> dict:
+    """One iteration-stats object with TensorRT-LLM's field names (timestamp = epoch + t / time_scale)."""
     reused, missed = s.reused, s.missed
     hit_rate = reused / (reused + missed) if reused + missed else 0.0
     return {
-        "timestamp": format_timestamp(epoch_offset_s + s.end_s),
+        "timestamp": format_timestamp(epoch_offset_s + s.end_s / time_scale),
         "iter": s.iteration,
         "iterLatencyMS": s.latency_ms,
         "newActiveRequestsQueueLatencyMS": 0.0,

@@ -1,0 +1,64 @@
+"""``kvsim trtllm-serve MODEL [OPTIONS]``: resolve settings, load (wait), then serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+from .args import parse
+from .settings import ServeError, resolve
+
+LIMIT_ERRORS = ("is greater than build_config.max_batch_size", "is greater than build_config.max_num_tokens")
+
+
+def _log(message: str) -> None:
+    print(f"[TensorRT-LLM][INFO] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    try:
+        settings = resolve(args)
+    except ServeError as exc:
+        message = str(exc)
+        if any(marker in message for marker in LIMIT_ERRORS):
+            cls = "TrtLlmArgs" if args.backend == "tensorrt" else "TorchLlmArgs"
+            print(f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {cls}\n"
+                  f"  Value error, {message} [type=value_error, input_type=dict]", file=sys.stderr, flush=True)
+        else:
+            print(f"Error: {message}", file=sys.stderr, flush=True)
+        return 1
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        print(f"RuntimeError: Failed to bind socket to {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 1
+    cfg = settings.engine
+    from ..memory import plan_memory
+
+    plan = plan_memory(cfg.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
+                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens)
+    _log(f"kvsim simulated backend: profile {settings.profile_name} ({cfg.profile.name}), backend {settings.backend}, "
+         f"speedup x{settings.speedup:g}")
+    _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")
+    time.sleep(settings.startup_s)  # bound but not listening: connections are refused, as during a real load
+    _log(f"Number of blocks in KV cache primary pool: {plan.num_blocks}")
+    _log(f"Number of tokens per block: {cfg.tokens_per_block}.")
+    _log(f"[MemUsageChange] Allocated {plan.kv_pool_bytes / 2**30:.2f} GiB for max tokens in paged KV cache "
+         f"({plan.kv_tokens}).")
+    _log(f"max_batch_size {cfg.max_batch_size} (engine {cfg.build_max_batch_size}), max_num_tokens "
+         f"{cfg.max_num_tokens}, policy {cfg.capacity_policy.value}, dynamic batch tuning "
+         f"{'on' if cfg.enable_batch_size_tuning else 'off'}")
+    from aiohttp import web
+
+    from .app import build_app
+
+    app = build_app(settings)
+    print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
+    print(f"INFO:     Uvicorn running on http://{settings.host}:{settings.port} (Press CTRL+C to quit)", flush=True)
+    web.run_app(app, sock=sock, print=None, access_log=None, shutdown_timeout=2.0)
+    return 0

@@ -1,0 +1,124 @@
+"""trtllm-serve's command line, YAML precedence, environment and refusals (no server started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsim.serve.args import parse
+from kvsim.serve.cli import main as serve_main
+from kvsim.serve.settings import ServeError, resolve
+from kvsim.trtllm.build import main as build_main
+from kvsim.trtllm.checkpoint import main as checkpoint_main
+
+ENV = {"KVSIM_PROFILE": "llama-3.1-8b-fp8-h100"}
+
+
+@pytest.fixture
+def engine_dir(tmp_path):
+    checkpoint_main(["--profile", "llama-3.1-8b-fp8-h100", "--output_dir", str(tmp_path / "ckpt")])
+    assert build_main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "engine"),
+                       "--max_batch_size", "64", "--max_num_tokens", "4096", "--max_seq_len", "4096",
+                       "--max_input_len", "3072", "--tokens_per_block", "64"]) == 0
+    return tmp_path / "engine"
+
+
+def yaml_file(tmp_path, text: str):
+    path = tmp_path / "extra.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_engine_limits_and_serve_defaults(engine_dir):
+    s = resolve(parse([str(engine_dir), "--backend", "tensorrt", "--max_batch_size", "32", "--max_num_tokens", "4096"]),
+                ENV)
+    e = s.engine
+    assert (e.build_max_batch_size, e.max_batch_size, e.max_seq_len, e.max_input_len, e.tokens_per_block) == (
+        64, 32, 4096, 3072, 64)
+    assert e.enable_batch_size_tuning and e.capacity_policy.value == "GUARANTEED_NO_EVICT"
+    assert s.iter_perf_stats and not s.return_perf_metrics and s.model_id == "engine"
+
+
+def test_default_max_batch_size_above_the_engine_is_refused(engine_dir, capsys, monkeypatch):
+    monkeypatch.setenv("KVSIM_PROFILE", "llama-3.1-8b-fp8-h100")
+    assert serve_main([str(engine_dir), "--backend", "tensorrt", "--max_num_tokens", "4096"]) == 1
+    err = capsys.readouterr().err
+    assert "Value error, max_batch_size [2048] is greater than build_config.max_batch_size [64] in build_config" in err
+    assert serve_main([str(engine_dir), "--backend", "tensorrt", "--max_batch_size", "64"]) == 1
+    assert "max_num_tokens [8192] is greater than build_config.max_num_tokens [4096]" in capsys.readouterr().err
+
+
+def test_yaml_overrides_cli_and_replaces_whole_sections(engine_dir, tmp_path):
+    extra = yaml_file(tmp_path, """
+max_batch_size: 16
+enable_iter_perf_stats: true
+return_perf_metrics: true
+kv_cache_config: {enable_block_reuse: false}
+scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}
+""")
+    s = resolve(parse([str(engine_dir), "--backend", "trt", "--max_batch_size", "64", "--max_num_tokens", "4096",
+                       "--kv_cache_free_gpu_memory_fraction", "0.5", "--extra_llm_api_options", extra]), ENV)
+    e = s.engine
+    assert e.max_batch_size == 16 and s.return_perf_metrics
+    assert e.free_gpu_memory_fraction == 0.9  # the YAML section replaced the CLI's KvCacheConfig
+    assert not e.enable_block_reuse
+    assert e.capacity_policy.value == "MAX_UTILIZATION" and not e.enable_batch_size_tuning
+
+
+def test_yaml_with_explicit_tuner_and_fraction(engine_dir, tmp_path):
+    extra = yaml_file(tmp_path, """
+kv_cache_config: {free_gpu_memory_fraction: 0.85}
+scheduler_config:
+  capacity_scheduler_policy: GUARANTEED_NO_EVICT
+  dynamic_batch_config: {enable_batch_size_tuning: false, enable_max_num_tokens_tuning: false,
+                         dynamic_batch_moving_average_window: 64}
+""")
+    s = resolve(parse([str(engine_dir), "--backend", "tensorrt", "--max_batch_size", "8", "--max_num_tokens", "1024",
+                       "--config", extra]), ENV)
+    assert s.engine.free_gpu_memory_fraction == 0.85 and not s.engine.enable_batch_size_tuning
+    assert s.engine.max_num_tokens == 1024
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max_bach_size: 8\n", "max_bach_size: Extra inputs are not permitted"),
+    ("kv_cache_config: {fraction: 0.5}\n", "kv_cache_config.fraction"),
+    ("scheduler_config: {dynamic_batch_config: {enable_batch_size_tuning: true}}\n", "Field required"),
+    ("scheduler_config: {capacity_scheduler_policy: FASTEST}\n", "capacity_scheduler_policy"),
+])
+def test_bad_yaml_is_refused(engine_dir, tmp_path, text, message):
+    with pytest.raises((ServeError, ValueError), match=message):
+        resolve(parse([str(engine_dir), "--backend", "tensorrt", "--max_batch_size", "8", "--max_num_tokens", "1024",
+                       "--extra_llm_api_options", yaml_file(tmp_path, text)]), ENV)
+
+
+def test_profile_environment_is_required(engine_dir):
+    args = parse([str(engine_dir), "--backend", "tensorrt", "--max_batch_size", "8", "--max_num_tokens", "1024"])
+    with pytest.raises(ServeError, match="KVSIM_PROFILE is not set"):
+        resolve(args, {})
+    with pytest.raises(ServeError, match="not a usable profile"):
+        resolve(args, {"KVSIM_PROFILE": "llama-3.1-8b-fp8-tpu"})
+    with pytest.raises(ServeError, match="KVSIM_SPEEDUP"):
+        resolve(args, {**ENV, "KVSIM_SPEEDUP": "0"})
+
+
+def test_pytorch_backend_with_a_hugging_face_id_uses_the_profile_model():
+    s = resolve(parse(["serve", "meta-llama/Llama-3.1-70B-Instruct", "--tp_size", "2", "--max_batch_size", "256",
+                       "--max_seq_len", "8192"]), {"KVSIM_PROFILE": "llama-3.1-70b-fp8-h100-tp2"})
+    e = s.engine
+    assert e.profile.tp == 2 and e.profile.model.name == "llama-3.1-70b"
+    assert (e.max_batch_size, e.build_max_batch_size, e.max_seq_len) == (256, 256, 8192)
+    assert not s.iter_perf_stats  # the PyTorch backend needs enable_iter_perf_stats for /metrics
+
+
+def test_engine_dir_needs_the_tensorrt_backend(engine_dir):
+    with pytest.raises(ServeError, match="--backend tensorrt"):
+        resolve(parse([str(engine_dir)]), ENV)
+
+
+def test_unknown_options_are_rejected_like_click(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse(["model", "--max_batch_size", "8", "--use_inflight_batching"])
+    assert info.value.code == 2
+    assert "Error: No such option: --use_inflight_batching" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse([])
+    assert "Missing argument 'MODEL'" in capsys.readouterr().err
