@@ -71,7 +71,10 @@ def settings() -> dict[str, str]:
         lines = (testenv_dir() / "cluster.env").read_text().splitlines()
     except OSError:
         return values
-    values.update(line.split("=", 1) for line in lines if "=" in line)
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
     return values
 
 

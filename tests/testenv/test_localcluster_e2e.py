@@ -183,6 +183,25 @@ def test_simulated_deployment_serves_on_its_own_pod_ip(ns: str) -> None:
     assert "GET /index.html" in logs
 
 
+def test_first_start_already_binds_the_pod_ip_and_sees_it_in_env(ns: str) -> None:
+    """No init container to wait for: the very first process must get the pod IP (a replica bound to
+    0.0.0.0 would take the port from every other replica)."""
+    script = "import os, sys; print('POD_IP=' + os.environ['POD_IP'], flush=True); sys.exit(0)"
+    pod = sim_pod(
+        "first",
+        ["python3", "-c", script, "--host", "0.0.0.0"],
+        restartPolicy="Never",
+        container={"env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]},
+    )
+    apply(ns, pod)
+    wait_until("pod first Succeeded", lambda: get(ns, "pod", "first")["status"].get("phase") == "Succeeded")
+    ip = get(ns, "pod", "first")["status"]["podIP"]
+    log = cluster.pod_log(ns, "first", "main")
+    first_start = next(line for line in log.splitlines() if line.startswith("--- "))
+    assert first_start.endswith(f"--host {ip}")
+    assert f"POD_IP={ip}" in log
+
+
 def test_simulated_jobs_report_exit_codes_and_termination_messages(ns: str, tmp_path: Path) -> None:
     engines = tmp_path / "engines"
     build = {
@@ -414,7 +433,8 @@ def test_kvsim_trtllm_serve_runs_as_a_simulated_pod(ns: str, tmp_path: Path) -> 
                     "name": "trtllm-serve",
                     "image": "kvpilot/kvsim:dev",
                     "command": ["trtllm-serve"],
-                    "args": ["/engines/fp", "--host", "0.0.0.0", "--port", "8000", "--max_batch_size", "32"],
+                    "args": ["/engines/fp", "--backend", "tensorrt", "--host", "0.0.0.0", "--port", "8000",
+                             "--max_batch_size", "32"],
                     "env": [{"name": "KVSIM_PROFILE", "value": "llama-3.1-8b-fp8-h100"}],
                     "ports": [{"name": "http", "containerPort": 8000}],
                     "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},

@@ -101,6 +101,18 @@ class PodWorker(threading.Thread):
         with self._lock:
             return self._pod
 
+    def _pod_as_assigned(self) -> dict:
+        """The pod with the IPs this worker assigned, even before the watch echoes our own status patch:
+        a container started right away must already see its pod IP (fieldRef status.podIP, `0.0.0.0`)."""
+        pod = self.pod
+        status = {
+            **(pod.get("status") or {}),
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+            "hostIP": self.host_ip,
+        }
+        return {**pod, "status": status}
+
     # ------------------------------------------------------------------ the thread
     def run(self) -> None:
         """Step the pod until it is deleted or the agent stops; never leaves a process behind."""
@@ -179,7 +191,7 @@ class PodWorker(threading.Thread):
         now = time.monotonic()
         if self.stage == "setup":
             try:
-                self.volume_paths = materialize(self.pod, self.pod_dir, self.cfg.state_dir / "volumes", self.kube.get)
+                self.volume_paths = materialize(self._pod_as_assigned(), self.pod_dir, self.cfg.state_dir / "volumes", self.kube.get)
                 self.stage, self.setup_error = "init", ""
             except ConfigError as exc:
                 self.setup_error = str(exc)
@@ -285,7 +297,7 @@ class PodWorker(threading.Thread):
             mounts = container_mounts(container, self.volume_paths)
             plan = plan_launch(
                 container,
-                self.pod,
+                self._pod_as_assigned(),
                 mounts,
                 self.cfg.base_env,
                 self.cfg.shims,
