@@ -23,6 +23,7 @@ def _pyplot():
 def save_svg(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
     fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
     _pyplot().close(fig)
     return path
