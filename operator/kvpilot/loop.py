@@ -98,9 +98,8 @@ class EngineLoops:
         tune = spec.autotune
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             return  # the server keeps the history; queried once per reconcile
-        want_latency = tune.slo is not None
         await loop.sampler.tick(
-            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, want_latency
+            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True
         )
 
     async def _window(self, loop: EngineLoop, engine: Any) -> Any:
@@ -114,7 +113,9 @@ class EngineLoops:
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
                 return None
-        return loop.sampler.window(tune.interval_seconds)
+        slo = tune.slo
+        return loop.sampler.window(tune.interval_seconds, slo.time_to_first_token_millis if slo else None,
+                                   slo.time_per_output_token_millis if slo else None)
 
     async def _run(self, loop: EngineLoop) -> None:
         failures = 0

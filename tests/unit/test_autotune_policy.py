@@ -31,7 +31,7 @@ def window(util: float = 0.5, active: int = 64, queued: float = 0.0, paused: int
 def inp(current: int = 64, ceiling: int = 512, w: KvWindow | None = None, **kw: object) -> TunerInput:
     defaults = dict(current=current, ceiling=ceiling, spec=SPEC, window=w if w is not None else window(),
                     scheduler_policy="GuaranteedNoEvict", rollout_in_progress=False, build_in_progress=False,
-                    last_applied_at=None, now=NOW)
+                    last_applied_at=None, now=NOW, replicas=4, restart_seconds=60.0)
     defaults.update(kw)
     return TunerInput(**defaults)  # type: ignore[arg-type]
 
@@ -41,7 +41,7 @@ CASES = {
                                                "QueueWithHeadroom"),
     "queue but batch not full -> reservation bound, hold": (inp(w=window(util=0.30, active=40, queued=20)), "Hold",
                                                             "ReservationBound"),
-    "no queue -> hold": (inp(w=window(util=0.30, active=64, queued=0)), "Hold", "NoQueue"),
+    "no queue -> hold": (inp(w=window(util=0.30, active=64, queued=0)), "Hold", "NoPressure"),
     "pool above target, evicting policy -> lower": (
         inp(scheduler_policy="MaxUtilization", w=window(util=0.99, active=64, queued=5)), "Lower", "KvCachePressure"),
     "pool above target, no-evict policy -> hold": (inp(w=window(util=0.99, active=64, queued=5)), "Hold", "AtTarget"),
@@ -58,11 +58,11 @@ CASES = {
                          "Hold", "Cooldown"),
     "no data -> hold": (inp(w=replace(window(), samples=0)), "Hold", "InsufficientData"),
     "above bounds -> lower at once": (inp(current=2048, ceiling=512), "Lower", "OutOfBounds"),
-    "at ceiling, no rebuild -> hold": (inp(current=512, ceiling=512, w=window(util=0.2, active=512, queued=50)),
+    "at ceiling, no rebuild -> hold": (inp(current=512, ceiling=512, w=window(util=0.2, active=512, queued=600)),
                                        "Hold", "QueueWithHeadroom"),
     "at ceiling, rebuild allowed -> rebuild": (
         inp(current=512, ceiling=512, spec=replace(SPEC, allow_rebuild=True), w=window(util=0.2, active=512,
-                                                                                         queued=50)),
+                                                                                         queued=600)),
         "Rebuild", "CeilingTooLow"),
 }
 
@@ -77,18 +77,19 @@ def test_decisions(case: tuple[TunerInput, str, str]) -> None:
 def test_raise_is_bounded_by_doubling_and_the_pool() -> None:
     d = decide(inp(current=64, w=window(util=0.10, active=64, queued=50)))
     assert d.target == 128  # at most x2 per step even when the pool fits far more
-    d = decide(inp(current=64, w=window(util=0.60, active=64, queued=50)))
-    assert 64 < d.target <= int(0.85 * 30000 / (0.60 * 30000 / 64))
+    d = decide(inp(current=64, w=window(util=0.50, active=64, queued=50)))
+    assert 64 < d.target <= int(0.85 * 30000 / (0.50 * 30000 / 64))
 
 
 def test_small_changes_are_not_worth_a_restart() -> None:
-    d = decide(inp(current=64, w=window(util=0.78, active=64, queued=20)))
-    assert d.action == "Hold" and d.reason == "ChangeTooSmall"
+    w = replace(window(util=0.78, active=64, queued=0, tpot=20), ttft_miss_fraction=0.5, completion_rate=10)
+    d = decide(inp(current=64, spec=replace(SPEC, slo=SloSpec(2000, 50)), w=w))
+    assert d.action == "Hold" and d.reason == "ChangeTooSmall", d.message
 
 
 def test_rebuild_request_is_a_power_of_two_within_the_autotune_bound() -> None:
     d = decide(inp(current=512, ceiling=512, spec=replace(SPEC, allow_rebuild=True),
-                   w=window(util=0.1, active=512, queued=50)))
+                   w=window(util=0.1, active=512, queued=600)))
     assert d.ceiling_request == 1024
 
 
@@ -117,3 +118,28 @@ def test_no_decision_exceeds_the_ceiling_or_the_bounds(current: int, ceiling: in
         assert d.ceiling_request is not None and ceiling < d.ceiling_request <= spec.max_batch_size
     if (rolling or building) and lower <= current <= upper:
         assert not d.changes  # never during a rollout or build (unless the value itself is out of bounds)
+
+
+SLO_SPEC = replace(SPEC, slo=SloSpec(2000, 50))
+
+
+def slo_window(misses: float, queued: float = 30, active: int = 64, completion: float = 10.0,
+               growth: float = 2.0) -> KvWindow:
+    return replace(window(util=0.3, active=active, queued=queued, tpot=20), ttft_miss_fraction=misses,
+                   ttft_p95_ms=2500 if misses else 500, completion_rate=completion, queue_growth=growth)
+
+
+def test_a_queue_that_meets_the_ttft_objective_is_left_alone() -> None:
+    d = decide(inp(spec=SLO_SPEC, w=slo_window(misses=0.0, growth=0.0)))
+    assert (d.action, d.reason) == ("Hold", "NoPressure")
+
+
+def test_ttft_misses_raise_by_littles_law_in_one_step() -> None:
+    # 10 req/s complete, the queue grows by 5 req/s: arrivals 15 -> 64 * 1.5 * 1.25 = 120
+    d = decide(inp(spec=SLO_SPEC, replicas=2, restart_seconds=90, w=slo_window(misses=0.6, growth=5.0)))
+    assert d.action == "Raise" and d.target == 120, d.message
+
+
+def test_a_restart_that_costs_more_than_it_saves_is_not_made() -> None:
+    d = decide(inp(spec=SLO_SPEC, replicas=2, restart_seconds=600, w=slo_window(misses=0.2)))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart")

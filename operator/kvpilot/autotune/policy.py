@@ -24,7 +24,14 @@ from kvpilot.desired.observed import KvWindow
 HYSTERESIS = 0.05  # utilization band around the target where the tuner does not move
 MIN_RELATIVE_STEP = 0.25  # smaller raises are not worth a pod restart
 MIN_PROTECTIVE_STEP = 0.10  # lowering to protect memory or latency may be finer
-MAX_RAISE_FACTOR = 2.0
+MAX_RAISE_FACTOR = 2.0  # without a completion rate to size the step
+MIN_RAISE_FACTOR = 1.5  # a raise that fixes misses must be a real step
+MAX_STEP_FACTOR = 4.0  # never more than x4 in one change
+LITTLE_MARGIN = 1.25  # headroom over the concurrency Little's law asks for
+TTFT_MISS_TOLERANCE = 0.02  # fewer TTFT misses than this are noise, not a reason to restart
+TPOT_HEADROOM = 0.8  # raise only while p95 TPOT is under 80% of its objective
+TPOT_MISS_TOLERANCE = 0.05
+PLANNING_HORIZON_SECONDS = 1800.0  # how long a change is assumed to pay off
 MAX_LOWER_FACTOR = 0.5
 MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
@@ -43,6 +50,8 @@ class TunerInput:
     now: datetime
     # The ceiling a rebuild may reach (the schema bound on build.maxBatchSize).
     rebuild_limit: int = 16384
+    replicas: int = 1  # serving pods; a change restarts each of them in turn
+    restart_seconds: float = 120.0  # measured start-to-Ready time of a pod (the cost of a change)
 
 
 @dataclass(frozen=True)
@@ -81,10 +90,12 @@ def _move(inp: TunerInput, target: int, reason: str, message: str, min_step: flo
 
 def _slo_broken(inp: TunerInput, w: KvWindow) -> str | None:
     slo = inp.spec.slo
-    if slo is None:
+    if slo is None or not slo.time_per_output_token_millis:
         return None
-    if slo.time_per_output_token_millis and w.tpot_p95_ms and w.tpot_p95_ms > slo.time_per_output_token_millis:
-        return f"p95 TPOT {w.tpot_p95_ms:.0f}ms > objective {slo.time_per_output_token_millis}ms"
+    over = w.tpot_miss_fraction is not None and w.tpot_miss_fraction > TPOT_MISS_TOLERANCE
+    if (w.tpot_p95_ms and w.tpot_p95_ms > slo.time_per_output_token_millis) or over:
+        p95 = f"{w.tpot_p95_ms:.0f}ms" if w.tpot_p95_ms else "unknown"
+        return f"p95 TPOT {p95} > objective {slo.time_per_output_token_millis}ms"
     return None
 
 
@@ -93,7 +104,56 @@ def _tpot_margin(inp: TunerInput, w: KvWindow) -> bool:
     slo = inp.spec.slo
     if slo is None or not slo.time_per_output_token_millis or not w.tpot_p95_ms:
         return True
-    return w.tpot_p95_ms <= 0.8 * slo.time_per_output_token_millis
+    return w.tpot_p95_ms <= TPOT_HEADROOM * slo.time_per_output_token_millis
+
+
+def _pressure(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
+    """(share of requests that miss their TTFT, why) when the limit keeps requests waiting; else None.
+
+    With a TTFT objective the share is measured, and only misses count: a queue that still meets the
+    objective costs nothing, and a restart would. Without one, the waiting share stands in."""
+    slo = inp.spec.slo
+    if slo is not None and slo.time_to_first_token_millis:
+        misses = w.ttft_miss_fraction or 0.0
+        if misses <= TTFT_MISS_TOLERANCE:
+            return None
+        p95 = f"{w.ttft_p95_ms:.0f}ms" if w.ttft_p95_ms is not None else "unknown"
+        return misses, (f"{misses:.0%} of requests miss the TTFT objective {slo.time_to_first_token_millis}ms "
+                        f"(p95 {p95}), queue {w.mean_queued:.1f}")
+    if w.mean_queued >= 1 or w.peak_queued >= max(2, inp.current // 8):
+        waiting_share = w.mean_queued / max(1e-9, w.mean_queued + w.mean_active)
+        return waiting_share, f"{w.mean_queued:.1f} requests wait on average ({waiting_share:.0%} of those in flight)"
+    return None
+
+
+def _needed(inp: TunerInput, w: KvWindow) -> int:
+    """Little's law: the concurrency that serves the arrival rate (completions + queue growth), with margin."""
+    cur = inp.current
+    if w.completion_rate <= 0:
+        return math.floor(cur * MAX_RAISE_FACTOR)
+    arrivals = w.completion_rate + max(0.0, w.queue_growth)
+    return max(math.ceil(cur * arrivals / w.completion_rate * LITTLE_MARGIN), math.ceil(cur * MIN_RAISE_FACTOR))
+
+
+def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int) -> tuple[bool, str]:
+    """Misses avoided over the planning horizon against the misses a rolling restart adds (a fluid model).
+
+    Restarting one of N pods takes 1/N of the capacity away for ``restart_seconds``, one pod after another.
+    Traffic the others cannot absorb piles up as a backlog, which the new, larger capacity must then drain;
+    requests arriving until it has drained wait too long. Capacity is assumed to grow at most in proportion
+    to the limit (decode is memory-bound), so the estimate of the drain is optimistic only within x2."""
+    n = max(1, inp.replicas)
+    load = 1.0 + misses if w.mean_queued >= 1 else min(1.0, w.mean_active / max(1, inp.current))
+    growth = max(0.0, n * load - (n - 1))  # backlog growth while one pod restarts, in pod-capacities
+    cost = 0.0
+    if growth > 0:
+        spare = n * min(target / inp.current, MAX_RAISE_FACTOR) - n * load
+        if spare <= 0:
+            return False, "the new limit could not drain the backlog a restart leaves"
+        backlog = n * inp.restart_seconds * growth
+        cost = (n * inp.restart_seconds + backlog / spare) * (1.0 - misses)
+    benefit = PLANNING_HORIZON_SECONDS * misses
+    return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
 
 
 def decide(inp: TunerInput) -> Decision:
@@ -131,31 +191,36 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         return _move(inp, math.floor(cur * scale), "KvCachePressure", f"{util} is above target", MIN_PROTECTIVE_STEP)
     broken = _slo_broken(inp, w)
     if broken:
-        scale = max(MAX_LOWER_FACTOR, (inp.spec.slo.time_per_output_token_millis or 1) / (w.tpot_p95_ms or 1))  # type: ignore[union-attr]
+        objective = inp.spec.slo.time_per_output_token_millis or 1  # type: ignore[union-attr]
+        scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
         return _move(inp, math.floor(cur * scale), "TpotObjectiveBroken", broken, MIN_PROTECTIVE_STEP)
 
-    # Too small: the batch is full, requests queue, and the pool has room.
+    # Too small: requests wait (or miss TTFT) while the batch is full and the pool has room.
+    pressure = _pressure(inp, w)
+    if pressure is None:
+        return _hold(inp, "NoPressure", f"Requests are admitted in time; the limit {cur} costs nothing; {util}")
+    misses, why = pressure
     full = w.peak_active >= SATURATION * cur
-    queued = w.mean_queued >= 1 or w.peak_queued >= max(2, cur // 8)
-    if not queued:
-        return _hold(inp, "NoQueue", f"No requests wait; the limit {cur} is not binding; {util}")
     if not full:
         return _hold(inp, "ReservationBound",
-                     f"Requests wait while the batch ({w.peak_active}/{cur}) is not full: admission is bound by "
-                     f"reserved KV blocks (GUARANTEED_NO_EVICT), not by max_batch_size; {util}")
+                     f"{why}, but the batch ({w.peak_active}/{cur}) is not full: admission is bound by reserved "
+                     f"KV blocks (GUARANTEED_NO_EVICT), not by max_batch_size; {util}")
     if w.peak_utilization >= target_u - HYSTERESIS:
-        return _hold(inp, "AtTarget", f"The batch is full and {util} is at target")
+        return _hold(inp, "AtTarget", f"{why}; the batch is full and {util} is at target")
     if not _tpot_margin(inp, w):
-        return _hold(inp, "TpotNearObjective", "Raising would risk the TPOT objective")
+        return _hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
     per_request = w.peak_used_blocks / max(1, w.peak_active)
     fit = math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else hi
-    wanted = min(fit, math.floor(cur * MAX_RAISE_FACTOR))
+    wanted = min(fit, _needed(inp, w), math.floor(cur * MAX_STEP_FACTOR))
+    worth, verdict = _worth_a_restart(inp, w, misses, max(wanted, cur + 1))
+    if not worth:
+        return _hold(inp, "NotWorthARestart", f"{why}; a restart would cost more than it saves ({verdict})")
     if wanted > hi and hi == inp.ceiling and inp.spec.allow_rebuild and inp.ceiling < min(
         inp.spec.max_batch_size, inp.rebuild_limit
     ) and fit >= 1.5 * inp.ceiling:
         ceiling = min(inp.spec.max_batch_size, inp.rebuild_limit, 2 ** math.ceil(math.log2(fit)))
         return Decision("Rebuild", cur, "CeilingTooLow",
-                        f"The pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; {util}; "
-                        f"building a ceiling of {ceiling}", ceiling_request=ceiling)
-    return _move(inp, wanted, "QueueWithHeadroom",
-                 f"The batch is full ({w.peak_active}/{cur}), {w.mean_queued:.1f} requests wait on average, {util}")
+                        f"{why}; the pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; "
+                        f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)
+    return _move(inp, wanted, "QueueWithHeadroom", f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
+                 f"{verdict}")

@@ -27,7 +27,9 @@ class Replica:
     held: list[RequestRecord] = field(default_factory=list)
 
     def load(self) -> int:
-        return sum(1 for r in self.held if r.finish_s is None)
+        """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
+        counts = self.engine.counts()
+        return counts["queued"] + counts["active"]
 
 
 class Fleet:
@@ -60,7 +62,7 @@ class Fleet:
         target.held.append(record)
         self.records.append(record)
         if len(target.held) > 4096:
-            target.held = [x for x in target.held if x.finish_s is None]
+            target.held = [x for x in target.held if x.finish_s is None]  # amortized: keep only the live ones
 
     # -- rollouts -----------------------------------------------------------------------------------------
     def rolling(self) -> bool:

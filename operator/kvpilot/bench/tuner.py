@@ -90,21 +90,39 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int) -> InferenceE
     return InferenceEngine(ObjectRef("bench", "bench", "uid", 1), parse_spec(defaulted["spec"]))
 
 
-def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float]) -> KvWindow | None:
-    samples, tpots = {}, []
+def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
+            slo: Slo) -> KvWindow | None:
+    """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
+    /prometheus/metrics histograms would show (here from the requests that finished in the window)."""
+    samples, ttfts, tpots, completed = {}, [], [], 0
     for r in fleet.replicas:
         if r.state != "up":
             continue
         stats = r.engine.drain_iteration_stats()
+        finished = r.engine.pop_finished()
         if now_s - ready_at.get(r.name, 0.0) < warmup_s:
             continue  # the operator skips pods still warming up
         samples[r.name] = parse_iteration_stats(stats, now_s)
-        tpots += [x.tpot_s * 1e3 for x in r.engine.pop_finished() if x.tpot_s is not None]
+        ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
+        tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
+        completed += len(finished)
     window = summarize_window(samples, window_seconds=interval_s)
-    if window is not None and tpots:
-        tpots.sort()
-        window = replace(window, tpot_p95_ms=tpots[min(len(tpots) - 1, int(0.95 * len(tpots)))])
-    return window
+    if window is None:
+        return None
+    rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
+    return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
+                   ttft_miss_fraction=_share_over(ttfts, slo.ttft_ms), tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(0.95 * len(values)))]
+
+
+def _share_over(values: list[float], limit: float) -> float | None:
+    return sum(1 for v in values if v > limit) / len(values) if values else None
 
 
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
@@ -132,9 +150,9 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             i += 1
         if t >= next_tick:
             next_tick += interval
-            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at)
+            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo)
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
-                                deployment=None)
+                                startup_seconds=restart_s)
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
             status = p.status
             want = status["batching"]["maxBatchSize"]

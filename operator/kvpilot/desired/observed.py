@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 
@@ -47,6 +48,7 @@ class PodState:
     ip: str | None = None
     started_at: str | None = None
     deleting: bool = False
+    ready_after_s: float | None = None  # start to Ready: what a restart costs this pod
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class KvWindow:
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
     window_seconds: float = 0.0
+    completion_rate: float = 0.0  # requests finished per second, per pod
+    queue_growth: float = 0.0  # change of the queue per second, per pod (> 0: arrivals outpace service)
+    ttft_miss_fraction: float | None = None  # share of requests over the TTFT objective in the window
+    tpot_miss_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Observed:
     pods: tuple[PodState, ...] = ()
     claim_phase: str | None = None  # the cache claim's phase, None when absent
     kv: KvWindow | None = None
+    startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:
@@ -154,6 +161,10 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
             waiting_reason, waiting_message = waiting.get("reason"), waiting.get("message")
     annotations = pod["metadata"].get("annotations") or {}
+    ready_cond = conds.get("Ready", {})
+    ready_after = None
+    if ready_cond.get("status") == "True" and st.get("startTime") and ready_cond.get("lastTransitionTime"):
+        ready_after = max(0.0, (_ts(ready_cond["lastTransitionTime"]) - _ts(st["startTime"])).total_seconds())
     return PodState(
         name=pod["metadata"]["name"],
         ready=conds.get("Ready", {}).get("status") == "True",
@@ -165,4 +176,15 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         ip=st.get("podIP"),
         started_at=st.get("startTime"),
         deleting=bool(pod["metadata"].get("deletionTimestamp")),
+        ready_after_s=ready_after,
     )
+
+
+def _ts(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
+
+
+def startup_seconds(pods: tuple[PodState, ...]) -> float | None:
+    """The slowest observed start-to-Ready among the pods: the restart cost the tuner must weigh."""
+    values = [p.ready_after_s for p in pods if p.ready_after_s is not None]
+    return max(values) if values else None

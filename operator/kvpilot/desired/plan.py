@@ -27,6 +27,9 @@ from kvpilot.trtllm.release import DEFAULT_IMAGE
 from kvpilot.trtllm.serve import ServedEngine
 
 
+DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
+
+
 @dataclass(frozen=True)
 class Settings:
     """Operator-wide settings the plan depends on."""
@@ -73,6 +76,8 @@ def _tune(
             build_in_progress=building,
             last_applied_at=last_at,
             now=now,
+            replicas=spec.serving.replicas,
+            restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
         )
     )
 

@@ -14,6 +14,7 @@ from kvpilot.desired.observed import (
     deployment_state,
     job_state,
     pod_state,
+    startup_seconds,
 )
 from kvpilot.desired.plan import Settings
 from kvpilot.desired.pod_parts import image_for
@@ -65,12 +66,14 @@ async def observe_engine(
             job = job_state(job_obj, termination_message(pods), waiting[0] if waiting else None)
     dep = await api.get("apps/v1", "Deployment", L.deployment_name(meta.name), ns)
     pods = await api.list("v1", "Pod", ns, L.selector_string(meta.name))
+    pod_states = tuple(pod_state(p) for p in pods)
     return Observed(
         status=status,
         engine_index=index,
         job=job,
         deployment=deployment_state(dep) if dep else None,
-        pods=tuple(pod_state(p) for p in pods),
+        pods=pod_states,
         claim_phase=claim_phase,
         kv=kv,
+        startup_seconds=startup_seconds(pod_states),
     )

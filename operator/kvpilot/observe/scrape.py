@@ -83,12 +83,16 @@ class EngineSampler:
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.warning("Could not scrape metrics from Pod %s: %s", pod.name, exc)
 
-    def window(self, interval_seconds: float) -> KvWindow | None:
+    def window(
+        self, interval_seconds: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+    ) -> KvWindow | None:
         self._prune(time.time() - interval_seconds)
         return summarize(
             {p: list(q) for p, q in self.samples.items()},
             {p: list(q) for p, q in self.latency.items()},
             window_seconds=interval_seconds,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_tpot_ms=slo_tpot_ms,
         )
 
 

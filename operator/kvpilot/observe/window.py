@@ -9,26 +9,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpilot.desired.observed import KvWindow
-from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, window_quantile
+from kvpilot.trtllm.metrics import (
+    Histogram,
+    IterationSample,
+    LatencySnapshot,
+    window_fraction_above,
+    window_quantile,
+)
 
 
 def summarize(
     samples_by_pod: dict[str, Sequence[IterationSample]],
     latency_by_pod: dict[str, Sequence[LatencySnapshot]] | None = None,
     window_seconds: float = 0.0,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
 ) -> KvWindow | None:
-    samples = [s for pod in samples_by_pod.values() for s in pod if s.max_blocks > 0]
+    pods = {p: list(v) for p, v in samples_by_pod.items() if any(s.max_blocks > 0 for s in v)}
+    samples = [s for pod in pods.values() for s in pod if s.max_blocks > 0]
     if not samples:
         return None
     peak = max(samples, key=lambda s: s.kv_utilization)
-    n = len(samples)
-    ttft = tpot = None
-    if latency_by_pod:
-        ttft = _p95_ms([(snaps[0].ttft, snaps[-1].ttft) for snaps in latency_by_pod.values() if len(snaps) >= 2])
-        tpot = _p95_ms([(snaps[0].tpot, snaps[-1].tpot) for snaps in latency_by_pod.values() if len(snaps) >= 2])
+    n, span = len(samples), max(window_seconds, 1e-9)
+    latency = {p: snaps for p, snaps in (latency_by_pod or {}).items() if len(snaps) >= 2}
+    ttft_pairs = [(snaps[0].ttft, snaps[-1].ttft) for snaps in latency.values()]
+    tpot_pairs = [(snaps[0].tpot, snaps[-1].tpot) for snaps in latency.values()]
     return KvWindow(
         samples=n,
-        pods=sum(1 for pod in samples_by_pod.values() if pod),
+        pods=len(pods),
         peak_utilization=peak.kv_utilization,
         mean_utilization=sum(s.kv_utilization for s in samples) / n,
         peak_used_blocks=peak.used_blocks,
@@ -41,13 +49,32 @@ def summarize(
         paused=max(s.paused_requests for s in samples),
         runtime_batch_size=max(s.max_batch_size_runtime for s in samples),
         tuner_recommended=max(s.tuner_recommended for s in samples),
-        ttft_p95_ms=ttft,
-        tpot_p95_ms=tpot,
+        ttft_p95_ms=_worst(ttft_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
+        tpot_p95_ms=_worst(tpot_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
         window_seconds=window_seconds,
+        completion_rate=_completion_rate(pods, latency, span),
+        queue_growth=sum(v[-1].queued_requests - v[0].queued_requests for v in pods.values()) / span / len(pods),
+        ttft_miss_fraction=_miss(ttft_pairs, slo_ttft_ms),
+        tpot_miss_fraction=_miss(tpot_pairs, slo_tpot_ms),
     )
 
 
-def _p95_ms(pairs: list[tuple]) -> float | None:  # type: ignore[type-arg]
-    """Worst pod's p95 over the window (an SLO broken on one pod is broken for its users)."""
-    values = [q for before, after in pairs if (q := window_quantile(before, after, 0.95)) is not None]
-    return max(values) * 1000 if values else None
+def _completion_rate(pods: dict[str, list[IterationSample]], latency: dict[str, Sequence[LatencySnapshot]],
+                     span: float) -> float:
+    """Requests finished per second per pod: from the request counter when scraped (exact), else from the
+    iteration stats (which undercount when the engine's stats queue overflowed between two reads)."""
+    if latency:
+        return sum(snaps[-1].completed - snaps[0].completed for snaps in latency.values()) / span / len(latency)
+    return sum(s.completed_requests for v in pods.values() for s in v) / span / len(pods)
+
+
+def _worst(pairs: list[tuple[Histogram, Histogram]], fn, scale: float) -> float | None:  # type: ignore[no-untyped-def]
+    """Worst pod's value over the window (an objective broken on one pod is broken for its users)."""
+    values = [v for before, after in pairs if (v := fn(before, after)) is not None]
+    return max(values) * scale if values else None
+
+
+def _miss(pairs: list[tuple[Histogram, Histogram]], slo_ms: float | None) -> float | None:
+    if slo_ms is None:
+        return None
+    return _worst(pairs, lambda b, a: window_fraction_above(b, a, slo_ms / 1000), 1.0)

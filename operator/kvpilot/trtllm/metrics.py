@@ -30,6 +30,7 @@ class IterationSample:
     iter_latency_ms: float = 0.0
     context_requests: int = 0
     generation_requests: int = 0
+    completed_requests: int = 0  # finished in this iteration (a run of iterations when aggregated)
 
     @property
     def kv_utilization(self) -> float:
@@ -51,6 +52,7 @@ class LatencySnapshot:
 
     ttft: Histogram = field(default_factory=Histogram)
     tpot: Histogram = field(default_factory=Histogram)
+    completed: float = 0.0  # trtllm_request_success_total, all finish reasons
 
 
 def _int(d: dict[str, Any], key: str) -> int:
@@ -84,6 +86,7 @@ def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
                 iter_latency_ms=float(item.get("iterLatencyMS") or 0.0),
                 context_requests=_int(ifb, "numContextRequests"),
                 generation_requests=_int(ifb, "numGenRequests"),
+                completed_requests=_int(item, "numCompletedRequests"),
             )
         )
     return samples
@@ -107,6 +110,7 @@ def parse_prometheus(text: str, now_s: float) -> tuple[IterationSample | None, L
     latency = LatencySnapshot(
         ttft=_histogram(hist.get("trtllm_time_to_first_token_seconds")),
         tpot=_histogram(hist.get("trtllm_time_per_output_token_seconds")),
+        completed=gauges.get("trtllm_request_success_total", 0.0),
     )
     if "trtllm_kv_cache_max_blocks" not in gauges:
         return None, latency
@@ -150,3 +154,23 @@ def window_quantile(before: Histogram, after: Histogram, q: float) -> float | No
             return lower_bound + (le - lower_bound) * frac
         lower_bound, lower_count = le, cumulative
     return lower_bound
+
+
+def window_fraction_above(before: Histogram, after: Histogram, threshold_s: float) -> float | None:
+    """Share of the observations between two scrapes that exceeded ``threshold_s`` (bucket interpolation)."""
+    prev = dict(before.buckets)
+    total = after.count - before.count
+    if total <= 0 or not after.buckets:
+        return None
+    lower_bound, lower_count = 0.0, 0.0
+    for le, cumulative in after.buckets:
+        count = cumulative - prev.get(le, 0.0)
+        if le >= threshold_s:
+            if le == float("inf"):
+                below = lower_count
+            else:
+                frac = (threshold_s - lower_bound) / (le - lower_bound) if le > lower_bound else 1.0
+                below = lower_count + (count - lower_count) * frac
+            return max(0.0, min(1.0, 1.0 - below / total))
+        lower_bound, lower_count = le, count
+    return 0.0
