@@ -191,14 +191,16 @@ class Engine(SchedulingMixin):
         if self._tuning and self._tuner_dirty:
             self._update_tuner()
         self._capacity_step(self._runtime_max_num_tokens() - len(self._gen))
-        if not self._ctx:
+        chunks = self._context_chunks(self._runtime_max_num_tokens() - len(self._gen)) if self._ctx else []
+        if not chunks:
             if not self._gen:
                 return False
+            # pure decode until the next event (a context that does not fit waits for a completion anyway)
             k_safe = self._safe_run_length()
             if k_safe > 1:
                 self._decode_run(t_s, k_safe)
                 return True
-        self._full_iteration()
+        self._full_iteration(chunks)
         return True
 
     def _safe_run_length(self) -> int:
@@ -236,9 +238,8 @@ class Engine(SchedulingMixin):
         self._finish_due()
         self._record_step(dt, k, n, 0, 0)
 
-    def _full_iteration(self) -> None:
+    def _full_iteration(self, chunks: list) -> None:
         n_gen = len(self._gen)
-        chunks = self._context_chunks(self._runtime_max_num_tokens() - n_gen)
         dt = self.model.iteration_s(n_gen, self._gen_kv, [(c, s.ctx_done) for s, c in chunks])
         start = self.now
         self.now += dt
