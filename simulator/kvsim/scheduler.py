@@ -72,6 +72,21 @@ class SchedulingMixin:
         seq.blocks = []
         seq.keyed = 0
 
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the engine's bookkeeping is inconsistent (property tests call this)."""
+        self.pool.check(s.blocks for s in self._active.values())
+        charged = sum(self._charged_blocks(s) for s in self._gen.values())
+        assert charged == self.pool.charged, f"charged blocks {self.pool.charged} != sum over sequences {charged}"
+        running = list(self._ctx.values()) + list(self._gen.values())
+        if self._policy is not CapacityPolicy.MAX_UTILIZATION:
+            expected = sum(s.blocks_total - len(s.blocks) - self._charged_blocks(s) for s in running)
+            assert self._reserved == expected, f"reserved {self._reserved} != outstanding reservations {expected}"
+            assert self._reserved >= 0 and self.pool.free >= self._reserved, "reservations exceed the pool"
+            assert self._paused_total == 0, "a request was paused under a no-evict policy"
+        for s in self._gen.values():
+            assert s.state == GENERATION and s.seq_no in self._active
+        assert len(running) <= self.config.max_batch_size, "more requests running than max_batch_size"
+
     # -- capacity stage ----------------------------------------------------------------------------------
     def _admission_limit(self) -> int:
         """Requests that may hold a slot at once: the runtime batch size (tuner included), and never more
