@@ -21,7 +21,7 @@ class CapacityPolicy(str, Enum):
     STATIC_BATCH = "STATIC_BATCH"
 
     @classmethod
-    def parse(cls, value: "str | CapacityPolicy") -> "CapacityPolicy":
+    def parse(cls, value: str | CapacityPolicy) -> CapacityPolicy:
         if isinstance(value, CapacityPolicy):
             return value
         normalized = str(value).strip().upper().replace("-", "_")
@@ -69,7 +69,7 @@ class EngineConfig:
     tuner_window: int = 128
     iter_stats_max_iterations: int = 1000
 
-    def resolved(self) -> "EngineConfig":
+    def resolved(self) -> EngineConfig:
         """A copy with the profile looked up, defaults filled in and every constraint checked."""
         profile = get_profile(self.profile) if isinstance(self.profile, str) else self.profile
         max_seq_len = self.max_seq_len or profile.model.max_position_embeddings

@@ -19,7 +19,6 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from .blocks import BlockPool

@@ -36,7 +36,7 @@ class IterationModel:
     allreduce_s_per_token: float
 
     @classmethod
-    def for_profile(cls, profile: Profile, tokens_per_block: int) -> "IterationModel":
+    def for_profile(cls, profile: Profile, tokens_per_block: int) -> IterationModel:
         cal, m, tp = profile.calibration, profile.model, profile.tp
         bandwidth = cal.hbm_efficiency * profile.gpu.hbm_bytes_per_s
         weights_read = (m.layer_params * profile.weight_bytes_per_elem + m.embedding_params * 2.0) / tp
@@ -66,7 +66,7 @@ class IterationModel:
     def gemm_s(self, n_tokens: int) -> float:
         """Linear layers of an iteration carrying ``n_tokens`` tokens: bandwidth- or compute-bound."""
         compute = self.linear_s_per_token * n_tokens
-        return compute if compute > self.weights_s else self.weights_s
+        return max(compute, self.weights_s)
 
     def decode_constant_s(self, n_gen: int) -> float:
         """The part of a pure-decode iteration that does not depend on context lengths."""

@@ -109,7 +109,7 @@ class Profile:
             return self.gpu.fp8_flops
         return self.gpu.bf16_flops
 
-    def with_parallelism(self, tp: int, pp: int = 1) -> "Profile":
+    def with_parallelism(self, tp: int, pp: int = 1) -> Profile:
         """The same model/dtype/GPU on another mapping (a checkpoint's tp_size/pp_size decide it)."""
         if tp < 1 or pp < 1:
             raise ValueError(f"profile {self.name}: tp and pp must be >= 1, got tp={tp} pp={pp}")

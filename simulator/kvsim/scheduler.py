@@ -34,16 +34,16 @@ class SchedulingMixin:
     """Capacity admission, pausing and block bookkeeping; state lives on the Engine."""
 
     # -- block needs -------------------------------------------------------------------------------------
-    def _blocks_for(self, seq: "_Seq", tokens: int) -> int:
+    def _blocks_for(self, seq: _Seq, tokens: int) -> int:
         if self._contiguous:
             return self._contiguous_blocks
         return ceil_div(tokens, self._tpb)
 
-    def _reservation_blocks(self, seq: "_Seq") -> int:
+    def _reservation_blocks(self, seq: _Seq) -> int:
         """Blocks a request needs to run to completion (what GUARANTEED_NO_EVICT reserves)."""
         return self._blocks_for(seq, seq.prompt_tokens + seq.max_tokens)
 
-    def _grow(self, seq: "_Seq", blocks_needed: int) -> None:
+    def _grow(self, seq: _Seq, blocks_needed: int) -> None:
         """Allocate blocks so ``seq`` holds ``blocks_needed`` (its reservation shrinks by as many)."""
         extra = blocks_needed - len(seq.blocks)
         if extra > 0:
@@ -53,14 +53,14 @@ class SchedulingMixin:
             if seq.reserved:
                 self._reserved -= extra
 
-    def _charged_blocks(self, seq: "_Seq") -> int:
+    def _charged_blocks(self, seq: _Seq) -> int:
         """Decode blocks counted for ``seq`` but not materialized (see blocks.BlockPool.charge)."""
         if seq.state != GENERATION or self._contiguous:
             return 0
         tokens = seq.prompt_tokens + seq.gen_base_count + self._G - seq.gen_base_G
         return max(0, ceil_div(tokens, self._tpb) - len(seq.blocks))
 
-    def _release_all(self, seq: "_Seq") -> None:
+    def _release_all(self, seq: _Seq) -> None:
         charged = self._charged_blocks(seq)
         if seq.reserved:
             self._reserved -= seq.blocks_total - len(seq.blocks) - charged
@@ -120,7 +120,7 @@ class SchedulingMixin:
             if budget is not None:
                 budget -= first_chunk
 
-    def _try_admit(self, seq: "_Seq", committed: int) -> int | None:
+    def _try_admit(self, seq: _Seq, committed: int) -> int | None:
         """Admit ``seq`` if its blocks fit; returns the blocks it committed this step, None if it does not fit."""
         tpb = self._tpb
         keys = seq.keys if not self._contiguous else ()
@@ -169,7 +169,7 @@ class SchedulingMixin:
                 break
             self._pause(victim)
 
-    def _last_started(self) -> "_Seq | None":
+    def _last_started(self) -> _Seq | None:
         heap = self._started_heap
         while heap:
             neg_no, version = heap[0]
@@ -179,7 +179,7 @@ class SchedulingMixin:
             heapq.heappop(heap)
         return None
 
-    def _pause(self, seq: "_Seq") -> None:
+    def _pause(self, seq: _Seq) -> None:
         """Free a started request's blocks and put it back in line; it will re-prefill prompt + generated."""
         if seq.state == GENERATION:
             generated = self._generated(seq)
@@ -199,7 +199,7 @@ class SchedulingMixin:
         heapq.heappush(self._unadmitted, seq.seq_no)
 
     # -- micro-batch stage -------------------------------------------------------------------------------
-    def _first_chunk(self, seq: "_Seq", budget: int) -> int:
+    def _first_chunk(self, seq: _Seq, budget: int) -> int:
         remaining = seq.ctx_target - seq.ctx_done
         if remaining <= budget:
             return remaining
@@ -207,9 +207,9 @@ class SchedulingMixin:
             return 0
         return budget // self._tpb * self._tpb
 
-    def _context_chunks(self, token_budget: int) -> list[tuple["_Seq", int]]:
+    def _context_chunks(self, token_budget: int) -> list[tuple[_Seq, int]]:
         """Context work of this iteration, in admission order, under the token and batch budgets."""
-        chunks: list[tuple["_Seq", int]] = []
+        chunks: list[tuple[_Seq, int]] = []
         slots = self._runtime_batch_size() - len(self._gen)
         for seq in self._ctx.values():
             if slots <= 0 or token_budget <= 0:
@@ -223,7 +223,7 @@ class SchedulingMixin:
         return chunks
 
     # -- decode growth: a decoding sequence needs a new block every tpb iterations, at a fixed phase -------
-    def _join_buckets(self, seq: "_Seq") -> None:
+    def _join_buckets(self, seq: _Seq) -> None:
         """File a sequence that starts decoding under the phase (iteration mod tpb) of its block crossings."""
         if self._contiguous:
             return

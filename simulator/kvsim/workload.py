@@ -46,7 +46,7 @@ class LengthDistribution:
     high: int | None = None
 
     @classmethod
-    def parse(cls, spec: dict[str, Any], where: str) -> "LengthDistribution":
+    def parse(cls, spec: dict[str, Any], where: str) -> LengthDistribution:
         if not isinstance(spec, dict) or "distribution" not in spec:
             raise WorkloadError(f"{where} must be a mapping with a 'distribution' field")
         kind = spec["distribution"]
@@ -79,7 +79,7 @@ class LengthDistribution:
             value = rng.randint(int(p["min"]), int(p["max"]))
         else:
             value = rng.choices(p["values"], weights=p.get("weights"))[0]
-        value = max(self.low, int(round(value)))
+        value = max(self.low, round(value))
         return value if self.high is None else min(self.high, value)
 
 

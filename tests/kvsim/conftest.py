@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kvsim.engine import Engine
 
 from .helpers import small_config

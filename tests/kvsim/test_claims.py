@@ -25,7 +25,8 @@ def test_claims_quick(tmp_path):
     for group in data["claim2"]["workloads"].values():
         contiguous, no_evict, max_util = group["variants"].values()
         assert contiguous["meanRunning"] < no_evict["meanRunning"] < max_util["meanRunning"]
-        assert contiguous["tokenStatesPerReserved"] < 0.25 < 0.9 < max_util["tokenStatesPerReserved"]
+        assert contiguous["tokenStatesPerReserved"] < 0.25
+        assert max_util["tokenStatesPerReserved"] > 0.9
         assert no_evict["tokenStatesPerAllocated"] > 0.9
 
     for scenario in data["claim3"]["scenarios"].values():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kvsim.config import EngineConfig
 from kvsim.engine import Engine
 from kvsim.request import Request, RequestRejected

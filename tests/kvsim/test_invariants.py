@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from kvsim.engine import Engine
 from kvsim.request import Request, RequestRejected
 

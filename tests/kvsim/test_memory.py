@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kvsim.memory import plan_memory
 from kvsim.profiles import PROFILES, get_profile
 

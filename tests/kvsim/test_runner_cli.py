@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-
 from kvsim import EngineConfig, Request, RequestRecord
 from kvsim.cli import main
 from kvsim.runner import run_workload, sweep

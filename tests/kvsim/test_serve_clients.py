@@ -17,10 +17,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from kvsim.trtllm.build import main as build_main
 from kvsim.trtllm.checkpoint import main as checkpoint_main
+from prometheus_client.parser import text_string_to_metric_families
 
 from .serve_process import KVSIM, free_port, http_status, serve
 
@@ -44,7 +43,7 @@ def engine_dir(tmp_path_factory):
 def server(engine_dir):
     args = [str(engine_dir / "engine"), "--backend", "tensorrt", "--max_batch_size", "8",
             "--extra_llm_api_options", str(engine_dir / "extra.yaml")]
-    with serve(args, env={"KVSIM_SPEEDUP": "5"}) as (base, proc):
+    with serve(args, env={"KVSIM_SPEEDUP": "5"}) as (base, _process):
         yield base
 
 

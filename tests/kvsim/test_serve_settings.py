@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kvsim.serve.args import parse
 from kvsim.serve.cli import main as serve_main
 from kvsim.serve.settings import ServeError, resolve

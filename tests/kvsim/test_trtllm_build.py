@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from kvsim.profiles import PROFILES
 from kvsim.trtllm.build import main as build_main
 from kvsim.trtllm.checkpoint import main as checkpoint_main

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
-
 from kvsim.workload import WorkloadError, bundled_workloads, load_workload, parse_workload
 
 BASE = {"name": "t", "seed": 3, "arrivals": [{"durationSeconds": 2000, "process": "poisson", "ratePerSecond": 10}],
@@ -44,7 +44,7 @@ def test_gamma_cv_and_phase_overrides():
     assert all(3000 <= r.prompt_tokens <= 4000 for r in second)
     first = [r.prompt_tokens for r in reqs if r.arrival_s < 1000]
     assert statistics.median(first) < 1500  # the workload-level lognormal still applies to phase 1
-    gaps = [b.arrival_s - a.arrival_s for a, b in zip(second, second[1:])]
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(second)]
     assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(3, rel=0.2)
     assert len(second) / 3000 == pytest.approx(8, rel=0.2)
 

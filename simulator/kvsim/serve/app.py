@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from ..engine import Engine
-from ..request import Request, RequestRecord, RequestRejected
+from ..request import Request, RequestRecord
 from .prom import ServeMetrics
 from .settings import ServeSettings
 
@@ -105,7 +105,7 @@ class SimServer:
             while not handle.done:
                 await handle.event.wait()
                 handle.event.clear()
-        except Exception:  # noqa: BLE001 - any failure means unhealthy
+        except Exception:
             return web.Response(status=500, text="Generation health check failed")
         return web.Response(status=200, text="Generation health check OK")
 
@@ -162,12 +162,10 @@ def build_app(settings: ServeSettings) -> web.Application:
             server._task.cancel()
             try:
                 await server._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+            except (asyncio.CancelledError, Exception):
                 pass
 
     app.on_startup.append(start_engine)
     app.on_cleanup.append(stop_engine)
     return app
 
-
-__all__ = ["SimServer", "build_app", "error_response", "DEFAULT_MAX_TOKENS", "RequestRejected"]

@@ -13,7 +13,7 @@ LOG_LEVELS = ["internal_error", "error", "warning", "info", "verbose", "debug", 
 
 
 class ClickStyleParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D102 - argparse API
+    def error(self, message: str) -> None:
         if message.startswith("unrecognized arguments: "):
             message = "No such option: " + message.split(": ", 1)[1]
         elif "the following arguments are required: MODEL" in message:
