@@ -23,8 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .serve_process import KVSIM, free_port, http_status, serve
 
-EXTRA = """enable_iter_perf_stats: true
-return_perf_metrics: true
+EXTRA = """return_perf_metrics: true
 kv_cache_config: {free_gpu_memory_fraction: 0.9, enable_block_reuse: true}
 """
 

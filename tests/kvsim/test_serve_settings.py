@@ -49,7 +49,6 @@ def test_default_max_batch_size_above_the_engine_is_refused(engine_dir, capsys, 
 def test_yaml_overrides_cli_and_replaces_whole_sections(engine_dir, tmp_path):
     extra = yaml_file(tmp_path, """
 max_batch_size: 16
-enable_iter_perf_stats: true
 return_perf_metrics: true
 kv_cache_config: {enable_block_reuse: false}
 scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}
@@ -79,6 +78,7 @@ scheduler_config:
 
 @pytest.mark.parametrize("text, message", [
     ("max_bach_size: 8\n", "max_bach_size: Extra inputs are not permitted"),
+    ("enable_iter_perf_stats: true\n", "enable_iter_perf_stats: Extra inputs are not permitted .TrtLlmArgs"),
     ("kv_cache_config: {fraction: 0.5}\n", "kv_cache_config.fraction"),
     ("scheduler_config: {dynamic_batch_config: {enable_batch_size_tuning: true}}\n", "Field required"),
     ("scheduler_config: {capacity_scheduler_policy: FASTEST}\n", "capacity_scheduler_policy"),
@@ -121,3 +121,10 @@ def test_unknown_options_are_rejected_like_click(capsys):
     with pytest.raises(SystemExit):
         parse([])
     assert "Missing argument 'MODEL'" in capsys.readouterr().err
+
+
+def test_pytorch_backend_accepts_its_own_keys(tmp_path):
+    extra = yaml_file(tmp_path, "enable_iter_perf_stats: true\nprint_iter_log: false\n"
+                                "kv_cache_config: {dtype: fp8, tokens_per_block: 64}\n")
+    s = resolve(parse(["meta-llama/Llama-3.1-8B-Instruct", "--max_batch_size", "32", "--config", extra]), ENV)
+    assert s.iter_perf_stats and s.engine.tokens_per_block == 64

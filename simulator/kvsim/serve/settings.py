@@ -50,6 +50,12 @@ TOP_LEVEL_KEYS = {
     "max_stats_len", "normalize_log_probs", "gather_generation_logits", "enable_prompt_adapter"}
 
 
+# Fields only the PyTorch backend's TorchLlmArgs declares (llm_args.py); TrtLlmArgs forbids extra inputs.
+TORCH_ONLY_KEYS = {"enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log", "attn_backend",
+                   "sampler_type", "moe_config", "cuda_graph_config", "disable_overlap_scheduler",
+                   "torch_compile_config", "enable_autotuner"}
+
+
 class ServeError(ValueError):
     """trtllm-serve refuses to start (exit 1) with this message."""
 
@@ -88,9 +94,13 @@ def merge_yaml(llm_args: dict[str, Any], extra: dict[str, Any], source: str) -> 
     """update_llm_args_with_extra_dict: YAML keys replace CLI values; sections replace whole sections."""
     if not isinstance(extra, dict):
         raise ServeError(f"{source}: the extra LLM API options must be a YAML mapping")
-    unknown = sorted(set(extra) - TOP_LEVEL_KEYS)
+    allowed = TOP_LEVEL_KEYS
+    if extra.get("backend", llm_args.get("backend")) == "tensorrt":
+        allowed = TOP_LEVEL_KEYS - TORCH_ONLY_KEYS
+    unknown = sorted(set(extra) - allowed)
     if unknown:
-        raise ServeError(f"{source}: {', '.join(unknown)}: Extra inputs are not permitted")
+        backend = "TrtLlmArgs" if allowed is not TOP_LEVEL_KEYS else "LlmArgs"
+        raise ServeError(f"{source}: {', '.join(unknown)}: Extra inputs are not permitted ({backend})")
     _check_section(extra.get("kv_cache_config"), KV_CACHE_KEYS, f"{source}: kv_cache_config")
     scheduler = extra.get("scheduler_config")
     _check_section(scheduler, SCHEDULER_KEYS, f"{source}: scheduler_config")
