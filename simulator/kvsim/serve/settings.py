@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from ..config import CapacityPolicy, EngineConfig, KvCacheType
+from ..memory import plan_memory
 from ..profiles import Profile, get_profile
 from ..trtllm import TRTLLM_VERSION
 from ..trtllm.checkpoint import model_spec_from_config
@@ -187,6 +188,8 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         model_id = args.model if not model_path.is_dir() else model_path.name
     try:
         config = config.resolved()
+        plan_memory(config.profile, config.build_max_batch_size, config.build_max_num_tokens,
+                    config.tokens_per_block, config.free_gpu_memory_fraction, config.kv_max_tokens)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     return ServeSettings(
