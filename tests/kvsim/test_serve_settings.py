@@ -131,10 +131,10 @@ def test_pytorch_backend_accepts_its_own_keys(tmp_path):
 
 
 def test_an_engine_that_does_not_fit_the_gpu_is_refused(tmp_path):
-    checkpoint_main(["--profile", "llama-3.1-70b-fp8-h100-tp2", "--output_dir", str(tmp_path / "ckpt"),
+    checkpoint_main(["--profile", "llama-3.1-70b-bf16-h100-tp4", "--output_dir", str(tmp_path / "ckpt"),
                      "--tp_size", "1"])
     assert build_main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "engine"),
                        "--max_batch_size", "8", "--max_num_tokens", "1024"]) == 0
     args = parse([str(tmp_path / "engine"), "--backend", "tensorrt", "--max_batch_size", "8", "--max_num_tokens", "1024"])
     with pytest.raises(ServeError, match="do not fit"):
-        resolve(args, ENV)  # a 70B FP8 engine on one 80 GB H100
+        resolve(args, ENV)  # a 70B BF16 engine (141 GB of weights) on one 80 GB H100
