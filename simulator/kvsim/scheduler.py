@@ -200,10 +200,12 @@ class SchedulingMixin:
 
     # -- micro-batch stage -------------------------------------------------------------------------------
     def _first_chunk(self, seq: _Seq, budget: int) -> int:
+        """The context tokens ``seq`` gets this step. A paused request's re-prefill (prompt + generated) may exceed
+        max_num_tokens, so it is always chunked; otherwise it could never run again."""
         remaining = seq.ctx_target - seq.ctx_done
         if remaining <= budget:
             return remaining
-        if not self._chunked:
+        if not (self._chunked or seq.num_pauses):
             return 0
         return budget // self._tpb * self._tpb
 

@@ -25,7 +25,7 @@ configs = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, reqs=requests, step=st.sampled_from([0.002, 0.01, 0.1]))
 def test_pool_invariants_hold_and_every_request_finishes(cfg, reqs, step):
     engine = Engine(small_config(max_seq_len=1024, build_max_num_tokens=512, **cfg), epoch_s=0.0)
