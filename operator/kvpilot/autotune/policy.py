@@ -32,6 +32,9 @@ TTFT_MISS_TOLERANCE = 0.02  # fewer TTFT misses than this are noise, not a reaso
 TPOT_HEADROOM = 0.8  # raise only while p95 TPOT is under 80% of its objective
 TPOT_MISS_TOLERANCE = 0.05
 PLANNING_HORIZON_SECONDS = 1800.0  # how long a change is assumed to pay off
+SEVERE_MISSES = 0.5  # when half the requests miss, acting beats any restart cost
+PROACTIVE_MAX_LOAD = 0.5  # raise ahead of need only below half of what a restart can absorb
+PROACTIVE_MIN_OCCUPANCY = 0.10  # below this the latency model has too little data to extrapolate
 MAX_LOWER_FACTOR = 0.5
 MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
@@ -126,13 +129,18 @@ def _pressure(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
     return None
 
 
-def _needed(inp: TunerInput, w: KvWindow) -> int:
-    """Little's law: the concurrency that serves the arrival rate (completions + queue growth), with margin."""
+def _needed(inp: TunerInput, w: KvWindow, misses: float) -> int:
+    """Little's law: the concurrency that serves the arrival rate (completions + queue growth), with margin.
+
+    A queue held in front of the pods (a gateway, clients) does not show in their metrics; the share of
+    requests missing the objective is then the better lower bound of the excess load."""
     cur = inp.current
     if w.completion_rate <= 0:
         return math.floor(cur * MAX_RAISE_FACTOR)
     arrivals = w.completion_rate + max(0.0, w.queue_growth)
-    return max(math.ceil(cur * arrivals / w.completion_rate * LITTLE_MARGIN), math.ceil(cur * MIN_RAISE_FACTOR))
+    by_rate = math.ceil(cur * arrivals / w.completion_rate * LITTLE_MARGIN)
+    by_misses = math.ceil(cur * (1.0 + misses) * LITTLE_MARGIN)
+    return max(by_rate, by_misses, math.ceil(cur * MIN_RAISE_FACTOR))
 
 
 def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int) -> tuple[bool, str]:
@@ -142,8 +150,10 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int) -
     Traffic the others cannot absorb piles up as a backlog, which the new, larger capacity must then drain;
     requests arriving until it has drained wait too long. Capacity is assumed to grow at most in proportion
     to the limit (decode is memory-bound), so the estimate of the drain is optimistic only within x2."""
+    if misses >= SEVERE_MISSES:
+        return True, f"{misses:.0%} of requests already miss: a restart cannot make it worse for long"
     n = max(1, inp.replicas)
-    load = 1.0 + misses if w.mean_queued >= 1 else min(1.0, w.mean_active / max(1, inp.current))
+    load = 1.0 + misses if w.mean_queued >= 1 else _load(inp, w)
     growth = max(0.0, n * load - (n - 1))  # backlog growth while one pod restarts, in pod-capacities
     cost = 0.0
     if growth > 0:
@@ -154,6 +164,73 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int) -
         cost = (n * inp.restart_seconds + backlog / spare) * (1.0 - misses)
     benefit = PLANNING_HORIZON_SECONDS * misses
     return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
+
+
+def _tpot_bound(inp: TunerInput, w: KvWindow) -> int | None:
+    """The largest limit whose predicted p95 TPOT stays within TPOT_HEADROOM of the objective.
+
+    Prediction: the fitted iteration latency at that batch, scaled by how much the observed p95 TPOT
+    exceeds the fitted latency at today's batch (prefill interference, tails). None when unknown."""
+    slo = inp.spec.slo
+    if slo is None or not slo.time_per_output_token_millis:
+        return None
+    a, b = w.step_ms_intercept, w.step_ms_per_request
+    if a is None or b is None or b <= 0:
+        return None
+    at_now = a + b * max(1.0, w.mean_generation)
+    ratio = max(1.0, (w.tpot_p95_ms or at_now) / at_now)
+    budget = TPOT_HEADROOM * slo.time_per_output_token_millis / ratio
+    return max(1, math.floor((budget - a) / b))
+
+
+def _load(inp: TunerInput, w: KvWindow) -> float:
+    """How much of a pod's capacity at the current limit its traffic uses (1 = saturated).
+
+    Batch occupancy (requests in flight over the limit) overstates headroom at large limits, where each
+    extra request slows every iteration. With the fitted step latency t(c) = a + b*c, decode throughput is
+    c / t(c), so the load is (c / t(c)) / (B / t(B))."""
+    cur, c = max(1, inp.current), max(0.0, w.mean_active)
+    a, b = w.step_ms_intercept, w.step_ms_per_request
+    if a is None or b is None or a <= 0 or b <= 0:
+        return min(1.0, c / cur)
+    return min(1.0, (c / (a + b * c)) / (cur / (a + b * cur)))
+
+
+def _capacity_gain(w: KvWindow, cur: int, new: int) -> float:
+    """Decode throughput at limit ``new`` over that at ``cur`` (B / t(B)); the limit's own ratio when unfitted."""
+    a, b = w.step_ms_intercept, w.step_ms_per_request
+    if a is None or b is None or a <= 0 or b <= 0:
+        return new / max(1, cur)
+    return (new / (a + b * new)) / (cur / (a + b * cur))
+
+
+def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
+    """Raise before the limit binds, while a restart is clearly free.
+
+    With N pods, a restarting pod's traffic fits on the others while each runs well below (N-1)/N of its
+    capacity. Raising then costs nothing; raising later, once requests miss, costs a backlog. The target is
+    what the TPOT objective allows by the fitted latency model (or a doubling without one). Load is taken
+    conservatively (the larger of batch occupancy and the model's estimate), and a single pod never
+    restarts for free, so it waits for real pressure."""
+    cur, n = inp.current, max(1, inp.replicas)
+    load = max(w.mean_active / max(1, cur), _load(inp, w))
+    absorbable = (n - 1) / n
+    idle = _hold(inp, "NoPressure", f"Requests are admitted in time; load {load:.0%} of capacity; {util}")
+    if n < 2 or load < PROACTIVE_MIN_OCCUPANCY or load > PROACTIVE_MAX_LOAD * absorbable:
+        return idle
+    target_u = inp.spec.target_kv_cache_utilization_percent / 100
+    if w.peak_utilization >= target_u - HYSTERESIS or not _tpot_margin(inp, w):
+        return idle
+    per_request = w.peak_used_blocks / max(1, w.peak_active)
+    fit = math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else cur * MAX_STEP_FACTOR
+    bound = _tpot_bound(inp, w)
+    wanted = min(fit, bound if bound is not None else math.floor(cur * MAX_RAISE_FACTOR),
+                 math.floor(cur * MAX_STEP_FACTOR))
+    if wanted <= cur or _capacity_gain(w, cur, wanted) < 1 + MIN_RELATIVE_STEP:
+        return idle
+    how = (f"what the TPOT objective allows ({w.step_ms_per_request:.3f} ms per request per iteration)"
+           if bound is not None else "twice the limit")
+    return _move(inp, wanted, "Headroom", f"Raising to {how} while load ({load:.0%}) leaves a restart free; {util}")
 
 
 def decide(inp: TunerInput) -> Decision:
@@ -168,11 +245,16 @@ def decide(inp: TunerInput) -> Decision:
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
         return _hold(inp, "InsufficientData", "Not enough warm metrics in the window")
-    if inp.last_applied_at is not None:
+    decision = _decide_from_signals(inp, w, lo, hi)
+    if inp.last_applied_at is not None and decision.changes:
         elapsed = (inp.now - inp.last_applied_at).total_seconds()
-        if elapsed < inp.spec.cooldown_seconds:
-            return _hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s)")
-    return _decide_from_signals(inp, w, lo, hi)
+        # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
+        # raising again does not wait for the cooldown (which is there to stop flapping, not escalation).
+        escalating = decision.action == "Raise" and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
+        if elapsed < inp.spec.cooldown_seconds and not escalating:
+            return _hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
+                         f"pending: {decision.action} to {decision.target}")
+    return decision
 
 
 def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:
@@ -198,7 +280,7 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     # Too small: requests wait (or miss TTFT) while the batch is full and the pool has room.
     pressure = _pressure(inp, w)
     if pressure is None:
-        return _hold(inp, "NoPressure", f"Requests are admitted in time; the limit {cur} costs nothing; {util}")
+        return _headroom(inp, w, util)
     misses, why = pressure
     full = w.peak_active >= SATURATION * cur
     if not full:
@@ -211,7 +293,10 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         return _hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
     per_request = w.peak_used_blocks / max(1, w.peak_active)
     fit = math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else hi
-    wanted = min(fit, _needed(inp, w), math.floor(cur * MAX_STEP_FACTOR))
+    wanted = min(fit, _needed(inp, w, misses), math.floor(cur * MAX_STEP_FACTOR))
+    bound = _tpot_bound(inp, w)
+    if bound is not None and bound > cur:
+        wanted = min(wanted, bound)
     worth, verdict = _worth_a_restart(inp, w, misses, max(wanted, cur + 1))
     if not worth:
         return _hold(inp, "NotWorthARestart", f"{why}; a restart would cost more than it saves ({verdict})")

@@ -8,6 +8,7 @@ down for ``restart_s`` (model load) before it serves again with the new configur
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from kvsim import Engine, EngineConfig, Request, RequestRecord, RequestRejected
@@ -33,10 +34,17 @@ class Replica:
 
 
 class Fleet:
-    def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0):
+    """``queue_factor`` bounds what each replica holds to that many times its batch limit, as a gateway
+    queue does; the rest waits at the balancer and is dropped (a miss) after ``client_timeout_s``."""
+
+    def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
+                 queue_factor: float = 2.0, client_timeout_s: float = 60.0):
         self.restart_s = restart_s
+        self.queue_factor = queue_factor
+        self.client_timeout_s = client_timeout_s
         self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
-        self.backlog: list[Request] = []  # arrived while no replica could take them
+        self.backlog: deque[Request] = deque()  # waiting at the balancer (no replica had room)
+        self.dropped = 0
         self.records: list[RequestRecord] = []
         self.lost: list[RequestRecord] = []
         self.now = 0.0
@@ -49,20 +57,40 @@ class Fleet:
         self.now = t_s
         self._transitions()
 
+    def _room(self, r: Replica) -> int:
+        return int(self.queue_factor * (r.config.max_batch_size or r.config.build_max_batch_size)) + 16 - r.load()
+
     def submit(self, request: Request) -> None:
+        if self.backlog:  # first come, first served at the balancer too
+            self.backlog.append(request)
+            self._dispatch()
+            return
+        if not self._send(request):
+            self.backlog.append(request)
+
+    def _send(self, request: Request) -> bool:
         up = [r for r in self.replicas if r.state == "up"]
         if not up:
-            self.backlog.append(request)
-            return
+            return False
         target = min(up, key=lambda r: (r.load(), r.name))
+        if self._room(target) <= 0:
+            return False
         try:
-            record = target.engine.submit(request, now_s=self.now)
+            record = target.engine.submit(request, now_s=request.arrival_s)
         except RequestRejected:
-            return  # never servable: it counts as a miss (its arrival is in the workload total)
+            return True  # never servable: it counts as a miss (its arrival is in the workload total)
         target.held.append(record)
         self.records.append(record)
         if len(target.held) > 4096:
             target.held = [x for x in target.held if x.finish_s is None]  # amortized: keep only the live ones
+        return True
+
+    def _dispatch(self) -> None:
+        while self.backlog and self.now - self.backlog[0].arrival_s > self.client_timeout_s:
+            self.backlog.popleft()
+            self.dropped += 1  # the client gave up
+        while self.backlog and self._send(self.backlog[0]):
+            self.backlog.popleft()
 
     # -- rollouts -----------------------------------------------------------------------------------------
     def rolling(self) -> bool:
@@ -100,10 +128,7 @@ class Fleet:
                 r.state = "up"
                 r.restarts += 1
                 self._start_next_restart()
-        if self.backlog and any(r.state == "up" for r in self.replicas):
-            waiting, self.backlog = self.backlog, []
-            for req in waiting:
-                self.submit(req)
+        self._dispatch()
 
     def next_transition(self) -> float:
         times = [r.until_s for r in self.replicas if r.state in ("draining", "down")]

@@ -70,7 +70,7 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
     return goodput(fleet.records, len(requests), slo, duration_s)
 
 
-def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int) -> InferenceEngine:
+def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int) -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults."""
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
@@ -80,6 +80,7 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int) -> InferenceE
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
             "batching": {"maxBatchSize": min(start, ceiling)},
             "engineCache": {"claimName": "engines"},
+            "serving": {"replicas": replicas},
             "autotune": {"mode": "Auto", "maxBatchSize": ceiling,
                          "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
         },
@@ -127,7 +128,7 @@ def _share_over(values: list[float], limit: float) -> float | None:
 
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
                   slo: Slo, horizon_s: float, duration_s: float, start: int = 64) -> dict[str, Any]:
-    engine = tuned_engine(profile, ceiling, slo, start)
+    engine = tuned_engine(profile, ceiling, slo, start, replicas)
     interval = float(engine.spec.autotune.interval_seconds)
     status: dict[str, Any] = {}
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint

@@ -90,6 +90,11 @@ class KvWindow:
     queue_growth: float = 0.0  # change of the queue per second, per pod (> 0: arrivals outpace service)
     ttft_miss_fraction: float | None = None  # share of requests over the TTFT objective in the window
     tpot_miss_fraction: float | None = None
+    # Iteration latency against the generation batch (least squares over the window): how TPOT grows with
+    # the batch, so a larger limit's TPOT can be predicted before it is tried. None when not fitted.
+    step_ms_intercept: float | None = None
+    step_ms_per_request: float | None = None
+    mean_generation: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ def summarize(
     latency = {p: snaps for p, snaps in (latency_by_pod or {}).items() if len(snaps) >= 2}
     ttft_pairs = [(snaps[0].ttft, snaps[-1].ttft) for snaps in latency.values()]
     tpot_pairs = [(snaps[0].tpot, snaps[-1].tpot) for snaps in latency.values()]
+    intercept, slope = _step_fit(samples)
     return KvWindow(
         samples=n,
         pods=len(pods),
@@ -56,7 +57,31 @@ def summarize(
         queue_growth=sum(v[-1].queued_requests - v[0].queued_requests for v in pods.values()) / span / len(pods),
         ttft_miss_fraction=_miss(ttft_pairs, slo_ttft_ms),
         tpot_miss_fraction=_miss(tpot_pairs, slo_tpot_ms),
+        step_ms_intercept=intercept,
+        step_ms_per_request=slope,
+        mean_generation=sum(s.generation_requests for s in samples) / n,
     )
+
+
+MIN_FIT_SPREAD = 3  # requests of generation-batch spread needed before a slope means anything
+
+
+def _step_fit(samples: list[IterationSample]) -> tuple[float | None, float | None]:
+    """Least-squares line of iteration latency (ms) over the generation batch size."""
+    points = [(s.generation_requests, s.iter_latency_ms) for s in samples if s.iter_latency_ms > 0]
+    if len(points) < 3:
+        return None, None
+    xs = [x for x, _ in points]
+    if max(xs) - min(xs) < MIN_FIT_SPREAD:
+        return None, None
+    n = len(points)
+    mx, my = sum(xs) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    slope = sxy / sxx
+    if slope <= 0:
+        return None, None
+    return my - slope * mx, slope
 
 
 def _completion_rate(pods: dict[str, list[IterationSample]], latency: dict[str, Sequence[LatencySnapshot]],
