@@ -180,6 +180,14 @@ def _with_rollout(observed: Observed, fleet: Fleet) -> Observed:
 
 
 def main(args: argparse.Namespace) -> int:
+    out = evaluate(args)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run of one benchmark; progress goes to stderr when ``args.json`` (stdout stays JSON)."""
     workload = load_workload(args.workload)
     requests = workload.requests(duration_s=args.duration_seconds, rate_scale=args.rate_scale)
     duration = args.duration_seconds or workload.duration_s
@@ -212,6 +220,4 @@ def main(args: argparse.Namespace) -> int:
     log(f"  autotuned: goodput {a:.3f} req/s, {out['autotuned']['changes']} changes, final "
         f"{out['autotuned']['final']}; autotuned/oracle {out['ratios']['autotunedOverOracle']:.3f}, "
         f"autotuned/static64 {out['ratios']['autotunedOverSeed']:.3f}")
-    if args.json:
-        print(json.dumps(out, indent=2))
-    return 0
+    return out

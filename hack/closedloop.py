@@ -1,0 +1,233 @@
+"""The closed loop on the local cluster, shared by ``make demo`` and the end-to-end test.
+
+Pieces: the operator as a local process under the chart's ServiceAccount (so RBAC is what a cluster
+install gets), a namespace with a hostPath engine cache, and an OpenAI load generator that dials the
+serving pods' IPs directly (the local cluster has no kube-proxy) with Poisson arrivals, streaming, and
+least-outstanding balancing across the ready pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE / "testenv"))
+import cluster  # noqa: E402
+
+OPERATOR_NS = "kvpilot-system"
+KVSIM_IMAGE = "ghcr.io/kvpilot/kvsim:0.1.0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def install_chart() -> None:
+    cluster.helm("upgrade", "--install", "kvpilot", str(ROOT / "charts/kvpilot"), "-n", OPERATOR_NS,
+                 "--create-namespace", "--set", f"kvsimImage.tag={KVSIM_IMAGE.rsplit(':', 1)[1]}")
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceengines.serving.kvpilot.io",
+                    "--timeout=60s")
+    deadline = time.monotonic() + 60
+    while cluster.kubectl("explain", "inferenceengine.spec", check=False).strip() == "":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the InferenceEngine OpenAPI never appeared")
+        time.sleep(1)
+
+
+class OperatorProcess:
+    """kvpilot run as a local process authenticated as the chart's ServiceAccount."""
+
+    def __init__(self, logdir: Path, resync_seconds: float = 3.0):
+        self.logdir = logdir
+        self.resync_seconds = resync_seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.kubeconfig = cluster.serviceaccount_kubeconfig(OPERATOR_NS, "kvpilot", logdir / "sa.kubeconfig")
+
+    @property
+    def log_path(self) -> Path:
+        return self.logdir / f"operator-{self.starts}.log"
+
+    def start(self) -> None:
+        self.starts += 1
+        self.health = free_port()
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvpilot.cli", "run", "--all-namespaces", "--metrics-port", "0",
+             "--health-port", str(self.health), "--resync-seconds", str(self.resync_seconds),
+             "--kvsim-image", KVSIM_IMAGE],
+            env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+        deadline = time.monotonic() + 60
+        while not self.healthy():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the operator's /healthz never answered:\n" + self.log_path.read_text()[-3000:])
+            time.sleep(0.5)
+
+    def healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.logdir.glob("operator-*.log")))
+
+
+def create_namespace(ns: str) -> None:
+    """A namespace with a hostPath PersistentVolume pre-bound to <ns>/engines (no storage provisioner here)."""
+    path = cluster.testenv_dir() / "volumes" / ns / "engines"
+    path.mkdir(parents=True, exist_ok=True)
+    cluster.kubectl("create", "namespace", ns, check=False)
+    docs = [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-engines"},
+         "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": str(path)},
+                  "claimRef": {"namespace": ns, "name": "engines"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "engines", "namespace": ns},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{ns}-engines",
+                  "resources": {"requests": {"storage": "100Gi"}}}},
+    ]
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+
+def delete_namespace(ns: str) -> None:
+    cluster.kubectl("delete", "inferenceengines", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
+    cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)
+    cluster.kubectl("delete", "pv", f"{ns}-engines", "--wait=false", check=False)
+
+
+def get_engine(ns: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "inferenceengine", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(out) if out.strip().startswith("{") else {}
+
+
+def ready_endpoints(ns: str, name: str, port: int = 8000) -> list[str]:
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
+                                      f"serving.kvpilot.io/engine={name},app.kubernetes.io/component=server",
+                                      "-o", "json"))
+    return [f"{p['status']['podIP']}:{port}" for p in pods["items"]
+            if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+
+
+@dataclass
+class LoadStats:
+    """Client-side view: what users of the engine experienced, window by window."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    ttft_ms: list[tuple[float, float]] = field(default_factory=list)  # (finish wall time, ttft)
+
+    def window(self, since: float, slo_ttft_ms: float) -> dict[str, float]:
+        recent = sorted(t for at, t in self.ttft_ms if at >= since)
+        if not recent:
+            return {"requests": 0, "ttftP95Ms": float("nan"), "missShare": float("nan")}
+        p95 = recent[min(len(recent) - 1, int(0.95 * len(recent)))]
+        return {"requests": len(recent), "ttftP95Ms": p95,
+                "missShare": sum(1 for t in recent if t > slo_ttft_ms) / len(recent)}
+
+
+async def _one(session: aiohttp.ClientSession, endpoint: str, prompt_words: int, max_tokens: int,
+               stats: LoadStats, outstanding: dict[str, int]) -> None:
+    outstanding[endpoint] = outstanding.get(endpoint, 0) + 1
+    body = {"model": "model", "prompt": " ".join(["hello"] * prompt_words), "max_tokens": max_tokens,
+            "stream": True}
+    start = time.monotonic()
+    first = None
+    try:
+        async with session.post(f"http://{endpoint}/v1/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=300)) as resp:
+            if resp.status != 200:
+                stats.errors += 1
+                return
+            async for line in resp.content:
+                if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
+                    first = time.monotonic()
+        stats.ok += 1
+        if first is not None:
+            stats.ttft_ms.append((time.time(), (first - start) * 1000))
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        stats.errors += 1
+    finally:
+        outstanding[endpoint] -= 1
+
+
+async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds: float, prompt_words: int,
+                        max_tokens: int, stats: LoadStats, seed: int = 1) -> None:
+    """Poisson arrivals at ``rate`` req/s for ``seconds``, each to the ready pod with the fewest in flight."""
+    rng = random.Random(seed)
+    outstanding: dict[str, int] = {}
+    tasks: set[asyncio.Task[None]] = set()
+    targets, refreshed = endpoints(), time.monotonic()
+    end = time.monotonic() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        while time.monotonic() < end:
+            await asyncio.sleep(rng.expovariate(rate))
+            if time.monotonic() - refreshed > 2:
+                targets, refreshed = await asyncio.to_thread(endpoints), time.monotonic()
+            if not targets:
+                stats.errors += 1
+                continue
+            target = min(targets, key=lambda e: outstanding.get(e, 0))
+            stats.sent += 1
+            task = asyncio.create_task(_one(session, target, prompt_words, max_tokens, stats, outstanding))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=120)
+
+
+def closed_loop_engine(ns: str, name: str, start_batch: int, replicas: int) -> dict[str, Any]:
+    """A simulated engine that starts with a deliberately small runtime batch limit, tuned in Auto mode."""
+    return {
+        "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct",
+                      "revision": "0e9e39f249a16976918f6564b8830bc894c89659", "architecture": "llama"},
+            "runtime": {"backend": "simulated", "simulation": {"profile": "llama-3.1-8b-fp8-h100"}},
+            "build": {"quantization": "fp8", "kvCacheDtype": "fp8", "maxBatchSize": 256},
+            "batching": {"maxBatchSize": start_batch},
+            "serving": {"replicas": replicas, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+            "engineCache": {"claimName": "engines"},
+            "autotune": {"mode": "Auto", "minBatchSize": 4, "maxBatchSize": 256, "intervalSeconds": 10,
+                         "cooldownSeconds": 60, "warmupSeconds": 5,
+                         "slo": {"timeToFirstTokenMillis": 1000, "timePerOutputTokenMillis": 50}},
+        },
+    }
