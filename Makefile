@@ -19,6 +19,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## Create the virtualenv with kvpilot, kvsim and the test tools
 
+# NVIDIA's aiperf (a real benchmark client for the simulator's API) pins its own dependency versions, so it
+# lives in a virtualenv of its own rather than in the project's.
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
+$(AIPERF_STAMP):
+	@echo "==> Creating $(AIPERF_VENV) with NVIDIA aiperf (a real client for the kvsim tests)"
+	$(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q --upgrade pip
+	$(AIPERF_VENV)/bin/pip install -q 'aiperf>=0.13,<0.14'
+	@touch $@
+
 cluster-build: ## Build or reuse the control-plane binaries (cached outside the repo, keyed by version)
 	@hack/testenv/build.sh >/dev/null
 
@@ -28,8 +39,8 @@ cluster-up: venv cluster-build ## Start etcd, kube-apiserver, controller-manager
 cluster-down: ## Stop exactly what cluster-up started
 	@hack/testenv/cluster-down.sh
 
-test: venv cluster-build ## Run every test: unit, chart, simulator, end-to-end on the local control plane
-	$(BIN)/pytest -q tests
+test: venv $(AIPERF_STAMP) cluster-build ## Run every test: unit, chart, simulator, end-to-end on the local control plane
+	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
 
 unit: venv ## Run the fast tests that need no cluster
 	$(BIN)/pytest -q tests -m 'not e2e'
@@ -49,4 +60,4 @@ crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api
 
 clean: ## Remove the virtualenv and local cluster state (not the binary cache)
 	-hack/testenv/cluster-down.sh
-	rm -rf $(VENV) .testenv
+	rm -rf $(VENV) $(AIPERF_VENV) .testenv
