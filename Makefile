@@ -51,6 +51,9 @@ demo: venv cluster-build ## Closed loop on a local cluster: build -> serve (kvsi
 render: venv ## Render the objects for every example (like helm template)
 	@for f in examples/*.yaml; do echo "# ---- $$f"; $(BIN)/kvpilot render -f $$f; done
 
+lint: venv ## Static checks (ruff)
+	$(BIN)/pip install -q 'ruff>=0.6,<1' && $(BIN)/ruff check operator simulator tests hack
+
 bench: venv ## Run the benchmarks and print their figures
 	$(BIN)/python -m tests.bench
 

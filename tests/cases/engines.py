@@ -92,3 +92,15 @@ def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:
         doc = _set(doc, "spec.build.maxInputLen", 4096)
         doc = _set(doc, "spec.batching.maxNumTokens", 2048)
     return _set(doc, path, value)
+
+
+def override(doc: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A copy of ``doc`` with spec fields replaced; keys use '__' for '.', e.g. build__maxBatchSize=1024."""
+    out = copy.deepcopy(doc)
+    for key, value in spec.items():
+        node = out["spec"]
+        parts = key.split("__")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out

@@ -7,22 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.cases.engines import base
+from tests.cases.engines import base, override
 from tests.e2e.conftest import apply, condition, get, kubectl, wait_for
 
 GPU_LABEL = "nvidia.com/gpu.product"
 
 
 def engine(ns: str, name: str = "llama", **spec: Any) -> dict[str, Any]:
-    doc = base(name, backend="tensorrt")
+    doc = override(base(name, backend="tensorrt"), autotune={"enabled": False}, **spec)
     doc["metadata"]["namespace"] = ns
-    doc["spec"]["autotune"] = {"enabled": False}
-    for key, value in spec.items():
-        node = doc["spec"]
-        parts = key.split("__")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
     return doc
 
 

@@ -8,21 +8,16 @@ import time
 import urllib.request
 from typing import Any
 
-from tests.cases.engines import base
+from tests.cases.engines import base, override
 from tests.e2e.conftest import Operator, apply, condition, get, kubectl, wait_for
 
 
 def sim_engine(ns: str, name: str = "sim", **spec: Any) -> dict[str, Any]:
-    doc = base(name, backend="simulated")
+    doc = override(base(name, backend="simulated"),
+                   runtime__simulation={"profile": "llama-3.1-8b-fp8-h100", "speedupRatio": 10},
+                   autotune={"mode": "Advisory", "intervalSeconds": 5, "warmupSeconds": 0})
+    doc = override(doc, **spec)
     doc["metadata"]["namespace"] = ns
-    doc["spec"]["runtime"]["simulation"]["speedupRatio"] = 10
-    doc["spec"]["autotune"] = {"mode": "Advisory", "intervalSeconds": 5, "warmupSeconds": 0}
-    for key, value in spec.items():
-        node = doc["spec"]
-        parts = key.split("__")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
     return doc
 
 

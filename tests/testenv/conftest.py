@@ -18,7 +18,7 @@ import pytest
 TESTENV = Path(__file__).resolve().parents[2] / "hack" / "testenv"
 sys.path.insert(0, str(TESTENV))
 
-import cluster  # needs the path above
+import cluster  # noqa: E402 — needs the path above
 
 
 @pytest.fixture(scope="session")

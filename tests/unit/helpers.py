@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec, ObjectRef, parse_spec
 from kvpilot.api.validate import validate_manifest
-from tests.cases.engines import base
+from tests.cases.engines import base, override
 
 
 def manifest(backend: str = "simulated", name: str = "e1", **overrides: Any) -> dict[str, Any]:
     """``overrides`` use '__' for '.': build__maxBatchSize=1024."""
-    doc = copy.deepcopy(base(name, backend))
-    for key, value in overrides.items():
-        node = doc["spec"]
-        parts = key.split("__")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return doc
+    return override(base(name, backend), **overrides)
 
 
 def spec_of(doc: dict[str, Any]) -> InferenceEngineSpec:
