@@ -152,3 +152,31 @@ def test_unschedulable_build_pod_says_why() -> None:
     p = plan(engine(), Observed(status=first.status, claim_phase="Bound", job=job), S, NOW)
     assert conds(p)["EngineReady"] == ("False", "BuildUnschedulable")
     assert conds(p)["Degraded"] == ("True", "InsufficientGPU")
+
+
+def _served(backend_overrides: dict) -> tuple:
+    e = engine(**backend_overrides)
+    first = plan(e, Observed(claim_phase="Bound"), S, NOW)
+    good = plan(e, built(first), S, NOW)
+    return e, first, good
+
+
+def test_a_rebuild_request_raises_the_ceiling_through_a_new_build() -> None:
+    tuned = dict(autotune={"mode": "Auto", "allowRebuild": True, "maxBatchSize": 2048})
+    e, first, good = _served(tuned)
+    status = dict(good.status, autotune={"ceilingRequest": 1024})
+    p = plan(e, Observed(status=status, claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
+             S, NOW)
+    assert p.fingerprint != first.fingerprint and p.build_job is not None
+    script = p.build_job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "--max_batch_size 1024" in script
+    # Until the new engine is published, the old one (ceiling 512) keeps serving.
+    assert p.status["engine"]["fingerprint"] == first.fingerprint and p.status["engine"]["maxBatchSize"] == 512
+
+
+def test_a_rebuild_request_is_ignored_unless_rebuilds_are_allowed() -> None:
+    e, first, good = _served({})
+    status = dict(good.status, autotune={"ceilingRequest": 1024})
+    p = plan(e, Observed(status=status, claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
+             S, NOW)
+    assert p.fingerprint == first.fingerprint and p.build_job is None
