@@ -20,7 +20,6 @@ import aiohttp
 from kvpilot import telemetry
 from kvpilot.api.validate import InvalidEngineError
 from kvpilot.desired import labels as L
-from kvpilot.desired.observed import pod_state
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError
@@ -39,6 +38,14 @@ class EngineLoop:
     task: asyncio.Task[None] | None = None
     generation: int = 0
     sampler: EngineSampler = field(default_factory=EngineSampler)
+    parsed: tuple[str, Any] | None = None  # (generation, InferenceEngine) of the last parse
+
+    def engine(self) -> Any:
+        """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
+        version = str((self.body.get("metadata") or {}).get("generation"))
+        if self.parsed is None or self.parsed[0] != version:
+            self.parsed = (version, engine_from_body(self.body))
+        return self.parsed[1]
 
 
 class EngineLoops:
@@ -125,7 +132,7 @@ class EngineLoops:
         while True:
             now = time.monotonic()
             try:
-                engine = engine_from_body(loop.body)
+                engine = loop.engine()
                 if now >= next_sample and engine.spec.autotune.enabled and pods:
                     await self._sample(loop, engine.spec, pods)
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
@@ -133,11 +140,12 @@ class EngineLoops:
                     loop.wake.clear()
                     loop.generation = engine.meta.generation
                     kv = await self._window(loop, engine)
-                    engine, p = await reconcile(self.api, loop.body, self.settings, kv)
+                    p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
+                                                  self.settings, kv)
                     loop.body = {**loop.body, "status": p.status}
                     if p.decision is not None and p.decision.changes:
                         loop.sampler.reset()
-                    pods = await self._serving_pods(engine)
+                    pods = list(observed.pods)
                     next_reconcile = time.monotonic() + requeue_after(engine, p, self.resync_seconds).total_seconds()
                 failures = 0
             except asyncio.CancelledError:
@@ -160,7 +168,3 @@ class EngineLoops:
                 await asyncio.wait_for(loop.wake.wait(), timeout=max(0.05, deadline - time.monotonic()))
             except TimeoutError:
                 pass
-
-    async def _serving_pods(self, engine: Any) -> list[Any]:
-        raw = await self.api.list("v1", "Pod", engine.meta.namespace, L.selector_string(engine.meta.name))
-        return [pod_state(p) for p in raw]

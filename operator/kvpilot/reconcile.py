@@ -17,7 +17,7 @@ from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
-from kvpilot.desired.observed import KvWindow
+from kvpilot.desired.observed import KvWindow, Observed
 from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.storage import engine_index
 from kvpilot.k8s.api import Api
@@ -76,11 +76,11 @@ def _status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 async def reconcile(
-    api: Api, body: dict[str, Any], settings: Settings, kv: KvWindow | None, now: datetime | None = None
-) -> tuple[InferenceEngine, Plan]:
+    api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
+    now: datetime | None = None,
+) -> tuple[Plan, Observed]:
+    """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed."""
     started = time.monotonic()
-    engine = engine_from_body(body)
-    status = dict(body.get("status") or {})
     observed = await observe_engine(api, engine, status, settings, kv)
     p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
     for obj in p.apply:
@@ -96,10 +96,11 @@ async def reconcile(
         telemetry.record_build_finished(manifest, observed.job)
     if _status_changed(status, p.status):
         await api.patch_engine_status(engine.meta.name, engine.meta.namespace, p.status)
+    involved = {"metadata": {"name": engine.meta.name, "namespace": engine.meta.namespace, "uid": engine.meta.uid}}
     for event in p.events:
         try:
-            await api.post_event(body, event.type, event.reason, event.message)
+            await api.post_event(involved, event.type, event.reason, event.message)
         except Exception as exc:  # noqa: BLE001 — an event lost must not fail the reconcile
             log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name, exc)
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
-    return engine, p
+    return p, observed

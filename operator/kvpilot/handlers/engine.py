@@ -21,7 +21,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kvpilot posts its own, specific Events; kopf's per-handler chatter would bury them.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
-    settings.persistence.finalizer = "serving.kvpilot.io/unused"  # no handler requires one
     memo.loops = EngineLoops(Api(), memo.settings, memo.resync_seconds)
 
 
