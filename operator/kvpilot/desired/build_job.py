@@ -79,6 +79,7 @@ def build_job(
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
+                    "securityContext": P.pod_security_context(spec),
                     "nodeSelector": P.node_selector(spec),
                     "tolerations": P.tolerations(spec),
                     "initContainers": init,

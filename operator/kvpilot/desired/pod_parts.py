@@ -108,6 +108,18 @@ def s3_sync_container(spec: InferenceEngineSpec, dest: str, mounts: list[dict[st
     }
 
 
+KVSIM_UID = 10001  # the kvsim image's user (images/kvsim/Dockerfile)
+
+
+def pod_security_context(spec: InferenceEngineSpec) -> dict[str, Any] | None:
+    """The kvsim image runs as a non-root user: give it group ownership of the cache volume it writes.
+    NVIDIA's TensorRT-LLM images run as root and get the runtime's defaults."""
+    if spec.runtime.backend != "simulated" or spec.runtime.image:
+        return None
+    return {"runAsNonRoot": True, "runAsUser": KVSIM_UID, "fsGroup": KVSIM_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def prune(obj: Any) -> Any:
     """Drop None values and empty containers so rendered manifests stay readable and apply cleanly."""
     if isinstance(obj, dict):

@@ -137,6 +137,7 @@ def deployment(
                     "tolerations": P.tolerations(spec),
                     "priorityClassName": s.priority_class_name,
                     "terminationGracePeriodSeconds": 60,
+                    "securityContext": P.pod_security_context(spec),
                     "initContainers": init,
                     "containers": [container],
                     "volumes": volumes,
