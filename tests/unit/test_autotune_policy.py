@@ -144,3 +144,9 @@ def test_ttft_misses_raise_by_littles_law_in_one_step() -> None:
 def test_a_restart_that_costs_more_than_it_saves_is_not_made() -> None:
     d = decide(inp(spec=SLO_SPEC, replicas=2, restart_seconds=600, w=slo_window(misses=0.2)))
     assert (d.action, d.reason) == ("Hold", "NotWorthARestart")
+
+
+def test_a_full_batch_waiting_for_kv_blocks_is_reservation_bound() -> None:
+    w = replace(window(util=0.5, active=64, queued=30), mean_unscheduled=20.0)
+    d = decide(inp(w=w))
+    assert (d.action, d.reason) == ("Hold", "ReservationBound"), d.message

@@ -283,6 +283,11 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         return _headroom(inp, w, util)
     misses, why = pressure
     full = w.peak_active >= SATURATION * cur
+    if full and w.mean_unscheduled >= 1:
+        return _hold(inp, "ReservationBound",
+                     f"{why}, and {w.mean_unscheduled:.1f} of the {cur} requests in the batch wait for KV blocks on "
+                     f"average: admission is bound by reserved blocks (prompt + max_tokens under "
+                     f"GUARANTEED_NO_EVICT), so a larger max_batch_size would admit nobody; {util}")
     if not full:
         return _hold(inp, "ReservationBound",
                      f"{why}, but the batch ({w.peak_active}/{cur}) is not full: admission is bound by reserved "

@@ -95,6 +95,7 @@ class KvWindow:
     step_ms_intercept: float | None = None
     step_ms_per_request: float | None = None
     mean_generation: float = 0.0
+    mean_unscheduled: float = 0.0  # active requests the capacity scheduler held back for lack of KV blocks
 
 
 @dataclass(frozen=True)

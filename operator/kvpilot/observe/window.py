@@ -60,6 +60,8 @@ def summarize(
         step_ms_intercept=intercept,
         step_ms_per_request=slope,
         mean_generation=sum(s.generation_requests for s in samples) / n,
+        mean_unscheduled=sum(max(0, s.active_requests - s.scheduled_requests) for s in samples
+                             if s.scheduled_requests is not None) / n,
     )
 
 

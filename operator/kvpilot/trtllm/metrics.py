@@ -31,6 +31,9 @@ class IterationSample:
     context_requests: int = 0
     generation_requests: int = 0
     completed_requests: int = 0  # finished in this iteration (a run of iterations when aggregated)
+    # Requests the capacity scheduler let run this iteration. Active requests it did not schedule are
+    # waiting for KV blocks (under GUARANTEED_NO_EVICT, for their reservation): the limit is not what binds.
+    scheduled_requests: int | None = None
 
     @property
     def kv_utilization(self) -> float:
@@ -87,6 +90,7 @@ def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
                 context_requests=_int(ifb, "numContextRequests"),
                 generation_requests=_int(ifb, "numGenRequests"),
                 completed_requests=_int(item, "numCompletedRequests"),
+                scheduled_requests=_int(ifb, "numScheduledRequests") if "numScheduledRequests" in ifb else None,
             )
         )
     return samples
