@@ -63,6 +63,7 @@ class DeploymentState:
     fingerprint: str | None
     max_batch_size: str | None
     config_hash: str | None
+    pods: int = 0  # pods that exist (status.replicas), what the scale subresource reports
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ def deployment_state(dep: dict[str, Any]) -> DeploymentState:
         fingerprint=annotations.get("serving.kvpilot.io/fingerprint"),
         max_batch_size=annotations.get("serving.kvpilot.io/max-batch-size"),
         config_hash=annotations.get("serving.kvpilot.io/config-hash"),
+        pods=st.get("replicas", 0),
     )
 
 

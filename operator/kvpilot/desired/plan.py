@@ -144,7 +144,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         "conditions": merge_conditions(observed.status.get("conditions"), conds, meta.generation, now),
         "batching": batching_status(spec, previous_batching, batch, reason, message, ceiling, now),
         "autotune": autotune_status(observed.status.get("autotune") or {}, decision, before, applied, now),
-        "replicas": dep_state.replicas if dep_state else 0,
+        "replicas": dep_state.pods if dep_state else 0,
         "readyReplicas": dep_state.ready_replicas if dep_state else 0,
         "selector": L.selector_string(meta.name),
         "endpoint": serving.endpoint(meta, spec),
