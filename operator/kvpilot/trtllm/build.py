@@ -167,7 +167,7 @@ def simulated_checkpoint(spec: InferenceEngineSpec, paths: BuildPaths) -> Comman
 def trtllm_build(build: BuildSpec, paths: BuildPaths, max_batch_size: int) -> Command:
     """trtllm-build with in-flight batching expressed by real flags: a paged KV cache, packed input
     (remove_input_padding) and the GPT attention plugin; paged context FMHA enables chunked context and
-    block reuse. There is no --use_inflight_batching flag in TensorRT-LLM."""
+    block reuse. TensorRT-LLM has no flag that switches in-flight batching on (see options/trtllm_build.yaml, not_options)."""
     paged = build.kv_cache.type == "paged"
     argv = [
         "trtllm-build",

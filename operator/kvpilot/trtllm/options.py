@@ -1,8 +1,8 @@
 """The real TensorRT-LLM parsers' option lists (``options/*.yaml``, each citing its source commit), and a
 checker that every rendered command uses only those options with acceptable values.
 
-This is how kvpilot guarantees it never renders a flag TensorRT-LLM does not have — such as the blog's
-``--use_inflight_batching`` or ``--max_output_len``.
+This is how kvpilot guarantees it never renders a flag TensorRT-LLM does not have — such as the ones the blog
+that inspired the project uses (listed under ``not_options`` in ``options/trtllm_build.yaml``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class OptionSpec:
     source: str
     options: dict[str, dict[str, Any]]
     aliases: dict[str, str]
+    not_options: tuple[str, ...] = ()  # names people use that this parser does not have
 
     def lookup(self, flag: str) -> dict[str, Any] | None:
         flag = self.aliases.get(flag, flag)
@@ -45,6 +46,7 @@ def load(tool: str) -> OptionSpec:
         source=data["source"],
         options={k: (v or {}) for k, v in data["options"].items()},
         aliases=data.get("aliases") or {},
+        not_options=tuple(str(n).split()[0] for n in data.get("not_options") or []),
     )
 
 
