@@ -150,3 +150,12 @@ def test_a_full_batch_waiting_for_kv_blocks_is_reservation_bound() -> None:
     w = replace(window(util=0.5, active=64, queued=30), mean_unscheduled=20.0)
     d = decide(inp(w=w))
     assert (d.action, d.reason) == ("Hold", "ReservationBound"), d.message
+
+
+def test_a_rebuild_that_takes_longer_than_it_pays_is_not_requested() -> None:
+    spec = replace(SPEC, allow_rebuild=True)
+    w = window(util=0.1, active=512, queued=300)
+    quick = decide(inp(current=512, ceiling=512, spec=spec, w=w, build_seconds=300))
+    slow = decide(inp(current=512, ceiling=512, spec=spec, w=w, build_seconds=1800))
+    assert quick.action == "Rebuild"
+    assert (slow.action, slow.reason) == ("Hold", "RebuildNotWorthIt")

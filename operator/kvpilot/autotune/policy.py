@@ -55,6 +55,7 @@ class TunerInput:
     rebuild_limit: int = 16384
     replicas: int = 1  # serving pods; a change restarts each of them in turn
     restart_seconds: float = 120.0  # measured start-to-Ready time of a pod (the cost of a change)
+    build_seconds: float = 1200.0  # how long an engine build takes (the last one, when known)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def _needed(inp: TunerInput, w: KvWindow, misses: float) -> int:
     return max(by_rate, by_misses, math.ceil(cur * MIN_RAISE_FACTOR))
 
 
-def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int) -> tuple[bool, str]:
+def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int,
+                     horizon: float = PLANNING_HORIZON_SECONDS) -> tuple[bool, str]:
     """Misses avoided over the planning horizon against the misses a rolling restart adds (a fluid model).
 
     Restarting one of N pods takes 1/N of the capacity away for ``restart_seconds``, one pod after another.
@@ -162,7 +164,7 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int) -
             return False, "the new limit could not drain the backlog a restart leaves"
         backlog = n * inp.restart_seconds * growth
         cost = (n * inp.restart_seconds + backlog / spare) * (1.0 - misses)
-    benefit = PLANNING_HORIZON_SECONDS * misses
+    benefit = max(0.0, horizon) * misses
     return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
 
 
@@ -309,6 +311,13 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         inp.spec.max_batch_size, inp.rebuild_limit
     ) and fit >= 1.5 * inp.ceiling:
         ceiling = min(inp.spec.max_batch_size, inp.rebuild_limit, 2 ** math.ceil(math.log2(fit)))
+        # The build runs beside the serving pods (its own GPUs), so it costs time, not misses: the gain only
+        # starts once it is done, and the new engine still has to roll out.
+        worth, verdict = _worth_a_restart(inp, w, misses, min(wanted, ceiling),
+                                          PLANNING_HORIZON_SECONDS - inp.build_seconds)
+        if not worth:
+            return _hold(inp, "RebuildNotWorthIt", f"{why}; the engine's ceiling {inp.ceiling} binds, but a "
+                         f"{inp.build_seconds:.0f}s build and a restart would cost more than they save ({verdict})")
         return Decision("Rebuild", cur, "CeilingTooLow",
                         f"{why}; the pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; "
                         f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)

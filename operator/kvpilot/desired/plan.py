@@ -28,6 +28,17 @@ from kvpilot.trtllm.serve import ServedEngine
 
 
 DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
+DEFAULT_BUILD_SECONDS = 1200.0  # until a build has been measured
+
+
+def _last_build_seconds(status: dict[str, Any]) -> float | None:
+    """Duration of the last finished build (status.build), the rebuild cost the tuner weighs."""
+    build = status.get("build") or {}
+    start, end = build.get("startedAt"), build.get("finishedAt")
+    if not start or not end or build.get("state") != "Succeeded":
+        return None
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    return max(0.0, (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ def _tune(
             now=now,
             replicas=spec.serving.replicas,
             restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+            build_seconds=_last_build_seconds(observed.status) or DEFAULT_BUILD_SECONDS,
         )
     )
 
