@@ -24,3 +24,12 @@ def run_all(engine: Engine, requests: list[Request], step_s: float | None = None
     while not engine.idle:
         engine.advance_to(engine.now + step_s)
         engine.check_invariants()
+
+
+# Flags of the blog that inspired kvpilot, which TensorRT-LLM 1.x does not have. Spelled without their dashes
+# so the repository never carries them as flags; the tests prepend "--" and check they are rejected.
+BLOG_ONLY_FLAGS = ("use_inflight_batching", "enable_paged_kv_cache", "paged_kv_cache_block_size")
+
+
+def flag(name: str) -> str:
+    return f"--{name}"

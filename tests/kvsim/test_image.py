@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kvsim.helpers import BLOG_ONLY_FLAGS, flag
+
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "kvsim"
 
 
@@ -21,7 +23,7 @@ def test_shims_forward_every_argument_to_kvsim(tool, sub, tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.run([str(shim), "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "--max_batch_size" in proc.stdout
-    bad = subprocess.run([str(shim), "model", "--use_inflight_batching"], capture_output=True, text=True, env=env,
+    bad = subprocess.run([str(shim), "model", flag(BLOG_ONLY_FLAGS[0])], capture_output=True, text=True, env=env,
                          timeout=60)
     assert bad.returncode == 2
 

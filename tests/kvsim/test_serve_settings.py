@@ -9,6 +9,8 @@ from kvsim.serve.settings import ServeError, resolve
 from kvsim.trtllm.build import main as build_main
 from kvsim.trtllm.checkpoint import main as checkpoint_main
 
+from tests.kvsim.helpers import BLOG_ONLY_FLAGS, flag
+
 ENV = {"KVSIM_PROFILE": "llama-3.1-8b-fp8-h100"}
 
 
@@ -115,9 +117,9 @@ def test_engine_dir_needs_the_tensorrt_backend(engine_dir):
 
 def test_unknown_options_are_rejected_like_click(capsys):
     with pytest.raises(SystemExit) as info:
-        parse(["model", "--max_batch_size", "8", "--use_inflight_batching"])
+        parse(["model", "--max_batch_size", "8", flag(BLOG_ONLY_FLAGS[0])])
     assert info.value.code == 2
-    assert "Error: No such option: --use_inflight_batching" in capsys.readouterr().err
+    assert f"Error: No such option: {flag(BLOG_ONLY_FLAGS[0])}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse([])
     assert "Missing argument 'MODEL'" in capsys.readouterr().err

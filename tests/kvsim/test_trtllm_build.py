@@ -14,6 +14,9 @@ from kvsim.trtllm.build import main as build_main
 from kvsim.trtllm.checkpoint import main as checkpoint_main
 from kvsim.trtllm.engine_dir import is_engine_dir, load_engine_dir
 
+from tests.kvsim.helpers import BLOG_ONLY_FLAGS
+from tests.kvsim.helpers import flag as dashed
+
 
 @pytest.fixture
 def checkpoint(tmp_path):
@@ -75,8 +78,8 @@ def test_build_defaults_and_deduced_limits(checkpoint, tmp_path):
     assert build["plugin_config"]["tokens_per_block"] == 32 and build["plugin_config"]["gemm_plugin"] is None
 
 
-@pytest.mark.parametrize("flag", [["--use_inflight_batching"], ["--enable_paged_kv_cache"],
-                                  ["--paged_kv_cache_block_size", "16"], ["--max_output_len", "512"],
+@pytest.mark.parametrize("flag", [[dashed(BLOG_ONLY_FLAGS[0])], [dashed(BLOG_ONLY_FLAGS[1])],
+                                  [dashed(BLOG_ONLY_FLAGS[2]), "16"], ["--max_output_len", "512"],
                                   ["--model_dir", "x"], ["--multiple_profiles"], ["--tp_size", "2"],
                                   ["--remove_input_padding", "true"], ["--kv_cache_type", "blocks"]])
 def test_flags_trtllm_build_does_not_have_are_rejected(checkpoint, flag, capsys):

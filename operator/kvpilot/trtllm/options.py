@@ -46,7 +46,8 @@ def load(tool: str) -> OptionSpec:
         source=data["source"],
         options={k: (v or {}) for k, v in data["options"].items()},
         aliases=data.get("aliases") or {},
-        not_options=tuple(str(n).split()[0] for n in data.get("not_options") or []),
+        # Listed without their leading dashes, so the data never spells a flag TensorRT-LLM does not have.
+        not_options=tuple("--" + str(n).split()[0].lstrip("-") for n in data.get("not_options") or []),
     )
 
 
