@@ -4,14 +4,14 @@ the install test on a real API server; docs/install.md explains every line."""
 from __future__ import annotations
 
 READ = frozenset({"get", "list", "watch"})
-MANAGE = READ | {"create", "patch", "update", "delete"}
+MANAGE = READ | {"create", "patch"}  # server-side apply; the garbage collector deletes
 
 # What the operator needs in every namespace whose InferenceEngines it reconciles.
 NAMESPACED_NEEDS = {
-    ("serving.kvpilot.io", "inferenceengines"): READ | {"patch", "update"},
-    ("serving.kvpilot.io", "inferenceengines/status"): frozenset({"get", "patch", "update"}),
+    ("serving.kvpilot.io", "inferenceengines"): READ,  # never written: no finalizer, no annotations
+    ("serving.kvpilot.io", "inferenceengines/status"): frozenset({"get", "patch"}),
     ("serving.kvpilot.io", "inferenceengines/finalizers"): frozenset({"update"}),
-    ("batch", "jobs"): READ | {"create", "patch", "delete"},
+    ("batch", "jobs"): READ | {"create", "patch"},
     ("apps", "deployments"): MANAGE,
     ("", "services"): MANAGE,
     ("", "configmaps"): MANAGE,

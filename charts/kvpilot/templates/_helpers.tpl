@@ -109,30 +109,33 @@ ClusterRole and by each per-namespace Role. docs/install.md has the reason for e
 in sync. No wildcards: every group, resource and verb is named.
 */}}
 {{- define "kvpilot.rbac.namespacedRules" -}}
-# The InferenceEngine itself: read and watch it, and patch it (kopf's finalizer and progress annotations).
+# The InferenceEngine itself: read and watch it only. The operator never writes it (no finalizer, no
+# annotations: kopf runs event handlers only), so GitOps tools own every byte of it.
 - apiGroups: ["serving.kvpilot.io"]
   resources: ["inferenceengines"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-# Its status: the conditions, the engine in force, status.batching (the tuned batch size), replicas.
+  verbs: ["get", "list", "watch"]
+# Its status (merge patches): the conditions, the engine in force, status.batching (the tuned batch size).
 - apiGroups: ["serving.kvpilot.io"]
   resources: ["inferenceengines/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # Owner references with blockOwnerDeletion need update on the owner's finalizers subresource.
 - apiGroups: ["serving.kvpilot.io"]
   resources: ["inferenceengines/finalizers"]
   verbs: ["update"]
-# Engine build Jobs (created once per fingerprint, deleted when superseded).
+# Engine build Jobs: created once per fingerprint; patched to add an owner when another engine shares it.
+# Never deleted by the operator: the garbage collector and the Job's TTL do that.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The serving Deployment of trtllm-serve pods.
+# Server-side apply creates (create) and updates (patch); children are deleted by the garbage collector.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# The engine's Service, its rendered LLM-API config, and the engine-cache PVC it may create.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The engine's Service, its rendered LLM-API config, the engine index, and the engine-cache PVC it may create.
 - apiGroups: [""]
   resources: ["services", "configmaps", "persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Engine pods: readiness, scheduling failures, and the pod IPs whose metrics it reads.
 - apiGroups: [""]
   resources: ["pods"]
