@@ -30,7 +30,7 @@ def built(p_first) -> Observed:
 
 def test_new_engine_creates_a_build_job_and_no_deployment() -> None:
     p = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
-    assert p.build_job is not None and p.build_job["metadata"]["name"] == L.build_job_name(p.fingerprint)
+    assert p.build_job is not None and p.build_job["metadata"]["name"] == L.build_job_name(p.fingerprint, "engines")
     assert kinds(p) == ["Service"]
     assert conds(p)["EngineReady"] == ("False", "Building")
     assert conds(p)["Available"] == ("False", "EngineNotReady")
@@ -180,3 +180,18 @@ def test_a_rebuild_request_is_ignored_unless_rebuilds_are_allowed() -> None:
     p = plan(e, Observed(status=status, claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
              S, NOW)
     assert p.fingerprint == first.fingerprint and p.build_job is None
+
+
+def test_a_calibration_claim_is_mounted_for_the_build() -> None:
+    e = engine("tensorrt", build__quantization="fp8", build__calibration={"dataset": "pvc://datasets/cnn"})
+    job = plan(e, Observed(claim_phase="Bound"), S, NOW).build_job
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "calibration", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}} in pod["volumes"]
+    assert {"name": "calibration", "mountPath": "/calibration", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+
+
+def test_engines_on_different_claims_build_separately() -> None:
+    a = plan(engine(name="a", uid="ua", engineCache={"claimName": "cache-a"}), Observed(claim_phase="Bound"), S, NOW)
+    b = plan(engine(name="b", uid="ub", engineCache={"claimName": "cache-b"}), Observed(claim_phase="Bound"), S, NOW)
+    assert a.fingerprint == b.fingerprint
+    assert a.build_job["metadata"]["name"] != b.build_job["metadata"]["name"]

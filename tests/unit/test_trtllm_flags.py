@@ -87,7 +87,16 @@ def test_quantized_builds_use_modelopt_with_calibration() -> None:
                   model__source="pvc://m/llama").spec
     argv = build_commands(spec, "f" * 64, 512)[0].argv
     assert argv[1].endswith("/quantization/quantize.py")
-    assert argv[argv.index("--calib_dataset") + 1] == "/model/data"  # air-gapped: read from the model volume
+    assert argv[argv.index("--calib_dataset") + 1] == "/calibration/data"  # air-gapped: read from its own claim
+
+
+@pytest.mark.parametrize("quant,kv,qformat", [("fp8", "auto", "fp8"), ("int4_awq", "auto", "int4_awq"),
+                                             ("nvfp4", "auto", "nvfp4"), ("int8_weight_only", "fp8", "int8_wo"),
+                                             ("none", "fp8", "full_prec")])
+def test_modelopt_qformat_is_the_quantization_asked_for(quant: str, kv: str, qformat: str) -> None:
+    argv = build_commands(engine("tensorrt", build__quantization=quant, build__kvCacheDtype=kv).spec, "f" * 64,
+                          512)[1].argv
+    assert argv[argv.index("--qformat") + 1] == qformat
 
 
 def _yaml_keys_allowed(options_doc: dict, backend: str) -> None:

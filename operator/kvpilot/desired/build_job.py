@@ -7,7 +7,7 @@ from typing import Any
 from kvpilot.api.models import InferenceEngineSpec, ObjectRef
 from kvpilot.desired import labels as L
 from kvpilot.desired import pod_parts as P
-from kvpilot.trtllm.build import model_cache_key
+from kvpilot.trtllm.build import model_cache_key, uses_quantize_script
 from kvpilot.trtllm.build_script import build_script
 
 # Keep finished Jobs a day so `kubectl get job -o yaml` and the logs stay readable; the engine index,
@@ -37,6 +37,10 @@ def build_job(
     if model_volume is not None and spec.runtime.backend != "simulated":
         volumes.append(model_volume)
         mounts.append(P.model_mount())
+    calibration = P.calibration_volume(spec)
+    if calibration is not None and uses_quantize_script(b) and spec.runtime.backend != "simulated":
+        volumes.append(calibration[0])
+        mounts.append(calibration[1])
     shm = P.shm_volume(b.gpus)
     if shm:
         volumes.append(shm[0])
@@ -62,12 +66,13 @@ def build_job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": L.build_job_name(fingerprint),
+            "name": L.build_job_name(fingerprint, claim),
             "namespace": owner.namespace,
             "labels": labels,
             "annotations": {
                 L.FINGERPRINT_ANNOTATION: fingerprint,
                 "serving.kvpilot.io/model": spec.model.source,
+                "serving.kvpilot.io/claim": claim,
             },
             "ownerReferences": [L.owner_reference(owner, controller=False)],
         },

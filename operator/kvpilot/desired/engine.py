@@ -47,12 +47,12 @@ def target_fingerprint(spec: InferenceEngineSpec, status: dict[str, Any], image:
 
 def decide_build(
     spec: InferenceEngineSpec, observed: Observed, image: str, generation: int, now: datetime,
-    claim_exists: bool = True,
+    claim_exists: bool = True, claim: str | None = None,
 ) -> BuildDecision:
     ceiling, fp = target_fingerprint(spec, observed.status, image)
     previous = observed.status.get("build") or {}
     same = previous.get("fingerprint") == fp
-    base = {"fingerprint": fp, "job": L.build_job_name(fp), "observedGeneration": generation}
+    base = {"fingerprint": fp, "job": L.build_job_name(fp, claim), "observedGeneration": generation}
 
     def decision(**kw: Any) -> BuildDecision:
         return BuildDecision(fingerprint=fp, ceiling=ceiling, image=image, **kw)
@@ -109,7 +109,7 @@ def served_engine(
             "tensorParallelSize": int(m.get("tensorParallelSize", spec.build.tensor_parallel_size)),
             "pipelineParallelSize": int(m.get("pipelineParallelSize", spec.build.pipeline_parallel_size)),
             "builtAt": m.get("builtAt"),
-            "buildJob": m.get("buildJob", L.build_job_name(build.fingerprint)),
+            "buildJob": m.get("buildJob", L.build_job_name(build.fingerprint, claim)),
         }
         info = {k: v for k, v in info.items() if v is not None}
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from kvpilot import API_VERSION, KIND
@@ -62,9 +63,11 @@ def config_map_name(name: str) -> str:
     return f"{name}-llm-api"
 
 
-def build_job_name(fingerprint: str) -> str:
-    """Named by fingerprint, not by InferenceEngine: engines with the same build inputs share one Job."""
-    return f"kvpilot-build-{fingerprint[:10]}"
+def build_job_name(fingerprint: str, claim: str | None) -> str:
+    """Named by fingerprint and cache claim, not by InferenceEngine: engines with the same build inputs that
+    cache on the same claim share one Job (an engine on another claim needs its own copy built there)."""
+    digest = hashlib.sha256(f"{fingerprint}/{claim or ''}".encode()).hexdigest()
+    return f"kvpilot-build-{digest[:10]}"
 
 
 def engine_index_name(claim: str) -> str:

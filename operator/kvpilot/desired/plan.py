@@ -116,7 +116,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     claim = cache_claim_name(meta, spec)
     claim_obj = cache_claim(meta, spec)
     claim_phase = observed.claim_phase or ("Pending" if claim_obj is not None else None)
-    build: BuildDecision = decide_build(spec, observed, image, meta.generation, now, claim_phase is not None)
+    build: BuildDecision = decide_build(spec, observed, image, meta.generation, now, claim_phase is not None, claim)
     served, engine_info = served_engine(spec, build, observed.status, claim)
     serve_image = (engine_info or {}).get("image", image) if spec.builds_engine else image
     ceiling = served.max_batch_size if served else (None if not spec.builds_engine else build.ceiling)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.api.models import InferenceEngineSpec, Resources
-from kvpilot.trtllm.build import CACHE_MOUNT, MODEL_MOUNT
+from kvpilot.trtllm.build import CACHE_MOUNT, CALIBRATION_MOUNT, MODEL_MOUNT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -89,6 +89,16 @@ def model_mount() -> dict[str, Any]:
     return {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
 
 
+def calibration_volume(spec: InferenceEngineSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A pvc:// calibration dataset's claim, read-only, for quantize.py on air-gapped clusters."""
+    dataset = spec.build.calibration.dataset
+    if not dataset.startswith("pvc://"):
+        return None
+    claim = dataset.removeprefix("pvc://").partition("/")[0]
+    return ({"name": "calibration", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
+            {"name": "calibration", "mountPath": CALIBRATION_MOUNT, "readOnly": True})
+
+
 def shm_volume(gpus: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """NCCL between ranks needs more than the container runtime's 64 MiB /dev/shm."""
     if gpus <= 1:
@@ -120,11 +130,14 @@ def pod_security_context(spec: InferenceEngineSpec) -> dict[str, Any] | None:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+_MEANINGFUL_EMPTY = {"emptyDir"}  # `emptyDir: {}` is the volume's source, not an absent value
+
+
 def prune(obj: Any) -> Any:
     """Drop None values and empty containers so rendered manifests stay readable and apply cleanly."""
     if isinstance(obj, dict):
         out = {k: prune(v) for k, v in obj.items() if v is not None}
-        return {k: v for k, v in out.items() if v not in ({}, [])}
+        return {k: v for k, v in out.items() if v not in ({}, []) or k in _MEANINGFUL_EMPTY}
     if isinstance(obj, list):
         return [prune(v) for v in obj]
     return obj

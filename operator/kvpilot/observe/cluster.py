@@ -59,7 +59,7 @@ async def observe_engine(
     if spec.builds_engine:
         image = image_for(spec, settings.kvsim_image, settings.default_image)
         _ceiling, fp = target_fingerprint(spec, status, image)
-        job_obj = await api.get("batch/v1", "Job", L.build_job_name(fp), ns)
+        job_obj = await api.get("batch/v1", "Job", L.build_job_name(fp, claim), ns)
         if job_obj is not None:
             pods = await api.list("v1", "Pod", ns, f"job-name={job_obj['metadata']['name']}")
             waiting = [m for p in pods if (m := pod_state(p).unschedulable_message)]

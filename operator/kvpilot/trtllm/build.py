@@ -83,8 +83,10 @@ def hf_download(spec: InferenceEngineSpec, dest: str) -> Command:
 
 
 def gemm_plugin(build: BuildSpec) -> str:
-    """NVIDIA: the GEMM plugin helps FP16/BF16 and should be disabled for FP8 (useful-build-time-flags.md)."""
-    return "disable" if build.quantization in ("fp8", "nvfp4") else "auto"
+    """NVIDIA: the GEMM plugin helps FP16/BF16 and should be disabled for FP8 (useful-build-time-flags.md);
+    NVFP4 engines use the nvfp4 GEMM plugin (NVIDIA/TensorRT-Model-Optimizer @ 2017cd90 :
+    examples/llm_ptq/modelopt_to_tensorrt_llm.py)."""
+    return {"fp8": "disable", "nvfp4": "nvfp4"}.get(build.quantization, "auto")
 
 
 def uses_quantize_script(build: BuildSpec) -> bool:
@@ -102,7 +104,7 @@ def convert(spec: InferenceEngineSpec, paths: BuildPaths) -> Command:
             "--model_dir", paths.model_dir,
             "--output_dir", paths.checkpoint,
             "--dtype", b.dtype,
-            "--qformat", release.QFORMATS.get(b.quantization, "full_prec"),
+            "--qformat", release.QFORMATS[b.quantization],
             "--calib_dataset", calibration_dataset(spec),
             "--calib_size", str(b.calibration.size),
             "--calib_max_seq_length", str(b.calibration.max_seq_length),
@@ -140,11 +142,14 @@ def convert(spec: InferenceEngineSpec, paths: BuildPaths) -> Command:
     return Command(tool, tuple(argv))
 
 
+CALIBRATION_MOUNT = "/calibration"
+
+
 def calibration_dataset(spec: InferenceEngineSpec) -> str:
-    """A pvc:// dataset under the model's claim is read from the mounted model volume (air-gapped)."""
+    """A pvc:// dataset is read from its claim, mounted read-only at /calibration (air-gapped clusters)."""
     dataset = spec.build.calibration.dataset
     if dataset.startswith("pvc://"):
-        return f"{MODEL_MOUNT}/{dataset.removeprefix('pvc://').partition('/')[2]}"
+        return f"{CALIBRATION_MOUNT}/{dataset.removeprefix('pvc://').partition('/')[2]}".rstrip("/")
     return dataset
 
 

@@ -21,7 +21,8 @@ CONVERTERS = {
 QUANTIZE_SCRIPT = "quantization/quantize.py"
 
 # ModelOpt formats of quantize.py for kvpilot's quantization names.
-QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4", "none": "full_prec"}
+QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "nvfp4": "nvfp4", "int8_weight_only": "int8_wo",
+            "none": "full_prec"}
 
 # LLM-API names of the capacity scheduler policies.
 SCHEDULER_POLICIES = {

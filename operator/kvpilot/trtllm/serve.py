@@ -58,16 +58,17 @@ def runtime_limits(spec: InferenceEngineSpec, engine: ServedEngine | None, max_b
 def llm_api_options(spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int) -> dict[str, Any]:
     """The LLM-API YAML: runtime batching, KV-cache pool, scheduler policy, and the stats kvpilot reads."""
     batch, tokens = runtime_limits(spec, engine, max_batch_size)
+    paged = spec.build.kv_cache.type == "paged"  # block reuse and chunked context need paged blocks
     kv_cache: dict[str, Any] = {
         "free_gpu_memory_fraction": kv_fraction(spec),
-        "enable_block_reuse": spec.batching.enable_block_reuse,
+        "enable_block_reuse": spec.batching.enable_block_reuse and paged,
     }
     if spec.runtime.backend == "pytorch" and spec.build.kv_cache_dtype != "auto":
         kv_cache["dtype"] = spec.build.kv_cache_dtype  # the TensorRT backend bakes it into the engine
     options: dict[str, Any] = {
         "max_batch_size": batch,
         "max_num_tokens": tokens,
-        "enable_chunked_prefill": spec.batching.enable_chunked_context,
+        "enable_chunked_prefill": spec.batching.enable_chunked_context and paged,
         # Perf metrics mount /prometheus/metrics; iteration stats (/metrics, the autotuner's input) are on by
         # default in the TensorRT backend and must be asked for in the PyTorch one, whose args alone have
         # the field: the strict LLM-API schema rejects unknown keys at startup.
