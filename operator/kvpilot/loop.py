@@ -38,11 +38,12 @@ class EngineLoop:
     task: asyncio.Task[None] | None = None
     generation: int = 0
     sampler: EngineSampler = field(default_factory=EngineSampler)
-    parsed: tuple[str, Any] | None = None  # (generation, InferenceEngine) of the last parse
+    parsed: tuple[str, Any] | None = None  # ("uid/generation", InferenceEngine) of the last parse
 
     def engine(self) -> Any:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
-        version = str((self.body.get("metadata") or {}).get("generation"))
+        meta = self.body.get("metadata") or {}
+        version = f"{meta.get('uid')}/{meta.get('generation')}"
         if self.parsed is None or self.parsed[0] != version:
             self.parsed = (version, engine_from_body(self.body))
         return self.parsed[1]
@@ -127,13 +128,15 @@ class EngineLoops:
     async def _run(self, loop: EngineLoop) -> None:
         failures = 0
         next_reconcile = 0.0
-        next_sample = 0.0
+        next_sample: float | None = None  # None: not sampling (autotune off, no pods, or an invalid spec)
         pods: list[Any] = []
         while True:
             now = time.monotonic()
             try:
                 engine = loop.engine()
-                if now >= next_sample and engine.spec.autotune.enabled and pods:
+                sampling = engine.spec.autotune.enabled and bool(pods)
+                next_sample = (next_sample or now) if sampling else None
+                if next_sample is not None and now >= next_sample:
                     await self._sample(loop, engine.spec, pods)
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
                 if now >= next_reconcile or loop.wake.is_set():
@@ -142,8 +145,9 @@ class EngineLoops:
                     kv = await self._window(loop, engine)
                     p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
                                                   self.settings, kv)
+                    before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
                     loop.body = {**loop.body, "status": p.status}
-                    if p.decision is not None and p.decision.changes:
+                    if p.status["batching"]["maxBatchSize"] != before:  # the old pods' numbers no longer apply
                         loop.sampler.reset()
                     pods = list(observed.pods)
                     next_reconcile = time.monotonic() + requeue_after(engine, p, self.resync_seconds).total_seconds()
@@ -152,7 +156,7 @@ class EngineLoops:
                 raise
             except InvalidEngineError as exc:
                 log.error("%s", exc)
-                next_reconcile = time.monotonic() + self.resync_seconds
+                next_reconcile, next_sample = time.monotonic() + self.resync_seconds, None
             except (ApiError, aiohttp.ClientError) as exc:
                 delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
                 failures += 1
@@ -163,7 +167,7 @@ class EngineLoops:
                 telemetry.RECONCILES.labels(result="error").inc()
                 log.exception("Reconcile of InferenceEngine %s/%s crashed", *loop.key)
                 next_reconcile = time.monotonic() + self.resync_seconds
-            deadline = min(next_reconcile, next_sample if pods else next_reconcile)
+            deadline = next_reconcile if next_sample is None else min(next_reconcile, next_sample)
             try:
                 await asyncio.wait_for(loop.wake.wait(), timeout=max(0.05, deadline - time.monotonic()))
             except TimeoutError:

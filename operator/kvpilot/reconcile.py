@@ -71,8 +71,21 @@ async def _record_engine(api: Api, namespace: str, claim: str, fingerprint: str,
     await api.merge_patch("v1", "ConfigMap", index["metadata"]["name"], namespace, patch)
 
 
-def _status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    return any(old.get(k) != v for k, v in new.items())
+def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning ``old`` into ``new``: keys the plan no longer writes become null (a merge
+    patch would otherwise keep them forever, e.g. a TensorRT engine's ceiling after a switch to pytorch)."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            sub = status_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value:
+            patch[key] = value
+    return patch
 
 
 async def reconcile(
@@ -94,8 +107,9 @@ async def reconcile(
         claim, fp, manifest = p.index_entry
         await _record_engine(api, engine.meta.namespace, claim, fp, manifest)
         telemetry.record_build_finished(manifest, observed.job)
-    if _status_changed(status, p.status):
-        await api.patch_engine_status(engine.meta.name, engine.meta.namespace, p.status)
+    patch = status_patch(status, p.status)
+    if patch:
+        await api.patch_engine_status(engine.meta.name, engine.meta.namespace, patch)
     involved = {"metadata": {"name": engine.meta.name, "namespace": engine.meta.namespace, "uid": engine.meta.uid}}
     for event in p.events:
         try:

@@ -66,7 +66,8 @@ def _batching() -> Schema:
         "The runtime max_batch_size in force and why.",
         {
             "maxBatchSize": integer("The runtime max_batch_size the pods run with.", 0),
-            "reason": string("Why it has this value (SpecValue, AutotuneRaised, AutotuneLowered, ...).", 128),
+            "source": string("Who set it: Spec (spec.batching.maxBatchSize) or Autotune.", enum=("Spec", "Autotune")),
+            "reason": string("Why it has this value (SpecValue, AutotuneRaised, AutotuneLowered, EngineCeiling).", 128),
             "message": string("The decision's explanation.", 1024),
             "changedAt": string("When it last changed.", 64, fmt="date-time"),
             "summary": string("runtime/ceiling, for kubectl get.", 32),

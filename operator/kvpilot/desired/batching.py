@@ -1,7 +1,9 @@
 """The runtime max_batch_size in force, and the autotuner's decision folded into status.
 
 The value lives in ``status.batching`` (never in spec: a GitOps tool owns spec). A tuned value survives
-until the user changes ``spec.batching.maxBatchSize``, which resets the tuner to the new starting point.
+while tuning applies (autotune enabled, mode Auto) and until the user changes ``spec.batching.maxBatchSize``,
+which resets the tuner to the new starting point. Its provenance (``source``) is kept apart from the reason,
+so a tuned value clamped to a lower engine ceiling stays tuned.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from kvpilot.api.conditions import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.spec_schema import MAX_BATCH
 from kvpilot.api.status_schema import HISTORY_LIMIT
-from kvpilot.autotune.policy import Decision
+from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
 
-TUNED_REASONS = ("AutotuneRaised", "AutotuneLowered")
+TUNED = "Autotune"  # status.batching.source of a value the tuner set
 
 
 def tuning_applies(spec: InferenceEngineSpec) -> bool:
@@ -27,7 +29,7 @@ def value_in_force(spec: InferenceEngineSpec, previous: dict[str, Any], ceiling:
     spec_value = spec.batching.max_batch_size
     if (
         tuning_applies(spec)
-        and previous.get("reason") in TUNED_REASONS
+        and previous.get("source") == TUNED
         and previous.get("specValue") == spec_value
         and previous.get("maxBatchSize")
     ):
@@ -45,7 +47,9 @@ def batching_status(
     ceiling: int | None, now: datetime,
 ) -> dict[str, Any]:
     changed = previous.get("maxBatchSize") != value
+    tuned = reason.startswith("Autotune") or (reason == "EngineCeiling" and previous.get("source") == TUNED)
     return {
+        "source": TUNED if tuned else "Spec",
         "maxBatchSize": value,
         "reason": reason,
         "message": message[:1024],
@@ -76,7 +80,11 @@ def autotune_status(
         return out
     record = decision_record(decision, current, applied, now)
     old = previous.get("recommendation") or {}
-    same = all(old.get(k) == record[k] for k in ("action", "toBatchSize", "reason", "applied", "fromBatchSize"))
+    same = all(old.get(k) == record[k] for k in ("action", "reason", "applied", "fromBatchSize"))
+    if same and not applied:
+        # The same advice with a target that jitters window to window is not news (no Event, no history).
+        moved = abs((record["toBatchSize"] or 0) - (old.get("toBatchSize") or 0))
+        same = moved < MIN_RELATIVE_STEP * max(1, old.get("toBatchSize") or 1)
     if not same:
         out["recommendation"] = record
         if decision.changes:

@@ -171,7 +171,9 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
 def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> timedelta:
     """Reconcile again soon while something moves, at the tuning interval when tuning, else at resync."""
     conditions = {c["type"]: c for c in p.status["conditions"]}
-    if conditions.get("Progressing", {}).get("status") == "True" or conditions.get(AVAILABLE, {}).get("status") != "True":
+    # Child events (Jobs, Deployments, pods) wake the loop anyway; polling fast only bridges a rollout.
+    if conditions.get("Progressing", {}).get("status") == "True" and conditions.get(AVAILABLE, {}).get("reason") != \
+            "ScaledToZero":
         return timedelta(seconds=min(resync_seconds, 5))
     if engine.spec.autotune.enabled:
         return timedelta(seconds=min(resync_seconds, engine.spec.autotune.interval_seconds))

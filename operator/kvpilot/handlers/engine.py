@@ -21,6 +21,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kvpilot posts its own, specific Events; kopf's per-handler chatter would bury them.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
+    # Filter children on the server: without it every pod, Job and Deployment of the cluster is streamed
+    # to the operator and dropped client-side.
+    for resource in (("", "pods"), ("batch", "jobs"), ("apps", "deployments")):
+        settings.watching.label_selectors[resource] = "app.kubernetes.io/managed-by=kvpilot"
     memo.loops = EngineLoops(Api(), memo.settings, memo.resync_seconds)
 
 

@@ -46,6 +46,7 @@ class Api:
         return self._dyn
 
     def _resource(self, api_version: str, kind: str) -> Any:
+        """Discovery (cached after the first call); called inside ``_run``'s thread, never on the loop."""
         return self.dyn.resources.get(api_version=api_version, kind=kind)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -56,51 +57,51 @@ class Api:
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply under kvpilot's field manager; conflicts are forced (we own these objects)."""
-        res = self._resource(obj["apiVersion"], obj["kind"])
         out = await self._run(
-            self.dyn.server_side_apply, res, body=obj, namespace=obj["metadata"].get("namespace"),
-            field_manager=FIELD_MANAGER, force_conflicts=True,
+            lambda: self.dyn.server_side_apply(
+                self._resource(obj["apiVersion"], obj["kind"]), body=obj, namespace=obj["metadata"].get("namespace"),
+                field_manager=FIELD_MANAGER, force_conflicts=True,
+            )
         )
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        res = self._resource(api_version, kind)
         try:
-            out = await self._run(res.get, name=name, namespace=namespace)
+            out = await self._run(lambda: self._resource(api_version, kind).get(name=name, namespace=namespace))
         except NotFound:
             return None
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        res = self._resource(api_version, kind)
-        out = await self._run(res.get, namespace=namespace, label_selector=selector)
+        out = await self._run(
+            lambda: self._resource(api_version, kind).get(namespace=namespace, label_selector=selector))
         return [item.to_dict() for item in out.items]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        res = self._resource(obj["apiVersion"], obj["kind"])
-        out = await self._run(res.create, body=obj, namespace=obj["metadata"].get("namespace"))
+        out = await self._run(
+            lambda: self._resource(obj["apiVersion"], obj["kind"]).create(
+                body=obj, namespace=obj["metadata"].get("namespace")))
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def merge_patch(
         self, api_version: str, kind: str, name: str, namespace: str, patch: dict[str, Any],
         subresource: str | None = None,
     ) -> dict[str, Any]:
-        res = self._resource(api_version, kind)
-        if subresource:
-            res = res.subresources[subresource]
-        out = await self._run(
-            res.patch, body=patch, name=name, namespace=namespace, content_type="application/merge-patch+json"
-        )
+        def call() -> Any:
+            res = self._resource(api_version, kind)
+            if subresource:
+                res = res.subresources[subresource]
+            return res.patch(body=patch, name=name, namespace=namespace, content_type="application/merge-patch+json")
+
+        out = await self._run(call)
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def strategic_patch(
         self, api_version: str, kind: str, name: str, namespace: str, patch: dict[str, Any]
     ) -> dict[str, Any]:
-        res = self._resource(api_version, kind)
         out = await self._run(
-            res.patch, body=patch, name=name, namespace=namespace,
-            content_type="application/strategic-merge-patch+json",
-        )
+            lambda: self._resource(api_version, kind).patch(
+                body=patch, name=name, namespace=namespace, content_type="application/strategic-merge-patch+json"))
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ capture mislead any capacity model.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -67,21 +68,25 @@ class EngineSampler:
             self.latency.pop(gone, None)
             self.taken_at.pop(gone, None)
         wall = time.time()
-        for pod in pods:
-            if not (pod.ready and pod.ip) or pod.deleting or _age_seconds(pod, now) < warmup_seconds:
-                continue
-            base = f"http://{pod.ip}:{port}"
-            try:
-                async with session.get(f"{base}/metrics", timeout=TIMEOUT) as resp:
-                    payload: Any = await resp.json(content_type=None)
-                self.samples.setdefault(pod.name, deque()).extend(parse_iteration_stats(payload, wall))
-                if want_latency:
-                    async with session.get(f"{base}/prometheus/metrics", timeout=TIMEOUT) as resp:
-                        _sample, snap = parse_prometheus(await resp.text(), wall)
-                    self.latency.setdefault(pod.name, deque()).append(snap)
-                    self.taken_at.setdefault(pod.name, deque()).append(wall)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.warning("Could not scrape metrics from Pod %s: %s", pod.name, exc)
+        warm = [p for p in pods if p.ready and p.ip and not p.deleting and _age_seconds(p, now) >= warmup_seconds]
+        # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
+        await asyncio.gather(*(self._scrape(session, pod, port, wall, want_latency) for pod in warm))
+
+    async def _scrape(
+        self, session: aiohttp.ClientSession, pod: PodState, port: int, wall: float, want_latency: bool
+    ) -> None:
+        base = f"http://{pod.ip}:{port}"
+        try:
+            async with session.get(f"{base}/metrics", timeout=TIMEOUT) as resp:
+                payload: Any = await resp.json(content_type=None)
+            self.samples.setdefault(pod.name, deque()).extend(parse_iteration_stats(payload, wall))
+            if want_latency:
+                async with session.get(f"{base}/prometheus/metrics", timeout=TIMEOUT) as resp:
+                    _sample, snap = parse_prometheus(await resp.text(), wall)
+                self.latency.setdefault(pod.name, deque()).append(snap)
+                self.taken_at.setdefault(pod.name, deque()).append(wall)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("Could not scrape metrics from Pod %s: %s", pod.name, exc)
 
     def window(
         self, interval_seconds: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
