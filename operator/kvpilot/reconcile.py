@@ -21,7 +21,8 @@ from kvpilot.desired.observed import KvWindow, Observed
 from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.storage import engine_index
 from kvpilot.k8s.api import Api
-from kvpilot.k8s.errors import Conflict
+from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
+from kvpilot.k8s.errors import ApiError, Conflict
 from kvpilot.observe.cluster import observe_engine
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,18 @@ async def reconcile(
     started = time.monotonic()
     observed = await observe_engine(api, engine, status, settings, kv)
     p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
+    failed: list[tuple[dict[str, Any], ApiError]] = []
     for obj in p.apply:
-        await api.apply(obj)
+        try:
+            await api.apply(obj)
+        except ApiError as exc:  # say so in status (a rendering bug, an immutable field), then retry later
+            failed.append((obj, exc))
+    if failed:
+        obj, exc = failed[0]
+        what = f"{obj['kind']} {obj['metadata']['name']}"
+        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {exc}")
+        p.status["conditions"] = merge_conditions(p.status["conditions"], [cond], engine.meta.generation,
+                                                  now or datetime.now(timezone.utc))
     if p.build_job is not None:
         if await _ensure_build_job(api, engine, p.build_job):
             telemetry.BUILDS.labels(outcome="started").inc()
@@ -117,4 +128,6 @@ async def reconcile(
         except Exception as exc:  # noqa: BLE001 — an event lost must not fail the reconcile
             log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name, exc)
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
+    if failed:
+        raise failed[0][1]
     return p, observed

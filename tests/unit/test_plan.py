@@ -164,7 +164,7 @@ def _served(backend_overrides: dict) -> tuple:
 def test_a_rebuild_request_raises_the_ceiling_through_a_new_build() -> None:
     tuned = dict(autotune={"mode": "Auto", "allowRebuild": True, "maxBatchSize": 2048})
     e, first, good = _served(tuned)
-    status = dict(good.status, autotune={"ceilingRequest": 1024})
+    status = dict(good.status, autotune={"ceilingRequest": 1024, "ceilingRequestFrom": 512})
     p = plan(e, Observed(status=status, claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
              S, NOW)
     assert p.fingerprint != first.fingerprint and p.build_job is not None
@@ -172,6 +172,15 @@ def test_a_rebuild_request_raises_the_ceiling_through_a_new_build() -> None:
     assert "--max_batch_size 1024" in script
     # Until the new engine is published, the old one (ceiling 512) keeps serving.
     assert p.status["engine"]["fingerprint"] == first.fingerprint and p.status["engine"]["maxBatchSize"] == 512
+
+
+def test_a_new_spec_ceiling_cancels_an_earlier_rebuild_request() -> None:
+    tuned = dict(autotune={"mode": "Auto", "allowRebuild": True, "maxBatchSize": 2048})
+    e, first, good = _served(tuned)
+    status = dict(good.status, autotune={"ceilingRequest": 1024, "ceilingRequestFrom": 256})
+    p = plan(e, Observed(status=status, claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
+             S, NOW)
+    assert p.fingerprint == first.fingerprint and p.build_job is None
 
 
 def test_a_rebuild_request_is_ignored_unless_rebuilds_are_allowed() -> None:

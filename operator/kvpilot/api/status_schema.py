@@ -117,6 +117,8 @@ def _autotune() -> Schema:
             "ceilingRequest": integer(
                 "An engine ceiling the tuner asked to build (allowRebuild); it overrides build.maxBatchSize "
                 "in the fingerprint.", 0),
+            "ceilingRequestFrom": integer(
+                "build.maxBatchSize when the ceiling was requested; a different spec value cancels the request.", 0),
             "history": array(f"The last {HISTORY_LIMIT} decisions that changed something.", _decision(),
                              HISTORY_LIMIT),
         },

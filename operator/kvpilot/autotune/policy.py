@@ -33,6 +33,7 @@ TPOT_HEADROOM = 0.8  # raise only while p95 TPOT is under 80% of its objective
 TPOT_MISS_TOLERANCE = 0.05
 PLANNING_HORIZON_SECONDS = 1800.0  # how long a change is assumed to pay off
 SEVERE_MISSES = 0.5  # when half the requests miss, acting beats any restart cost
+PROTECTIVE_REASONS = ("RequestsPaused", "KvCachePressure", "TpotObjectiveBroken")
 PROACTIVE_MAX_LOAD = 0.5  # raise ahead of need only below half of what a restart can absorb
 PROACTIVE_MIN_OCCUPANCY = 0.10  # below this the latency model has too little data to extrapolate
 MAX_LOWER_FACTOR = 0.5
@@ -115,10 +116,11 @@ def _pressure(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
     """(share of requests that miss their TTFT, why) when the limit keeps requests waiting; else None.
 
     With a TTFT objective the share is measured, and only misses count: a queue that still meets the
-    objective costs nothing, and a restart would. Without one, the waiting share stands in."""
+    objective costs nothing, and a restart would. Without one (or without latency metrics), the waiting
+    share stands in."""
     slo = inp.spec.slo
-    if slo is not None and slo.time_to_first_token_millis:
-        misses = w.ttft_miss_fraction or 0.0
+    if slo is not None and slo.time_to_first_token_millis and w.ttft_miss_fraction is not None:
+        misses = w.ttft_miss_fraction
         if misses <= TTFT_MISS_TOLERANCE:
             return None
         p95 = f"{w.ttft_p95_ms:.0f}ms" if w.ttft_p95_ms is not None else "unknown"
@@ -166,6 +168,13 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int,
         cost = (n * inp.restart_seconds + backlog / spare) * (1.0 - misses)
     benefit = max(0.0, horizon) * misses
     return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
+
+
+def _kv_fit(w: KvWindow, target_u: float, default: int) -> int:
+    """Requests the pool holds at the target utilization, from the blocks one request used (measured within
+    one sample, so the peak of utilization and the peak of requests never come from different moments)."""
+    per_request = w.blocks_per_request or (w.peak_used_blocks / max(1, w.peak_active))
+    return math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else default
 
 
 def _tpot_bound(inp: TunerInput, w: KvWindow) -> int | None:
@@ -223,8 +232,7 @@ def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
     target_u = inp.spec.target_kv_cache_utilization_percent / 100
     if w.peak_utilization >= target_u - HYSTERESIS or not _tpot_margin(inp, w):
         return idle
-    per_request = w.peak_used_blocks / max(1, w.peak_active)
-    fit = math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else cur * MAX_STEP_FACTOR
+    fit = _kv_fit(w, target_u, cur * MAX_STEP_FACTOR)
     bound = _tpot_bound(inp, w)
     wanted = min(fit, bound if bound is not None else math.floor(cur * MAX_RAISE_FACTOR),
                  math.floor(cur * MAX_STEP_FACTOR))
@@ -238,12 +246,12 @@ def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
 def decide(inp: TunerInput) -> Decision:
     """The decision for one tuning interval."""
     lo, hi = bounds(inp)
+    if inp.build_in_progress or inp.rollout_in_progress:
+        return _hold(inp, "RolloutInProgress", "A build or rollout is under way; observing only")
     if inp.current > hi or inp.current < lo:
         clamped = max(lo, min(hi, inp.current))
         action = "Lower" if clamped < inp.current else "Raise"
         return Decision(action, clamped, "OutOfBounds", f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
-    if inp.build_in_progress or inp.rollout_in_progress:
-        return _hold(inp, "RolloutInProgress", "A build or rollout is under way; observing only")
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
         return _hold(inp, "InsufficientData", "Not enough warm metrics in the window")
@@ -253,7 +261,11 @@ def decide(inp: TunerInput) -> Decision:
         # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
         # raising again does not wait for the cooldown (which is there to stop flapping, not escalation).
         escalating = decision.action == "Raise" and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
-        if elapsed < inp.spec.cooldown_seconds and not escalating:
+        # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
+        # only a couple of intervals, so the pods that restarted have been measured.
+        protective = decision.action == "Lower" and decision.reason in PROTECTIVE_REASONS
+        urgent = (escalating or protective) and elapsed >= 2 * inp.spec.interval_seconds
+        if elapsed < inp.spec.cooldown_seconds and not urgent:
             return _hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
                          f"pending: {decision.action} to {decision.target}")
     return decision
@@ -298,8 +310,7 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         return _hold(inp, "AtTarget", f"{why}; the batch is full and {util} is at target")
     if not _tpot_margin(inp, w):
         return _hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
-    per_request = w.peak_used_blocks / max(1, w.peak_active)
-    fit = math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else hi
+    fit = _kv_fit(w, target_u, hi)
     wanted = min(fit, _needed(inp, w, misses), math.floor(cur * MAX_STEP_FACTOR))
     bound = _tpot_bound(inp, w)
     if bound is not None and bound > cur:

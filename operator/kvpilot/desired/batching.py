@@ -72,7 +72,8 @@ def decision_record(decision: Decision, current: int, applied: bool, now: dateti
 
 
 def autotune_status(
-    previous: dict[str, Any], decision: Decision | None, current: int, applied: bool, now: datetime
+    previous: dict[str, Any], decision: Decision | None, current: int, applied: bool, now: datetime,
+    spec_ceiling: int = 0,
 ) -> dict[str, Any]:
     """Recommendation (refreshed only when it changes, to keep status writes rare) and bounded history."""
     out = dict(previous)
@@ -93,4 +94,5 @@ def autotune_status(
         out["lastAppliedAt"] = rfc3339(now)
         if decision.action == "Rebuild" and decision.ceiling_request:
             out["ceilingRequest"] = decision.ceiling_request
+            out["ceilingRequestFrom"] = spec_ceiling
     return out

@@ -33,8 +33,11 @@ class BuildDecision:
 
 def engine_ceiling(spec: InferenceEngineSpec, status: dict[str, Any]) -> int:
     """The build max_batch_size in force: the spec's, or higher if the tuner asked for a rebuild."""
-    requested = (status.get("autotune") or {}).get("ceilingRequest") or 0
-    if spec.autotune.enabled and spec.autotune.allow_rebuild and spec.autotune.mode == "Auto":
+    tune = status.get("autotune") or {}
+    requested = tune.get("ceilingRequest") or 0
+    # A request holds only against the spec ceiling it was made from: a new build.maxBatchSize wins.
+    same_spec = tune.get("ceilingRequestFrom") == spec.build.max_batch_size
+    if spec.autotune.enabled and spec.autotune.allow_rebuild and spec.autotune.mode == "Auto" and same_spec:
         return max(spec.build.max_batch_size, int(requested))
     return spec.build.max_batch_size
 

@@ -97,6 +97,7 @@ class KvWindow:
     step_ms_per_request: float | None = None
     mean_generation: float = 0.0
     mean_unscheduled: float = 0.0  # active requests the capacity scheduler held back for lack of KV blocks
+    blocks_per_request: float = 0.0  # the most KV blocks one active request held on average, in one sample
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,12 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     annotations = pod["metadata"].get("annotations") or {}
     ready_cond = conds.get("Ready", {})
     ready_after = None
-    if ready_cond.get("status") == "True" and st.get("startTime") and ready_cond.get("lastTransitionTime"):
-        ready_after = max(0.0, (_ts(ready_cond["lastTransitionTime"]) - _ts(st["startTime"])).total_seconds())
+    started = [((cs.get("state") or {}).get("running") or {}).get("startedAt") for cs in st.get("containerStatuses") or []]
+    # Only a pod that became Ready once, from its first container start, measures a restart's cost: a later
+    # readiness flap or container restart would make the "startup" the pod's whole age.
+    if ready_cond.get("status") == "True" and restarts == 0 and started and started[0] \
+            and ready_cond.get("lastTransitionTime"):
+        ready_after = max(0.0, (_ts(ready_cond["lastTransitionTime"]) - _ts(started[0])).total_seconds())
     return PodState(
         name=pod["metadata"]["name"],
         ready=conds.get("Ready", {}).get("status") == "True",

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -104,8 +104,13 @@ class EngineSampler:
 async def query_prometheus(
     session: aiohttp.ClientSession, url: str, namespace: str, pod_prefix: str, interval_seconds: int
 ) -> KvWindow | None:
-    """The same window from a Prometheus server that scrapes ``/prometheus/metrics`` (PodMonitor)."""
-    sel = f'namespace="{namespace}",pod=~"{pod_prefix}-.*"'
+    """The same window from a Prometheus server that scrapes ``/prometheus/metrics`` through the chart's
+    PodMonitor (which copies the pod label serving.kvpilot.io/engine into ``engine``).
+
+    It needs the trtllm_* iteration gauges (KV blocks, running and waiting requests): kvsim serves them;
+    TensorRT-LLM 1.2's collector serves fewer (docs/trtllm-sources.md §6), in which case the window is empty
+    and the tuner holds — use ``source: Pod`` there."""
+    sel = f'namespace="{namespace}",engine="{pod_prefix}"'
     rng = f"[{max(interval_seconds, 30)}s]"
     queries = {
         "used": f"max_over_time(trtllm_kv_cache_used_blocks{{{sel}}}{rng})",
@@ -115,6 +120,7 @@ async def query_prometheus(
         "queued": f"avg_over_time(trtllm_num_requests_waiting{{{sel}}}{rng})",
         "paused": f"max_over_time(trtllm_num_paused_requests{{{sel}}}{rng})",
         "runtime": f"max_over_time(trtllm_max_batch_size_runtime{{{sel}}}{rng})",
+        "samples": f"count_over_time(trtllm_kv_cache_max_blocks{{{sel}}}{rng})",
     }
     values: dict[str, dict[str, float]] = {}
     for key, q in queries.items():
@@ -137,7 +143,11 @@ async def query_prometheus(
         ]
         for pod in values["max"]
     }
-    return summarize(samples, window_seconds=interval_seconds)
+    window = summarize(samples, window_seconds=interval_seconds)
+    if window is None:
+        return None
+    # Each pod's row summarizes every scrape in the range: count those, not the rows.
+    return replace(window, samples=int(sum(values["samples"].values())))
 
 
 def parse_vector(body: dict[str, Any]) -> dict[str, float]:

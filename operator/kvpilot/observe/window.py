@@ -60,6 +60,7 @@ def summarize(
         step_ms_intercept=intercept,
         step_ms_per_request=slope,
         mean_generation=sum(s.generation_requests for s in samples) / n,
+        blocks_per_request=max((s.used_blocks / s.active_requests for s in samples if s.active_requests), default=0.0),
         mean_unscheduled=sum(max(0, s.active_requests - s.scheduled_requests) for s in samples
                              if s.scheduled_requests is not None) / n,
     )
