@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE / "testenv"))
 import cluster  # noqa: E402
 
 OPERATOR_NS = "kvpilot-system"
-KVSIM_IMAGE = "ghcr.io/kvpilot/kvsim:0.1.0"
+KVSIM_IMAGE = f"ghcr.io/kvpilot/kvsim:{__import__('kvpilot').__version__}"
 
 
 def free_port() -> int:

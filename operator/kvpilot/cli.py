@@ -20,7 +20,7 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.desired.pod_parts import image_for
 
-DEFAULT_KVSIM_IMAGE = f"ghcr.io/kvpilot/kvsim:{__version__}"
+DEFAULT_KVSIM_IMAGE = Settings().kvsim_image
 
 
 class _BlockStyleDumper(yaml.SafeDumper):

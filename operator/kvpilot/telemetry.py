@@ -37,7 +37,8 @@ def _parse(ts: str | None) -> datetime | None:
 
 
 def record_build_finished(manifest: dict[str, Any], job: JobState | None) -> None:
-    BUILDS.labels(outcome="succeeded" if job is not None else "cache_hit").inc()
+    """Called once per engine that records a finished build (a shared build counts for each of its owners)."""
+    BUILDS.labels(outcome="succeeded").inc()
     if job is not None:
         start, end = _parse(job.start_time), _parse(job.completion_time)
         if start and end:
@@ -56,6 +57,8 @@ def record_plan(engine: InferenceEngine, p: Plan, observed: Observed, seconds: f
     if observed.kv is not None:
         KV_UTILIZATION.labels(ns, name).set(observed.kv.peak_utilization)
     for event in p.events:
+        if event.reason == "EngineCacheHit":
+            BUILDS.labels(outcome="cache_hit").inc()
         if event.reason == "EngineBuildFailed":
             BUILDS.labels(outcome="failed").inc()
         if event.reason in ("RolloutStarted", "BatchSizeChanged"):
@@ -70,6 +73,9 @@ def forget(namespace: str, name: str) -> None:
     for gauge, labels in ((BATCH_SIZE, ("runtime", "ceiling")), (KV_UTILIZATION, (None,)), (RECOMMENDED, (None,))):
         for extra in labels:
             try:
-                gauge.remove(namespace, name, *( [extra] if extra else []))
+                gauge.remove(namespace, name, *([extra] if extra else []))
             except KeyError:
                 pass
+    for labels in list(DECISIONS._metrics):  # the per-engine series of the decisions counter
+        if labels[:2] == (namespace, name):
+            DECISIONS.remove(*labels)

@@ -78,13 +78,14 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
      "maxInputLen"),
     ("bad-gpu-product", "spec.serving.gpuProduct", "H100 80GB", "spec.serving.gpuProduct", "match"),
     ("bad-name", "metadata.name", "Llama_8B", "metadata.name", "DNS-1035"),
+    ("pytorch-no-quantization", "spec.build.quantization", "fp8", "spec.build", "pre-quantized"),
 ]
 
 
 def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:
     """The manifest of one invalid case (named ``name`` unless the case is about the name)."""
     cid, path, value, _field, _words = next(c for c in INVALID if c[0] == case_id)
-    backend = "tensorrt" if cid in ("tensorrt-needs-architecture",) else "simulated"
+    backend = {"tensorrt-needs-architecture": "tensorrt", "pytorch-no-quantization": "pytorch"}.get(cid, "simulated")
     doc = base(name or cid, backend=backend)
     if cid == "gemma-no-pipeline":
         doc = _set(doc, "spec.model.architecture", "gemma")

@@ -64,15 +64,3 @@ def merge_conditions(
         }
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
     return sorted(out.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
-
-
-def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
-    for cond in conditions or []:
-        if cond.get("type") == type_:
-            return cond
-    return None
-
-
-def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
-    cond = find(conditions, type_)
-    return bool(cond and cond.get("status") == "True")

@@ -464,6 +464,12 @@ def _autotune() -> Schema:
 
 SPEC_RULES = (
     Rule(
+        "self.runtime.backend != 'pytorch' || (self.build.quantization == 'none' && self.build.kvCacheDtype != 'int8')",
+        "build.quantization must be none and build.kvCacheDtype auto or fp8 for backend pytorch: it serves the "
+        "checkpoint as it is (use a pre-quantized checkpoint) and its KV cache takes no int8",
+        ".build",
+    ),
+    Rule(
         "!has(self.model.architecture) || self.model.architecture != 'gemma' || "
         "self.build.pipelineParallelSize == 1",
         "build.pipelineParallelSize must be 1 for gemma: its checkpoint converter supports tensor parallelism only",

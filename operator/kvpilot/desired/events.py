@@ -23,7 +23,7 @@ def events_between(old: dict[str, Any], new: dict[str, Any]) -> list[Event]:
     if nb and (nb.get("fingerprint"), nb.get("state")) != (ob.get("fingerprint"), ob.get("state")):
         fp, job = nb.get("fingerprint", "")[:10], nb.get("job")
         if nb["state"] == "Building":
-            out.append(Event("Normal", "EngineBuildStarted", f"Created Job {job} to build engine {fp}"))
+            out.append(Event("Normal", "EngineBuildStarted", f"Job {job} builds engine {fp}"))
         elif nb["state"] == "Succeeded":
             out.append(Event("Normal", "EngineBuilt", f"Job {job} published engine {fp}"))
         elif nb["state"] == "CacheHit":

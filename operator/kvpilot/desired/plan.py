@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.autotune.policy import Decision, TunerInput, decide
@@ -45,7 +46,7 @@ def _last_build_seconds(status: dict[str, Any]) -> float | None:
 class Settings:
     """Operator-wide settings the plan depends on."""
 
-    kvsim_image: str = "ghcr.io/kvpilot/kvsim:0.1.0"
+    kvsim_image: str = f"ghcr.io/kvpilot/kvsim:{__version__}"
     default_image: str = DEFAULT_IMAGE
 
 

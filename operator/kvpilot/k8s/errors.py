@@ -12,11 +12,9 @@ from urllib3.exceptions import HTTPError
 class ApiError(Exception):
     """An API-server call failed."""
 
-    retryable = True
-
 
 class NotFound(ApiError):
-    retryable = False
+    """The object does not exist."""
 
 
 class Conflict(ApiError):
@@ -26,13 +24,9 @@ class Conflict(ApiError):
 class Forbidden(ApiError):
     """RBAC denied the call: retrying will not help until someone fixes the Role."""
 
-    retryable = False
-
 
 class Invalid(ApiError):
     """The API server rejected the object (a bug in kvpilot's rendering, or a webhook)."""
-
-    retryable = False
 
 
 class Transient(ApiError):
