@@ -159,3 +159,11 @@ def test_a_rebuild_that_takes_longer_than_it_pays_is_not_requested() -> None:
     slow = decide(inp(current=512, ceiling=512, spec=spec, w=w, build_seconds=1800))
     assert quick.action == "Rebuild"
     assert (slow.action, slow.reason) == ("Hold", "RebuildNotWorthIt")
+
+
+def test_a_broken_tpot_with_a_limit_that_does_not_bind_is_not_lowered() -> None:
+    spec = replace(SPEC, slo=SloSpec(2000, 50))
+    binding = decide(inp(spec=spec, w=window(util=0.3, active=64, queued=0, tpot=80)))
+    idle = decide(inp(spec=spec, w=window(util=0.3, active=17, queued=0, tpot=80)))
+    assert (binding.action, binding.reason) == ("Lower", "TpotObjectiveBroken")
+    assert (idle.action, idle.reason) == ("Hold", "LimitNotBinding")

@@ -170,6 +170,14 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int,
     return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
 
 
+def _protect(inp: TunerInput, w: KvWindow, target: int, reason: str, why: str) -> Decision:
+    """A protective lower, unless the new limit would still be above every batch the pods ran."""
+    if target >= w.peak_active:
+        return _hold(inp, "LimitNotBinding", f"{why}; but the batch peaked at {w.peak_active}, below {target}: "
+                     f"a lower limit would change nothing (the cause is elsewhere, e.g. long prefills)")
+    return _move(inp, target, reason, why, MIN_PROTECTIVE_STEP)
+
+
 def _kv_fit(w: KvWindow, target_u: float, default: int) -> int:
     """Requests the pool holds at the target utilization, from the blocks one request used (measured within
     one sample, so the peak of utilization and the peak of requests never come from different moments)."""
@@ -276,20 +284,21 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     cur = inp.current
     util = f"KV {w.peak_utilization:.0%} peak (target {target_u:.0%})"
 
-    # Too large: memory (paused requests, pool over target) or latency (TPOT objective broken).
+    # Too large: memory (paused requests, pool over target) or latency (TPOT objective broken). Lowering
+    # only helps if the new limit binds: below the concurrency that actually occurs.
     if w.paused > 0:
-        return _move(inp, math.floor(cur * MAX_LOWER_FACTOR), "RequestsPaused",
-                     f"{w.paused} requests were paused for lack of KV blocks; {util}", MIN_PROTECTIVE_STEP)
+        return _protect(inp, w, math.floor(cur * MAX_LOWER_FACTOR), "RequestsPaused",
+                        f"{w.paused} requests were paused for lack of KV blocks; {util}")
     # Under GUARANTEED_NO_EVICT a full pool only delays admission (nothing is paused), so pressure alone
     # is a reason to lower only where the engine evicts.
     if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
         scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
-        return _move(inp, math.floor(cur * scale), "KvCachePressure", f"{util} is above target", MIN_PROTECTIVE_STEP)
+        return _protect(inp, w, math.floor(cur * scale), "KvCachePressure", f"{util} is above target")
     broken = _slo_broken(inp, w)
     if broken:
         objective = inp.spec.slo.time_per_output_token_millis or 1  # type: ignore[union-attr]
         scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
-        return _move(inp, math.floor(cur * scale), "TpotObjectiveBroken", broken, MIN_PROTECTIVE_STEP)
+        return _protect(inp, w, math.floor(cur * scale), "TpotObjectiveBroken", broken)
 
     # Too small: requests wait (or miss TTFT) while the batch is full and the pool has room.
     pressure = _pressure(inp, w)
