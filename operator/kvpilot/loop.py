@@ -39,6 +39,7 @@ class EngineLoop:
     generation: int = 0
     sampler: EngineSampler = field(default_factory=EngineSampler)
     parsed: tuple[str, Any] | None = None  # ("uid/generation", InferenceEngine) of the last parse
+    wrote_status: bool = False
 
     def engine(self) -> Any:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
@@ -79,7 +80,9 @@ class EngineLoops:
             loop = self.loops[key] = EngineLoop(key=key, body=body)
             loop.task = asyncio.create_task(self._run(loop), name=f"kvpilot:{key[0]}/{key[1]}")
             return
-        loop.body = body
+        # The operator is the only writer of status, so once it has written one, a watch event can only carry
+        # that status or an older one (events lag): keep ours rather than roll the tuner's bookkeeping back.
+        loop.body = {**body, "status": loop.body["status"]} if loop.wrote_status else body
         generation = int(meta.get("generation") or 0)
         if generation != loop.generation:  # spec changed; status-only changes (ours) do not wake
             loop.wake.set()
@@ -147,6 +150,7 @@ class EngineLoops:
                                                   self.settings, kv)
                     before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
                     loop.body = {**loop.body, "status": p.status}
+                    loop.wrote_status = True
                     if p.status["batching"]["maxBatchSize"] != before:  # the old pods' numbers no longer apply
                         loop.sampler.reset()
                     pods = list(observed.pods)
