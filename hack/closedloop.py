@@ -164,7 +164,23 @@ class LoadStats:
 
 
 async def _one(session: aiohttp.ClientSession, endpoint: str, prompt_words: int, max_tokens: int,
-               stats: LoadStats, outstanding: dict[str, int]) -> None:
+               stats: LoadStats, outstanding: dict[str, int], fallback: Callable[[str], str | None]) -> None:
+    try:
+        await _send(session, endpoint, prompt_words, max_tokens, stats, outstanding)
+    except aiohttp.ClientConnectorError:
+        # Like a gateway, retry a refused connection (a pod that just stopped accepting) on another pod once.
+        other = fallback(endpoint)
+        if other is None:
+            stats.errors += 1
+            return
+        try:
+            await _send(session, other, prompt_words, max_tokens, stats, outstanding)
+        except aiohttp.ClientConnectorError:
+            stats.errors += 1
+
+
+async def _send(session: aiohttp.ClientSession, endpoint: str, prompt_words: int, max_tokens: int,
+                stats: LoadStats, outstanding: dict[str, int]) -> None:
     outstanding[endpoint] = outstanding.get(endpoint, 0) + 1
     body = {"model": "model", "prompt": " ".join(["hello"] * prompt_words), "max_tokens": max_tokens,
             "stream": True}
@@ -182,6 +198,8 @@ async def _one(session: aiohttp.ClientSession, endpoint: str, prompt_words: int,
         stats.ok += 1
         if first is not None:
             stats.ttft_ms.append((time.time(), (first - start) * 1000))
+    except aiohttp.ClientConnectorError:
+        raise
     except (aiohttp.ClientError, asyncio.TimeoutError):
         stats.errors += 1
     finally:
@@ -206,7 +224,12 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
                 continue
             target = min(targets, key=lambda e: outstanding.get(e, 0))
             stats.sent += 1
-            task = asyncio.create_task(_one(session, target, prompt_words, max_tokens, stats, outstanding))
+
+            def fallback(failed: str, pool: list[str] = targets) -> str | None:
+                others = [e for e in pool if e != failed]
+                return min(others, key=lambda e: outstanding.get(e, 0)) if others else None
+
+            task = asyncio.create_task(_one(session, target, prompt_words, max_tokens, stats, outstanding, fallback))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

@@ -11,6 +11,7 @@ from .args import parse
 from .settings import ServeError, resolve
 
 LIMIT_ERRORS = ("is greater than build_config.max_batch_size", "is greater than build_config.max_num_tokens")
+GRACEFUL_SHUTDOWN_SECONDS = 30.0  # below the 60 s terminationGracePeriodSeconds the operator renders
 
 
 def _log(message: str) -> None:
@@ -60,5 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app(settings)
     print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
     print(f"INFO:     Uvicorn running on http://{settings.host}:{settings.port} (Press CTRL+C to quit)", flush=True)
-    web.run_app(app, sock=sock, print=None, access_log=None, shutdown_timeout=2.0)
+    # Like uvicorn under trtllm-serve: on SIGTERM stop accepting, let in-flight requests finish (bounded well
+    # inside a pod's termination grace period), then exit.
+    web.run_app(app, sock=sock, print=None, access_log=None, shutdown_timeout=GRACEFUL_SHUTDOWN_SECONDS)
     return 0
