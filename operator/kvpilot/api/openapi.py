@@ -151,6 +151,18 @@ def map_list(description: str, items: Schema, keys: tuple[str, ...], max_items: 
     return schema
 
 
+def resources(description: str) -> Schema:
+    """Requests and limits of cpu and memory (GPUs are derived from the parallel sizes, never asked for)."""
+    return obj(
+        description,
+        {
+            "requests": quantity_map("Minimum resources, e.g. cpu: 8, memory: 64Gi."),
+            "limits": quantity_map("Maximum resources."),
+        },
+        default={},
+    )
+
+
 def walk_properties(schema: Schema, path: str = "") -> dict[str, Schema]:
     """Every property of a schema by dotted path (``spec.build.maxBatchSize``), objects included.
 

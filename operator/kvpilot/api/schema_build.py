@@ -1,0 +1,227 @@
+"""Schema sections for what is built: model, runtime and build (the fingerprint's inputs)."""
+
+from __future__ import annotations
+
+from kvpilot.api.openapi import (
+    DNS1123_SUBDOMAIN,
+    Rule,
+    Schema,
+    array,
+    boolean,
+    integer,
+    obj,
+    resources,
+    string,
+)
+from kvpilot.api.enums import (
+    ARCHITECTURES,
+    BACKENDS,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    MAX_BATCH,
+    MAX_TOKENS,
+    QUANTIZATIONS,
+    SIMULATION_PROFILES,
+    SOURCE_REGEX,
+)
+
+
+def model_schema() -> Schema:
+    return obj(
+        "Which model to serve and where its weights come from.",
+        {
+            "source": string(
+                "Where the Hugging Face checkpoint lives: hf://<org>/<name> (downloaded), pvc://<claim>/<path> "
+                "(a directory on an existing PersistentVolumeClaim) or s3://<bucket>/<prefix>.",
+                max_length=1024,
+                rules=(
+                    Rule(
+                        f"self.matches('{SOURCE_REGEX}')",
+                        "must be hf://<org>/<name>, pvc://<claim>/<path> or s3://<bucket>/<prefix>",
+                    ),
+                ),
+            ),
+            "revision": string(
+                "The commit (or tag) of the checkpoint. It pins the weights an engine is built from, so it is "
+                "required for hf:// sources; a new revision builds a new engine.",
+                max_length=256,
+                pattern=r"^[-A-Za-z0-9_./]+$",
+            ),
+            "architecture": string(
+                "The model family; it selects TensorRT-LLM's checkpoint converter. Required for backend tensorrt. "
+                "llama also covers Llama-derived checkpoints; mistral uses the llama converter.",
+                enum=ARCHITECTURES,
+            ),
+            "credentialsSecretRef": obj(
+                "A Secret in the same namespace whose keys become environment variables of the download step: "
+                "HF_TOKEN for hf:// sources; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_REGION) for s3://.",
+                {"name": string("Name of the Secret.", pattern=DNS1123_SUBDOMAIN)},
+                required=("name",),
+            ),
+        },
+        required=("source",),
+        rules=(
+            Rule(
+                "!self.source.startsWith('hf://') || has(self.revision)",
+                "revision must be set for hf:// sources: it pins the weights an engine is built from",
+                ".revision",
+            ),
+        ),
+    )
+
+
+def runtime_schema() -> Schema:
+    return obj(
+        "How the model runs: the TensorRT-LLM backend and image.",
+        {
+            "backend": string(
+                "tensorrt builds an engine with trtllm-build and serves it; pytorch serves the checkpoint with no "
+                "build; simulated runs the same Jobs and pods with kvsim, kvpilot's simulator of the engine (no GPU).",
+                enum=BACKENDS,
+                default="tensorrt",
+            ),
+            "image": string(
+                "The TensorRT-LLM image that builds and serves (the same image for both: engines are not portable "
+                "across TensorRT-LLM versions). Defaults to nvcr.io/nvidia/tensorrt-llm/release:1.2.0, or to the "
+                "operator's kvsim image for backend simulated.",
+                max_length=512,
+            ),
+            "simulation": obj(
+                "Settings of the simulated backend (kvsim). Required when backend is simulated.",
+                {
+                    "profile": string(
+                        "The simulated model and GPU, named <model>-<dtype>-<gpu>[-tpN].", enum=SIMULATION_PROFILES
+                    ),
+                    "speedupRatio": integer(
+                        "How much faster than real time the simulated engine runs (1 = real time).",
+                        1,
+                        10000,
+                        default=1,
+                    ),
+                    "startupSeconds": integer(
+                        "Simulated model-load time before /health answers.", 0, 3600, default=0
+                    ),
+                    "buildSeconds": integer("Simulated engine build time.", 0, 86400, default=0),
+                },
+                required=("profile",),
+            ),
+            "env": array(
+                "Extra environment variables for the build and serving containers (e.g. NCCL_DEBUG, HF_HUB_OFFLINE).",
+                obj(
+                    "An environment variable.",
+                    {
+                        "name": string("Variable name.", max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"),
+                        "value": string("Variable value.", max_length=4096),
+                    },
+                    required=("name",),
+                ),
+                max_items=64,
+            ),
+        },
+        default={},
+    )
+
+
+def build_schema() -> Schema:
+    return obj(
+        "What the TensorRT-LLM engine is compiled for. Every field here is part of the engine's fingerprint: "
+        "changing one builds a new engine while the previous one keeps serving.",
+        {
+            "dtype": string("Activation and weight precision before quantization.", enum=DTYPES, default="bfloat16"),
+            "quantization": string(
+                "Weight quantization. fp8, int4_awq and nvfp4 run NVIDIA ModelOpt calibration (quantize.py); "
+                "int8_weight_only is applied during checkpoint conversion.",
+                enum=QUANTIZATIONS,
+                default="none",
+            ),
+            "kvCacheDtype": string(
+                "Precision of the KV cache. fp8 halves its memory (about twice the blocks); auto keeps dtype.",
+                enum=KV_CACHE_DTYPES,
+                default="auto",
+            ),
+            "tensorParallelSize": integer(
+                "GPUs a layer is split across (set at checkpoint conversion).", 1, 64, default=1
+            ),
+            "pipelineParallelSize": integer("Pipeline stages (set at checkpoint conversion).", 1, 64, default=1),
+            "maxBatchSize": integer(
+                "The engine's ceiling on concurrent requests (trtllm-build --max_batch_size). The runtime "
+                "batching.maxBatchSize can move up to it without a rebuild; a higher ceiling costs activation "
+                "memory and therefore KV-cache blocks.",
+                1,
+                MAX_BATCH,
+                default=512,
+            ),
+            "maxInputLen": integer("Longest prompt in tokens (--max_input_len).", 1, MAX_TOKENS, default=4096),
+            "maxSeqLen": integer(
+                "Longest sequence, prompt plus output, in tokens (--max_seq_len; it replaced --max_output_len).",
+                2,
+                MAX_TOKENS,
+                default=8192,
+            ),
+            "maxNumTokens": integer(
+                "Most tokens batched in one iteration after padding removal (--max_num_tokens).",
+                1,
+                MAX_TOKENS,
+                default=8192,
+            ),
+            "maxBeamWidth": integer("Beam-search width ceiling (--max_beam_width).", 1, 32, default=1),
+            "kvCache": obj(
+                "The KV-cache layout compiled into the engine.",
+                {
+                    "type": string(
+                        "paged: a pool of fixed-size blocks that requests take and give back (required for "
+                        "in-flight batching); continuous: one contiguous max-length region per request.",
+                        enum=("paged", "continuous"),
+                        default="paged",
+                    ),
+                    "tokensPerBlock": integer(
+                        "Tokens per KV-cache block (--tokens_per_block): a power of two from 2 to 128. Smaller "
+                        "blocks waste less of the last block; larger ones cost less bookkeeping.",
+                        2,
+                        128,
+                        default=32,
+                        rules=(
+                            Rule(
+                                "self in [2, 4, 8, 16, 32, 64, 128]",
+                                "must be a power of two between 2 and 128",
+                            ),
+                        ),
+                    ),
+                },
+                default={},
+            ),
+            "multipleProfiles": boolean(
+                "Build several TensorRT optimization profiles (--multiple_profiles enable); NVIDIA advises it always.",
+                default=True,
+            ),
+            "calibration": obj(
+                "Calibration data for fp8, int4_awq and nvfp4 quantization.",
+                {
+                    "dataset": string(
+                        "A Hugging Face dataset name, or a path under the model source for air-gapped clusters "
+                        "(e.g. pvc://datasets/cnn_dailymail).",
+                        max_length=1024,
+                        default="cnn_dailymail",
+                    ),
+                    "size": integer("Number of calibration samples (--calib_size).", 1, 100000, default=512),
+                    "maxSeqLength": integer(
+                        "Sequence length of calibration samples (--calib_max_seq_length).", 1, 131072, default=512
+                    ),
+                },
+                default={},
+            ),
+            "timeoutSeconds": integer(
+                "Deadline of one build Job (activeDeadlineSeconds).", 60, 172800, default=7200
+            ),
+            "backoffLimit": integer("Retries of a failed build pod before the build fails.", 0, 10, default=2),
+            "resources": resources("CPU and memory of the build container (GPUs follow the parallel sizes)."),
+        },
+        default={},
+        rules=(
+            Rule(
+                "self.maxInputLen < self.maxSeqLen",
+                "maxInputLen must be < maxSeqLen (maxSeqLen counts prompt plus output tokens)",
+                ".maxInputLen",
+            ),
+        ),
+    )

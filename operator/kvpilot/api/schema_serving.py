@@ -1,0 +1,224 @@
+"""Schema sections for how it runs: batching, serving pods, engine cache and autotune (no rebuilds)."""
+
+from __future__ import annotations
+
+from kvpilot.api.openapi import (
+    DNS1123_SUBDOMAIN,
+    Rule,
+    Schema,
+    array,
+    boolean,
+    integer,
+    obj,
+    quantity,
+    resources,
+    string,
+    string_map,
+)
+from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, SCHEDULER_POLICIES
+
+
+def batching_schema() -> Schema:
+    return obj(
+        "Runtime batching of trtllm-serve. Changing these rolls the pods; it never rebuilds the engine.",
+        {
+            "mode": string(
+                "inflight: requests join and leave the batch every iteration (continuous batching); static: a "
+                "batch runs to completion before the next is admitted (TensorRT-LLM STATIC_BATCH).",
+                enum=("inflight", "static"),
+                default="inflight",
+            ),
+            "maxBatchSize": integer(
+                "The runtime max_batch_size to start from (at most build.maxBatchSize). When autotune runs in "
+                "Auto mode the value in force is status.batching.maxBatchSize.",
+                1,
+                MAX_BATCH,
+                default=64,
+            ),
+            "maxNumTokens": integer(
+                "Runtime token budget per iteration (at most build.maxNumTokens).", 1, MAX_TOKENS, default=8192
+            ),
+            "schedulerPolicy": string(
+                "GuaranteedNoEvict reserves every admitted request's blocks to completion, so a started request is "
+                "never paused; MaxUtilization packs more requests and pauses the newest when blocks run out.",
+                enum=SCHEDULER_POLICIES,
+                default="GuaranteedNoEvict",
+            ),
+            "kvCacheFreeGpuMemoryPercent": integer(
+                "Share of the GPU memory left after weights and activations that the KV-cache pool takes.",
+                1,
+                100,
+                default=90,
+            ),
+            "enableBlockReuse": boolean("Reuse KV-cache blocks of shared prompt prefixes.", default=True),
+            "enableChunkedContext": boolean(
+                "Split long prompts over several iterations (chunked prefill).", default=True
+            ),
+            "dynamicBatchSizeTuning": boolean(
+                "TensorRT-LLM's in-engine tuner (dynamic_batch_config.enable_batch_size_tuning); it can only lower "
+                "the effective batch size below the runtime maxBatchSize.",
+                default=True,
+            ),
+        },
+        default={},
+    )
+
+
+def serving_schema() -> Schema:
+    toleration = obj(
+        "A toleration, as in a Pod spec.",
+        {
+            "key": string("Taint key.", max_length=316),
+            "operator": string("Exists or Equal.", enum=("Exists", "Equal")),
+            "value": string("Taint value.", max_length=63),
+            "effect": string("Taint effect.", enum=("NoSchedule", "PreferNoSchedule", "NoExecute")),
+            "tolerationSeconds": integer("How long a NoExecute taint is tolerated.", 0, None, fmt="int64"),
+        },
+    )
+    return obj(
+        "The pods that serve the engine with trtllm-serve's OpenAI-compatible API.",
+        {
+            "replicas": integer(
+                "Serving pods; each takes tensorParallelSize x pipelineParallelSize GPUs. Also reachable through "
+                "the scale subresource (kubectl scale, HPA, KEDA).",
+                0,
+                1000,
+                default=1,
+            ),
+            "gpuProduct": string(
+                "GPU model to run on: the node label nvidia.com/gpu.product (e.g. NVIDIA-H100-80GB-HBM3). Builds run "
+                "on it too, because engines are GPU-specific; it is part of the fingerprint.",
+                max_length=128,
+                pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$",
+            ),
+            "port": integer("Port of the OpenAI-compatible HTTP API.", 1, 65535, default=8000),
+            "resources": resources("CPU and memory of each serving pod (GPUs follow the parallel sizes)."),
+            "nodeSelector": string_map("Extra node labels the pods require.", 32, 253),
+            "tolerations": array("Tolerations of the serving and build pods.", toleration, 32),
+            "priorityClassName": string("PriorityClass of the serving pods.", pattern=DNS1123_SUBDOMAIN),
+            "startupTimeoutSeconds": integer(
+                "How long a pod may take to load the model before it is restarted (the startupProbe budget).",
+                10,
+                86400,
+                default=1800,
+            ),
+            "rollout": obj(
+                "Rolling-update limits. The default (maxSurge 0, maxUnavailable 1) needs no spare GPU: it stops one "
+                "old pod before starting its replacement.",
+                {
+                    "maxSurge": integer("Extra pods allowed during a rollout.", 0, 1000, default=0),
+                    "maxUnavailable": integer("Pods that may be down during a rollout.", 0, 1000, default=1),
+                },
+                default={},
+                rules=(
+                    Rule(
+                        "self.maxSurge + self.maxUnavailable >= 1",
+                        "maxSurge and maxUnavailable must not both be 0: a rollout could never progress",
+                    ),
+                ),
+            ),
+        },
+        default={},
+    )
+
+
+def engine_cache_schema() -> Schema:
+    return obj(
+        "The volume engines are cached on, each under its fingerprint, so the same engine is never built twice. "
+        "Name an existing claim, or give a size (and storage class) for one the operator creates.",
+        {
+            "claimName": string(
+                "An existing PersistentVolumeClaim, or the name of the one to create when size is set "
+                "(default <name>-engines).",
+                pattern=DNS1123_SUBDOMAIN,
+            ),
+            "storageClassName": string("StorageClass of the claim the operator creates.", pattern=DNS1123_SUBDOMAIN),
+            "size": quantity("Size of the claim the operator creates, e.g. 200Gi."),
+            "accessMode": string(
+                "Access mode of the claim the operator creates; ReadWriteMany lets pods on several nodes share it.",
+                enum=("ReadWriteOnce", "ReadWriteMany"),
+                default="ReadWriteMany",
+            ),
+        },
+        rules=(
+            Rule(
+                "has(self.claimName) || has(self.size)",
+                "engineCache must name an existing claim (claimName) or ask for a new one (size)",
+            ),
+        ),
+    )
+
+
+def autotune_schema() -> Schema:
+    return obj(
+        "Retuning of the runtime maxBatchSize from the KV-cache pool the operator observes.",
+        {
+            "enabled": boolean("Observe the pods and decide.", default=True),
+            "mode": string(
+                "Auto applies decisions (a rolling restart, never a spec change); Advisory only records them in "
+                "status.autotune.",
+                enum=("Auto", "Advisory"),
+                default="Advisory",
+            ),
+            "minBatchSize": integer("Lowest runtime maxBatchSize the tuner may set.", 1, MAX_BATCH, default=8),
+            "maxBatchSize": integer(
+                "Highest runtime maxBatchSize the tuner may set (also bounded by the engine's ceiling).",
+                1,
+                MAX_BATCH,
+                default=1024,
+            ),
+            "targetKvCacheUtilizationPercent": integer(
+                "KV-cache pool utilization (used/max blocks) to aim for at peak.", 1, 100, default=85
+            ),
+            "intervalSeconds": integer("How often the pods' metrics are read.", 5, 3600, default=30),
+            "cooldownSeconds": integer(
+                "Minimum time between two applied changes (each one restarts the pods).", 0, 86400, default=600
+            ),
+            "warmupSeconds": integer(
+                "Metrics of a pod younger than this are ignored (cold caches mislead).", 0, 3600, default=60
+            ),
+            "allowRebuild": boolean(
+                "May raise the engine's ceiling (build.maxBatchSize in force) through a new build when the gain "
+                "outweighs the build and restart cost.",
+                default=False,
+            ),
+            "slo": obj(
+                "Latency objectives; the tuner lowers the batch size rather than break them.",
+                {
+                    "timeToFirstTokenMillis": integer("Time to first token objective.", 1, 600000),
+                    "timePerOutputTokenMillis": integer("Time per output token objective.", 1, 60000),
+                },
+            ),
+            "metrics": obj(
+                "Where the KV-cache metrics come from.",
+                {
+                    "source": string(
+                        "Pod: each pod's trtllm-serve /metrics (iteration stats); Prometheus: a Prometheus server.",
+                        enum=("Pod", "Prometheus"),
+                        default="Pod",
+                    ),
+                    "url": string(
+                        "Base URL of the Prometheus server (for source Prometheus).",
+                        max_length=2048,
+                        pattern=r"^https?://",
+                    ),
+                },
+                default={},
+                rules=(
+                    Rule(
+                        "self.source != 'Prometheus' || has(self.url)",
+                        "url must be set when source is Prometheus",
+                        ".url",
+                    ),
+                ),
+            ),
+        },
+        default={},
+        rules=(
+            Rule(
+                "self.minBatchSize <= self.maxBatchSize",
+                "minBatchSize must be <= maxBatchSize",
+                ".minBatchSize",
+            ),
+        ),
+    )
