@@ -80,3 +80,12 @@ def test_cross_field_rules_are_declared() -> None:
                    "self.minBatchSize <= self.maxBatchSize", "self.build.kvCache.type == 'paged'",
                    "self.batching.maxNumTokens <= self.build.maxNumTokens", "[2, 4, 8, 16, 32, 64, 128]"):
         assert needle in text, needle
+
+
+def test_simulation_profiles_are_kvsims() -> None:
+    """The CRD's enum of simulated profiles is what kvsim can serve (kept apart: the operator never imports it)."""
+    from kvsim import PROFILES
+
+    from kvpilot.api.enums import SIMULATION_PROFILES
+
+    assert set(SIMULATION_PROFILES) == set(PROFILES)
