@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
-from kvpilot.api.spec_schema import ARCHITECTURES, QUANTIZATIONS, TOKENS_PER_BLOCK_CHOICES
+from kvpilot.api.enums import ARCHITECTURES, QUANTIZATIONS, TOKENS_PER_BLOCK_CHOICES
 from kvpilot.api.validate import validate_manifest
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan

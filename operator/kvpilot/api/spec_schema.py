@@ -7,19 +7,6 @@ proves the typed models in ``models.py`` agree with it field for field.
 
 from __future__ import annotations
 
-from kvpilot.api.enums import (  # noqa: F401 — re-exported: the API's enumerations live with the schema
-    ARCHITECTURES,
-    BACKENDS,
-    DTYPES,
-    KV_CACHE_DTYPES,
-    MAX_BATCH,
-    MAX_TOKENS,
-    QUANTIZATIONS,
-    SCHEDULER_POLICIES,
-    SIMULATION_PROFILES,
-    SOURCE_REGEX,
-    TOKENS_PER_BLOCK_CHOICES,
-)
 from kvpilot.api.openapi import Rule, Schema, expand_object_defaults, obj
 from kvpilot.api.schema_build import build_schema, model_schema, runtime_schema
 from kvpilot.api.schema_serving import autotune_schema, batching_schema, engine_cache_schema, serving_schema

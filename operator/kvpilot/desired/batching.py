@@ -13,7 +13,7 @@ from typing import Any
 
 from kvpilot.api.conditions import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.api.spec_schema import MAX_BATCH
+from kvpilot.api.enums import MAX_BATCH
 from kvpilot.api.status_schema import HISTORY_LIMIT
 from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
 
