@@ -23,7 +23,8 @@ from kvpilot.desired import labels as L
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError
-from kvpilot.observe.scrape import EngineSampler, query_prometheus
+from kvpilot.observe.prometheus import query_prometheus
+from kvpilot.observe.scrape import EngineSampler, is_warm
 from kvpilot.reconcile import engine_from_body, reconcile
 
 log = logging.getLogger(__name__)
@@ -113,18 +114,24 @@ class EngineLoops:
             self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True
         )
 
-    async def _window(self, loop: EngineLoop, engine: Any) -> Any:
+    async def _window(self, loop: EngineLoop, engine: Any, pods: list[Any]) -> Any:
         tune = engine.spec.autotune
         if not tune.enabled:
             return None
+        slo = tune.slo
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
+            # Only the warm pods of today's configuration count, as for the Pod source (Prometheus still has
+            # the old pods' samples for a while after a rollout).
+            now = datetime.now(timezone.utc)
+            live = {p.name for p in pods if is_warm(p, now, tune.warmup_seconds)}
             try:
                 return await query_prometheus(self.session(), tune.metrics.url, engine.meta.namespace,
-                                              engine.meta.name, tune.interval_seconds)
+                                              engine.meta.name, tune.interval_seconds, live,
+                                              slo.time_to_first_token_millis if slo else None,
+                                              slo.time_per_output_token_millis if slo else None)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
                 return None
-        slo = tune.slo
         return loop.sampler.window(tune.interval_seconds, slo.time_to_first_token_millis if slo else None,
                                    slo.time_per_output_token_millis if slo else None)
 
@@ -145,7 +152,7 @@ class EngineLoops:
                 if now >= next_reconcile or loop.wake.is_set():
                     loop.wake.clear()
                     loop.generation = engine.meta.generation
-                    kv = await self._window(loop, engine)
+                    kv = await self._window(loop, engine, pods)
                     p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
                                                   self.settings, kv)
                     before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")

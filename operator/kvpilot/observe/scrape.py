@@ -2,7 +2,7 @@
 
 trtllm-serve's ``/metrics`` drains its iteration-stats queue on every read, so exactly one poller may
 read each pod: this sampler, owned by the operator. (Prometheus should scrape ``/prometheus/metrics``,
-which does not drain.) Pods younger than ``warmupSeconds`` are skipped: cold caches and CUDA-graph
+which does not drain; ``source: Prometheus`` reads the window from there: observe/prometheus.py.) Pods younger than ``warmupSeconds`` are skipped: cold caches and CUDA-graph
 capture mislead any capacity model.
 """
 
@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +31,11 @@ def _age_seconds(pod: PodState, now: datetime) -> float:
         return 0.0
     started = datetime.strptime(pod.started_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
     return (now - started).total_seconds()
+
+
+def is_warm(pod: PodState, now: datetime, warmup_seconds: int) -> bool:
+    """A pod whose numbers describe the configuration: ready, reachable, not leaving, past its warmup."""
+    return bool(pod.ready and pod.ip and not pod.deleting and _age_seconds(pod, now) >= warmup_seconds)
 
 
 @dataclass
@@ -68,7 +73,7 @@ class EngineSampler:
             self.latency.pop(gone, None)
             self.taken_at.pop(gone, None)
         wall = time.time()
-        warm = [p for p in pods if p.ready and p.ip and not p.deleting and _age_seconds(p, now) >= warmup_seconds]
+        warm = [p for p in pods if is_warm(p, now, warmup_seconds)]
         # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
         await asyncio.gather(*(self._scrape(session, pod, port, wall, want_latency) for pod in warm))
 
@@ -99,63 +104,3 @@ class EngineSampler:
             slo_ttft_ms=slo_ttft_ms,
             slo_tpot_ms=slo_tpot_ms,
         )
-
-
-async def query_prometheus(
-    session: aiohttp.ClientSession, url: str, namespace: str, pod_prefix: str, interval_seconds: int
-) -> KvWindow | None:
-    """The same window from a Prometheus server that scrapes ``/prometheus/metrics`` through the chart's
-    PodMonitor (which copies the pod label serving.kvpilot.io/engine into ``engine``).
-
-    It needs the trtllm_* iteration gauges (KV blocks, running and waiting requests): kvsim serves them;
-    TensorRT-LLM 1.2's collector serves fewer (docs/trtllm-sources.md §6), in which case the window is empty
-    and the tuner holds — use ``source: Pod`` there."""
-    sel = f'namespace="{namespace}",engine="{pod_prefix}"'
-    rng = f"[{max(interval_seconds, 30)}s]"
-    queries = {
-        "used": f"max_over_time(trtllm_kv_cache_used_blocks{{{sel}}}{rng})",
-        "max": f"max_over_time(trtllm_kv_cache_max_blocks{{{sel}}}{rng})",
-        "tpb": f"max_over_time(trtllm_kv_cache_tokens_per_block{{{sel}}}{rng})",
-        "active": f"max_over_time(trtllm_num_requests_running{{{sel}}}{rng})",
-        "queued": f"avg_over_time(trtllm_num_requests_waiting{{{sel}}}{rng})",
-        "paused": f"max_over_time(trtllm_num_paused_requests{{{sel}}}{rng})",
-        "runtime": f"max_over_time(trtllm_max_batch_size_runtime{{{sel}}}{rng})",
-        "samples": f"count_over_time(trtllm_kv_cache_max_blocks{{{sel}}}{rng})",
-    }
-    values: dict[str, dict[str, float]] = {}
-    for key, q in queries.items():
-        async with session.get(f"{url.rstrip('/')}/api/v1/query", params={"query": q}, timeout=TIMEOUT) as resp:
-            values[key] = parse_vector(await resp.json())
-    wall = time.time()
-    samples = {
-        pod: [
-            IterationSample(
-                timestamp_s=wall,
-                used_blocks=int(values["used"].get(pod, 0)),
-                max_blocks=int(values["max"].get(pod, 0)),
-                tokens_per_block=int(values["tpb"].get(pod, 0)),
-                active_requests=int(values["active"].get(pod, 0)),
-                queued_requests=round(values["queued"].get(pod, 0)),
-                paused_requests=int(values["paused"].get(pod, 0)),
-                max_batch_size_runtime=int(values["runtime"].get(pod, 0)),
-                max_batch_size_static=0,
-            )
-        ]
-        for pod in values["max"]
-    }
-    window = summarize(samples, window_seconds=interval_seconds)
-    if window is None:
-        return None
-    # Each pod's row summarizes every scrape in the range: count those, not the rows.
-    return replace(window, samples=int(sum(values["samples"].values())))
-
-
-def parse_vector(body: dict[str, Any]) -> dict[str, float]:
-    """A Prometheus instant-vector response -> {pod: value}."""
-    if body.get("status") != "success":
-        raise ValueError(f"Prometheus query failed: {body.get('error', body)}")
-    out = {}
-    for item in body.get("data", {}).get("result", []):
-        pod = item.get("metric", {}).get("pod", "")
-        out[pod] = float(item["value"][1])
-    return out
