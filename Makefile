@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv test unit e2e demo cluster-build cluster-up cluster-down render bench lint crds clean
+.PHONY: help venv test unit e2e demo cluster-build cluster-up cluster-down render bench lint crds clean e2e-tools
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -39,7 +39,10 @@ cluster-up: venv cluster-build ## Start etcd, kube-apiserver, controller-manager
 cluster-down: ## Stop exactly what cluster-up started
 	@hack/testenv/cluster-down.sh
 
-test: venv $(AIPERF_STAMP) cluster-build ## Run every test: unit, chart, simulator, end-to-end on the local control plane
+e2e-tools: ## Install what the e2e runs for real from Debian when missing: prometheus + promtool, lua5.1
+	@hack/testenv/apt-tools.sh
+
+test: venv $(AIPERF_STAMP) cluster-build e2e-tools ## Run every test: unit, chart, simulator, end-to-end on the local control plane
 	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
 
 unit: venv ## Run the fast tests that need no cluster
