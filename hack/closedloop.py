@@ -68,9 +68,12 @@ class OperatorProcess:
     def start(self) -> None:
         self.starts += 1
         self.health = free_port()
+        # /metrics on every local address, as in a pod: Prometheus reaches it at the chart's operator pod IP
+        # (a loopback address on this host), through the metrics Service and its ServiceMonitor.
+        self.metrics = getattr(self, "metrics", 0) or free_port()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvpilot.cli", "run", "--all-namespaces", "--metrics-port", "0",
+            [sys.executable, "-m", "kvpilot.cli", "run", "--all-namespaces", "--metrics-port", str(self.metrics),
              "--health-port", str(self.health), "--resync-seconds", str(self.resync_seconds),
              "--kvsim-image", KVSIM_IMAGE],
             env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,

@@ -8,11 +8,13 @@ monitor's own relabelings. So the chart's selectors and relabelings are what pic
 that matches nothing, or a port name the pods lack, leaves Prometheus with no target and the tests fail.
 
 The server is Debian's ``prometheus`` package (installed with apt-get on first use when missing, shown as it
-runs); it runs as a plain child process with its TSDB in a temporary directory (no systemd).
+runs); it runs as a plain child process with its TSDB in a temporary directory (no systemd). Debian's build
+lacks kubernetes_sd_configs, so discovery goes through kubesd.py (the same roles and meta labels over HTTP
+SD); a build that has it (``has_kubernetes_sd``) gets kubernetes_sd_configs with the admin kubeconfig.
 
     import prometheus
     monitors = prometheus.chart_monitors(chart_dir, namespace, {"engineMonitoring.podMonitor.enabled": "true"})
-    server = prometheus.PrometheusServer(workdir, prometheus.scrape_config(monitors, kubeconfig))
+    server = prometheus.PrometheusServer(workdir, prometheus.scrape_config(monitors, sd_url=discovery.url))
     server.start(); server.query('up'); server.stop()
 """
 
@@ -67,6 +69,21 @@ def _stream(argv: list[str], env: Mapping[str, str]) -> None:
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(argv)}` exited {done.returncode}")
     sys.stderr.write(f"[apt] done in {time.monotonic() - start:.0f}s\n")
+
+
+def has_kubernetes_sd(workdir: Path) -> bool:
+    """Whether this prometheus build has kubernetes_sd_configs (Debian's does not)."""
+    probe = workdir / "probe.yml"
+    probe.write_text(json.dumps({"scrape_configs": [{"job_name": "probe", "kubernetes_sd_configs": [{"role": "pod"}]}]}))
+    return subprocess.run(["promtool", "check", "config", os.fspath(probe)], capture_output=True).returncode == 0
+
+
+def kubectl_lister(kind: str, namespaces: list[str]) -> list[dict[str, Any]]:
+    """kubesd.py's view of the API server: ``kubectl get`` with the admin kubeconfig."""
+    if not namespaces:
+        return list(json.loads(cluster.kubectl("get", kind, "-A", "-o", "json", timeout_s=20))["items"])
+    return [item for ns in namespaces
+            for item in json.loads(cluster.kubectl("get", kind, "-n", ns, "-o", "json", timeout_s=20))["items"]]
 
 
 def chart_monitors(chart_dir: Path, namespace: str, values: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -129,8 +146,18 @@ def _namespaces(monitor: Mapping[str, Any]) -> dict[str, Any]:
     return {"namespaces": {"names": list(names)}}
 
 
-def _job(monitor: Mapping[str, Any], index: int, endpoint: Mapping[str, Any], kubeconfig: Path,
-         role: str, sd_role: str) -> dict[str, Any]:
+def _discovery(sd_role: str, monitor: Mapping[str, Any], kubeconfig: Path | None, sd_url: str | None) -> dict[str, Any]:
+    """kubernetes_sd_configs (upstream builds) or the same role through kubesd.py's HTTP SD (Debian's build)."""
+    namespaces = _namespaces(monitor)
+    if sd_url is None:
+        return {"kubernetes_sd_configs": [{"role": sd_role, "kubeconfig_file": os.fspath(kubeconfig), **namespaces}]}
+    names = ",".join(namespaces.get("namespaces", {}).get("names", []))
+    url = f"{sd_url}/{sd_role}" + (f"?{urllib.parse.urlencode({'namespaces': names})}" if names else "")
+    return {"http_sd_configs": [{"url": url, "refresh_interval": "2s"}]}
+
+
+def _job(monitor: Mapping[str, Any], index: int, endpoint: Mapping[str, Any], kubeconfig: Path | None,
+         role: str, sd_role: str, sd_url: str | None) -> dict[str, Any]:
     meta = monitor["metadata"]
     kind = "podMonitor" if role == "pod" else "serviceMonitor"
     port = endpoint["port"]
@@ -159,7 +186,7 @@ def _job(monitor: Mapping[str, Any], index: int, endpoint: Mapping[str, Any], ku
     job: dict[str, Any] = {
         "job_name": f"{kind}/{meta['namespace']}/{meta['name']}/{index}",
         "honor_labels": bool(endpoint.get("honorLabels", False)),
-        "kubernetes_sd_configs": [{"role": sd_role, "kubeconfig_file": os.fspath(kubeconfig), **_namespaces(monitor)}],
+        **_discovery(sd_role, monitor, kubeconfig, sd_url),
         "metrics_path": endpoint.get("path", "/metrics"),
         "relabel_configs": relabel,
     }
@@ -170,14 +197,20 @@ def _job(monitor: Mapping[str, Any], index: int, endpoint: Mapping[str, Any], ku
     return job
 
 
-def scrape_config(monitors: list[dict[str, Any]], kubeconfig: Path, evaluation: str = "5s") -> dict[str, Any]:
-    """prometheus.yml for these monitors: one job per PodMonitor podMetricsEndpoint / ServiceMonitor endpoint."""
+def scrape_config(monitors: list[dict[str, Any]], kubeconfig: Path | None = None, sd_url: str | None = None,
+                  evaluation: str = "5s") -> dict[str, Any]:
+    """prometheus.yml for these monitors: one job per PodMonitor podMetricsEndpoint / ServiceMonitor endpoint.
+    Discovery: kubernetes_sd_configs with ``kubeconfig``, or kubesd.py's HTTP SD at ``sd_url``."""
+    if (kubeconfig is None) == (sd_url is None):
+        raise ValueError("scrape_config needs exactly one of kubeconfig (kubernetes_sd_configs) and sd_url (HTTP SD)")
     jobs = []
     for m in monitors:
         if m["kind"] == "PodMonitor":
-            jobs += [_job(m, i, ep, kubeconfig, "pod", "pod") for i, ep in enumerate(m["spec"]["podMetricsEndpoints"])]
+            jobs += [_job(m, i, ep, kubeconfig, "pod", "pod", sd_url)
+                     for i, ep in enumerate(m["spec"]["podMetricsEndpoints"])]
         elif m["kind"] == "ServiceMonitor":
-            jobs += [_job(m, i, ep, kubeconfig, "service", "endpoints") for i, ep in enumerate(m["spec"]["endpoints"])]
+            jobs += [_job(m, i, ep, kubeconfig, "service", "endpoints", sd_url)
+                     for i, ep in enumerate(m["spec"]["endpoints"])]
     if not jobs:
         raise ValueError("no PodMonitor or ServiceMonitor rendered: enable them in the chart values")
     return {"global": {"scrape_interval": "15s", "evaluation_interval": evaluation}, "scrape_configs": jobs}
