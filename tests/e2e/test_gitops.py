@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
