@@ -39,13 +39,13 @@ cluster-up: venv cluster-build ## Start etcd, kube-apiserver, controller-manager
 cluster-down: ## Stop exactly what cluster-up started
 	@hack/testenv/cluster-down.sh
 
-e2e-tools: ## Install what the e2e runs for real from Debian when missing: prometheus + promtool, lua5.1
+e2e-tools: ## Install the real tools the tests run, from Debian when missing: prometheus + promtool, lua5.1
 	@hack/testenv/apt-tools.sh
 
 test: venv $(AIPERF_STAMP) cluster-build e2e-tools ## Run every test: unit, chart, simulator, end-to-end on the local control plane
 	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
 
-unit: venv ## Run the fast tests that need no cluster
+unit: venv e2e-tools ## Run the fast tests that need no cluster
 	$(BIN)/pytest -q tests -m 'not e2e'
 
 demo: venv cluster-build ## Closed loop on a local cluster: build -> serve (kvsim) -> load -> retune
