@@ -41,8 +41,8 @@ def diff(doc: dict[str, Any]) -> tuple[int, str]:
 
 def pods(ns: str, name: str) -> dict[str, str]:
     """{uid: name} of the engine's live serving pods."""
-    out = json.loads(kubectl("get", "pods", "-n", ns, "-l", f"serving.kvpilot.io/engine={name},app.kubernetes.io/component=server",
-                                 "-o", "json"))
+    selector = f"serving.kvpilot.io/engine={name},app.kubernetes.io/component=server"
+    out = json.loads(kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json"))
     return {p["metadata"]["uid"]: p["metadata"]["name"] for p in out["items"] if not p["metadata"].get("deletionTimestamp")}
 
 
