@@ -4,11 +4,12 @@ Debian builds prometheus without the Kubernetes discovery (its client-go is not 
 config`` says "field kubernetes_sd_configs not found"). So this small server reads pods, Endpoints and
 Services from the API server on each refresh and answers HTTP SD target groups carrying the same
 ``__meta_kubernetes_*`` labels the ``pod`` and ``endpoints`` roles of kubernetes_sd_config set (Prometheus
-docs, configuration.md, <kubernetes_sd_config>). Everything after discovery — the monitors' keep rules, the
+docs, configuration.md, <kubernetes_sd_config>); the endpoints come from the Services' selectors (see
+``endpoints_targets``: the API server refuses loopback pod IPs in Endpoints). Everything after discovery — the monitors' keep rules, the
 relabelings, the scrapes — is Prometheus' own, so the chart's selectors are what pick the targets.
 
     GET /pod?namespaces=a,b        one target per container port of every pod with an IP
-    GET /endpoints?namespaces=a    one target per address and port of every Endpoints object
+    GET /endpoints?namespaces=a    one target per Service port and pod its selector picks
 """
 
 from __future__ import annotations
@@ -85,41 +86,51 @@ def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return groups
 
 
-def endpoints_targets(endpoints: list[dict[str, Any]], services: list[dict[str, Any]],
-                      pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``endpoints`` role: a target per address and port, with the Service's and the target pod's labels."""
-    svc = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in services}
-    by_pod = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+def _target_port(pod: dict[str, Any], target: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(container, container port) a Service's targetPort (number or name) resolves to on this pod."""
+    for container in pod["spec"].get("containers") or []:
+        for cport in container.get("ports") or []:
+            if target == cport.get("name") or target == cport["containerPort"]:
+                return container, cport
+    return None
+
+
+def endpoints_targets(services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``endpoints`` role: a target per Service port and selected pod, with the Service's and the pod's labels.
+
+    The endpoints are computed from each Service's selector, as the endpoints controller does, rather than read
+    from Endpoints objects: the local cluster's pod IPs are loopback addresses, which the API server refuses in
+    Endpoints and EndpointSlices ("may not be in the loopback range"), so those stay empty here."""
     groups = []
-    for ep in endpoints:
-        meta = ep["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        base = {"__meta_kubernetes_namespace": ns, "__meta_kubernetes_endpoints_name": name,
-                **_object_labels("endpoints", meta)}
-        service = svc.get((ns, name))
-        if service:
-            base.update({"__meta_kubernetes_service_name": name, **_object_labels("service", service["metadata"])})
-        for subset in ep.get("subsets") or []:
-            addresses = [(a, "true") for a in subset.get("addresses") or []]
-            addresses += [(a, "false") for a in subset.get("notReadyAddresses") or []]
-            for address, ready in addresses:
-                ref = address.get("targetRef") or {}
-                pod = by_pod.get((ns, ref.get("name", ""))) if ref.get("kind") == "Pod" else None
-                for port in subset.get("ports") or []:
-                    labels = {**base,
-                              "__meta_kubernetes_endpoint_port_name": port.get("name", ""),
-                              "__meta_kubernetes_endpoint_port_protocol": port.get("protocol", "TCP"),
-                              "__meta_kubernetes_endpoint_ready": ready,
-                              "__meta_kubernetes_endpoint_address_target_kind": ref.get("kind", ""),
-                              "__meta_kubernetes_endpoint_address_target_name": ref.get("name", ""),
-                              "__meta_kubernetes_endpoint_node_name": address.get("nodeName", "")}
-                    if pod is not None:
-                        labels.update(_pod_labels(pod))
-                        for container in pod["spec"].get("containers") or []:
-                            for cport in container.get("ports") or []:
-                                if cport["containerPort"] == port["port"]:
-                                    labels.update(_container_port(container, cport))
-                    groups.append({"targets": [f"{address['ip']}:{port['port']}"], "labels": labels})
+    for service in services:
+        meta, spec = service["metadata"], service.get("spec") or {}
+        selector = spec.get("selector") or {}
+        if not selector:
+            continue
+        base = {"__meta_kubernetes_namespace": meta["namespace"], "__meta_kubernetes_endpoints_name": meta["name"],
+                "__meta_kubernetes_service_name": meta["name"], **_object_labels("service", meta)}
+        for pod in pods:
+            pmeta = pod["metadata"]
+            labels_ = pmeta.get("labels") or {}
+            ip = (pod.get("status") or {}).get("podIP")
+            if pmeta["namespace"] != meta["namespace"] or not ip or pmeta.get("deletionTimestamp"):
+                continue
+            if any(labels_.get(k) != v for k, v in selector.items()):
+                continue
+            pod_labels = _pod_labels(pod)
+            for port in spec.get("ports") or []:
+                resolved = _target_port(pod, port.get("targetPort", port["port"]))
+                if resolved is None:
+                    continue
+                container, cport = resolved
+                labels = {**base, **pod_labels, **_container_port(container, cport),
+                          "__meta_kubernetes_endpoint_port_name": port.get("name", ""),
+                          "__meta_kubernetes_endpoint_port_protocol": port.get("protocol", "TCP"),
+                          "__meta_kubernetes_endpoint_ready": pod_labels["__meta_kubernetes_pod_ready"],
+                          "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+                          "__meta_kubernetes_endpoint_address_target_name": pmeta["name"],
+                          "__meta_kubernetes_endpoint_node_name": pod["spec"].get("nodeName", "")}
+                groups.append({"targets": [f"{ip}:{cport['containerPort']}"], "labels": labels})
     return groups
 
 
@@ -159,8 +170,7 @@ class DiscoveryServer:
         if role == "pod":
             return pod_targets(self.lister("pods", namespaces))
         if role == "endpoints":
-            return endpoints_targets(self.lister("endpoints", namespaces), self.lister("services", namespaces),
-                                     self.lister("pods", namespaces))
+            return endpoints_targets(self.lister("services", namespaces), self.lister("pods", namespaces))
         raise ValueError(f"role {role!r}: must be pod or endpoints")
 
     def start(self) -> None:

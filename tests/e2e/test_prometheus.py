@@ -45,12 +45,13 @@ def prom(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     cluster.helm("upgrade", "kvpilot", str(CHART), "-n", ns, "--reuse-values",
                  "--set", f"metrics.port={operator.metrics}")
 
-    def operator_endpoint() -> bool:
-        eps = json.loads(kubectl("get", "endpoints", "kvpilot-metrics", "-n", ns, "-o", "json"))
-        return any(p.get("port") == operator.metrics and s.get("addresses")
-                   for s in eps.get("subsets") or [] for p in s.get("ports") or [])
+    def operator_pod() -> bool:  # the chart's operator pod (kwok) declares the port the real operator serves
+        pods = json.loads(kubectl("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator", "-o", "json"))
+        return any(p.get("containerPort") == operator.metrics and pod["status"].get("podIP")
+                   and not pod["metadata"].get("deletionTimestamp")
+                   for pod in pods["items"] for c in pod["spec"]["containers"] for p in c.get("ports") or [])
 
-    wait_for(operator_endpoint, 90, "the metrics Service's endpoint on the operator's port")
+    wait_for(operator_pod, 90, "the chart's operator pod with the operator's metrics port")
     values = {"engineMonitoring.podMonitor.enabled": "true", "metrics.serviceMonitor.enabled": "true",
               "metrics.port": str(operator.metrics)}
     for prefix in ("engineMonitoring.podMonitor", "metrics.serviceMonitor"):
@@ -67,6 +68,8 @@ def prom(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         config = prometheus.scrape_config(monitors, sd_url=discovery.url)
     server = prometheus.PrometheusServer(workdir, config)
     server.start()
+    wait_for(lambda: server.query('up{job="kvpilot-metrics"} == 1'), 60,
+             "Prometheus scraping the operator through the ServiceMonitor")
     how = "kubernetes_sd_configs" if discovery is None else "HTTP SD (kubesd.py)"
     sys.stderr.write(f"[prometheus] {version}, discovery by {how}, ready in {time.monotonic() - start:.1f}s "
                      f"at {server.url}\n")

@@ -69,12 +69,20 @@ def test_the_service_monitor_selects_endpoints_by_the_service_labels_and_port_na
                         "endpoints": [{"port": "metrics", "honorLabels": True}]}}
     job = prometheus.scrape_config([monitor], sd_url="http://sd")["scrape_configs"][0]
     assert job["honor_labels"] is True and job["http_sd_configs"][0]["url"] == "http://sd/endpoints?namespaces=kvpilot-system"
-    svc = {"metadata": {"name": "kvpilot-metrics", "namespace": "kvpilot-system", "labels": {"app.kubernetes.io/name": "kvpilot"}}}
-    ep = {"metadata": {"name": "kvpilot-metrics", "namespace": "kvpilot-system"},
-          "subsets": [{"addresses": [{"ip": "127.33.0.9"}], "ports": [{"name": "metrics", "port": 9100}, {"name": "x", "port": 1}]}]}
-    groups = kubesd.endpoints_targets([ep], [svc], [])
-    kept = [g for g in groups if relabel(g["labels"], job["relabel_configs"]) is not None]
-    assert [g["targets"] for g in kept] == [["127.33.0.9:9100"]]
+    svc = {"metadata": {"name": "kvpilot-metrics", "namespace": "kvpilot-system", "labels": {"app.kubernetes.io/name": "kvpilot"}},
+           "spec": {"selector": {"app": "op"}, "ports": [{"name": "metrics", "port": 8080, "targetPort": "metrics"},
+                                                          {"name": "x", "port": 1, "targetPort": 8081}]}}
+    pod = {"metadata": {"name": "op-1", "namespace": "kvpilot-system", "labels": {"app": "op"}},
+           "spec": {"containers": [{"name": "operator", "ports": [{"name": "metrics", "containerPort": 9100},
+                                                                  {"name": "health", "containerPort": 8081}]}]},
+           "status": {"podIP": "127.33.0.9", "conditions": [{"type": "Ready", "status": "True"}]}}
+    elsewhere = {**pod, "metadata": {**pod["metadata"], "namespace": "other"}}
+    groups = kubesd.endpoints_targets([svc], [pod, elsewhere])
+    assert sorted(g["targets"][0] for g in groups) == ["127.33.0.9:8081", "127.33.0.9:9100"]
+    kept = [relabel(g["labels"], job["relabel_configs"]) for g in groups]
+    kept = [k for k in kept if k is not None]
+    assert [(k["__address__"] if "__address__" in k else None, k["service"], k["pod"], k["endpoint"]) for k in kept] == [
+        (None, "kvpilot-metrics", "op-1", "metrics")]
 
 
 def test_kubernetes_sd_when_the_build_has_it_and_bad_selectors_are_refused() -> None:
