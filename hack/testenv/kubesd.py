@@ -150,11 +150,14 @@ class DiscoveryServer:
                     code = 200
                 except Exception as exc:  # noqa: BLE001 - Prometheus keeps its last targets on an error answer
                     body, code = str(exc).encode(), 500
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # Prometheus gave up on a slow answer; it asks again at the next refresh
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -78,8 +78,23 @@ def has_kubernetes_sd(workdir: Path) -> bool:
     return subprocess.run(["promtool", "check", "config", os.fspath(probe)], capture_output=True).returncode == 0
 
 
+_LISTED: dict[tuple[str, tuple[str, ...]], tuple[float, list[dict[str, Any]]]] = {}
+LIST_TTL_SECONDS = 1.0
+
+
 def kubectl_lister(kind: str, namespaces: list[str]) -> list[dict[str, Any]]:
-    """kubesd.py's view of the API server: ``kubectl get`` with the admin kubeconfig."""
+    """kubesd.py's view of the API server: ``kubectl get`` with the admin kubeconfig, reused for a second
+    (the jobs refresh together; each kubectl costs CPU the e2e needs)."""
+    key = (kind, tuple(namespaces))
+    hit = _LISTED.get(key)
+    if hit and time.monotonic() - hit[0] < LIST_TTL_SECONDS:
+        return hit[1]
+    items = _kubectl_list(kind, namespaces)
+    _LISTED[key] = (time.monotonic(), items)
+    return items
+
+
+def _kubectl_list(kind: str, namespaces: list[str]) -> list[dict[str, Any]]:
     if not namespaces:
         return list(json.loads(cluster.kubectl("get", kind, "-A", "-o", "json", timeout_s=20))["items"])
     return [item for ns in namespaces
@@ -153,7 +168,7 @@ def _discovery(sd_role: str, monitor: Mapping[str, Any], kubeconfig: Path | None
         return {"kubernetes_sd_configs": [{"role": sd_role, "kubeconfig_file": os.fspath(kubeconfig), **namespaces}]}
     names = ",".join(namespaces.get("namespaces", {}).get("names", []))
     url = f"{sd_url}/{sd_role}" + (f"?{urllib.parse.urlencode({'namespaces': names})}" if names else "")
-    return {"http_sd_configs": [{"url": url, "refresh_interval": "2s"}]}
+    return {"http_sd_configs": [{"url": url, "refresh_interval": "5s"}]}
 
 
 def _job(monitor: Mapping[str, Any], index: int, endpoint: Mapping[str, Any], kubeconfig: Path | None,
