@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -86,15 +87,34 @@ def test_a_gitops_sync_never_fights_the_tuner(ns: str) -> None:
     capture(states, "Healthy", ie)
     assert diff(manifest) == (0, ""), "a fresh sync must find nothing to change"
 
-    # The tuner acts: a load past the batch limit, a raise, a rolling restart.
+    # The tuner acts: a load past the batch limit, a raise, a rolling restart. Meanwhile Argo CD's view of the
+    # engine is sampled as its health assessment would see it.
     stats = closedloop.LoadStats()
-    asyncio.run(closedloop.generate_load(lambda: closedloop.ready_endpoints(ns, "gitops"), rate=12, seconds=60,
-                                         prompt_words=200, max_tokens=200, stats=stats))
-    raised = wait_for(lambda: (e := get("inferenceengine", "gitops", ns)) and
-                      e["status"]["batching"]["maxBatchSize"] > 4 and e, 60, "the tuner raising the limit")
-    tuned = raised["status"]["batching"]["maxBatchSize"]
-    ie = wait_for(lambda: (e := settled(ns, "gitops")) and e["status"]["batching"]["maxBatchSize"] == tuned and e,
-                  180, "the rollout of the tuned limit")
+    seen: list[tuple[int, str, str]] = []  # (runtime limit, health, message)
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            e = get("inferenceengine", "gitops", ns) or {}
+            seen.append((e.get("status", {}).get("batching", {}).get("maxBatchSize", 0), *argocd_health.health(e)))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        asyncio.run(closedloop.generate_load(lambda: closedloop.ready_endpoints(ns, "gitops"), rate=12, seconds=60,
+                                             prompt_words=200, max_tokens=200, stats=stats))
+        raised = wait_for(lambda: (e := get("inferenceengine", "gitops", ns)) and
+                          e["status"]["batching"]["maxBatchSize"] > 4 and e, 60, "the tuner raising the limit")
+        tuned = raised["status"]["batching"]["maxBatchSize"]
+        ie = wait_for(lambda: (e := settled(ns, "gitops")) and e["status"]["batching"]["maxBatchSize"] == tuned and e,
+                      180, "the rollout of the tuned limit")
+    finally:
+        watching.set()
+        watcher.join(10)
+    # The tuner's rollout shows as Progressing (RollingOut), then Healthy again; spec never changed.
+    assert any(b == tuned and h == "Progressing" and m.startswith("RollingOut") for b, h, m in seen), seen[-20:]
+    assert argocd_health.health(ie)[0] == "Healthy"
     dep = get("deployment", "gitops", ns)
     assert dep is not None
     before = {"pods": pods(ns, "gitops"), "deployment": dep["metadata"]["generation"],
