@@ -76,10 +76,72 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
     ("gemma-no-pipeline", "spec.build.pipelineParallelSize", 2, "spec.build.pipelineParallelSize", "gemma"),
     ("chunking-off-long-prompt", "spec.batching.enableChunkedContext", False, "spec.batching.enableChunkedContext",
      "maxInputLen"),
-    ("bad-gpu-product", "spec.serving.gpuProduct", "H100 80GB", "spec.serving.gpuProduct", "match"),
+    ("bad-gpu-product", "spec.serving.gpuProduct", "H100 80GB", "spec.serving.gpuProduct", "label value"),
     ("bad-name", "metadata.name", "Llama_8B", "metadata.name", "DNS-1035"),
     ("pytorch-no-quantization", "spec.build.quantization", "fp8", "spec.build", "pre-quantized"),
+    # Issue 13: values that reach the build script (shell characters, option-like, traversal).
+    ("source-command-substitution", "spec.model.source", "pvc://models/llama/$(touch /tmp/x)", "spec.model.source",
+     "shell characters"),
+    ("source-semicolon", "spec.model.source", "pvc://models/llama;touch", "spec.model.source", "shell characters"),
+    ("source-quote", "spec.model.source", "pvc://models/it's", "spec.model.source", "shell characters"),
+    ("source-space", "spec.model.source", "pvc://models/with space", "spec.model.source", "shell characters"),
+    ("source-traversal", "spec.model.source", "pvc://models/../etc", "spec.model.source", "do not start with '.'"),
+    ("source-trailing-newline", "spec.model.source", "hf://org/name\n", "spec.model.source", "shell characters"),
+    ("revision-trailing-newline", "spec.model.revision", "main\n", "spec.model.revision", "commit, tag or branch"),
+    ("revision-option", "spec.model.revision", "--help", "spec.model.revision", "commit, tag or branch"),
+    ("dataset-option", "spec.build.calibration.dataset", "--tp_size", "spec.build.calibration.dataset",
+     "Hugging Face dataset"),
+    ("dataset-bad-claim", "spec.build.calibration.dataset", "pvc://Data_Sets/x", "spec.build.calibration.dataset",
+     "pvc://<claim>"),
+    ("image-with-space", "spec.runtime.image", "img:1 ; rm -rf /", "spec.runtime.image", "image reference"),
+    # Issue 13: limits the child objects hit at the API server (label values, qualified names, tolerations).
+    ("claim-name-too-long", "spec.engineCache.claimName", "c" * 64, "spec.engineCache.claimName", "63"),
+    ("gpu-product-too-long", "spec.serving.gpuProduct", "G" * 64, "spec.serving.gpuProduct", "63"),
+    ("gpu-product-trailing-dash", "spec.serving.gpuProduct", "H100-", "spec.serving.gpuProduct", "label value"),
+    ("node-selector-bad-key", "spec.serving.nodeSelector", {"bad key": "x"}, "spec.serving.nodeSelector",
+     "qualified name"),
+    ("node-selector-long-prefix", "spec.serving.nodeSelector", {"a" * 254 + "/zone": "x"},
+     "spec.serving.nodeSelector", "qualified name"),
+    ("node-selector-bad-value", "spec.serving.nodeSelector", {"zone": "us east"}, "spec.serving.nodeSelector.zone",
+     "label value"),
+    ("node-selector-long-value", "spec.serving.nodeSelector", {"zone": "z" * 64}, "spec.serving.nodeSelector.zone",
+     "63"),
+    ("toleration-exists-with-value", "spec.serving.tolerations", [{"key": "k", "operator": "Exists", "value": "v"}],
+     "spec.serving.tolerations[0].value", "must be empty"),
+    ("toleration-no-key-equal", "spec.serving.tolerations", [{"operator": "Equal", "value": "v"}],
+     "spec.serving.tolerations[0].operator", "must be Exists"),
+    ("toleration-seconds-not-noexecute", "spec.serving.tolerations",
+     [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
+     "spec.serving.tolerations[0].effect", "NoExecute"),
+    ("toleration-bad-key", "spec.serving.tolerations", [{"key": "a b", "operator": "Exists"}],
+     "spec.serving.tolerations[0].key", "qualified name"),
+    ("toleration-bad-value", "spec.serving.tolerations", [{"key": "k", "value": "v" * 64}],
+     "spec.serving.tolerations[0].value", "63"),
 ]
+
+# Values at the edge of what must stay accepted (the restrictions above must not refuse real names).
+VALID_EDGES: list[tuple[str, str, Any]] = [
+    ("pvc-nested-path", "spec.model.source", "pvc://models/llama-3.1/8B_instruct/v1.0/"),
+    ("pvc-claim-only", "spec.model.source", "pvc://models"),
+    ("s3-partitioned", "spec.model.source", "s3://my-bucket.eu/models/llama/date=2026-11-01/"),
+    ("hf-dots", "spec.model.source", "hf://Qwen/Qwen2.5-7B-Instruct"),
+    ("revision-branch", "spec.model.revision", "refs/pr/12"),
+    ("dataset-org", "spec.build.calibration.dataset", "abisee/cnn_dailymail"),
+    ("dataset-pvc", "spec.build.calibration.dataset", "pvc://datasets/cnn_dailymail"),
+    ("image-digest", "spec.runtime.image", "nvcr.io/nvidia/tensorrt-llm/release:1.2.0@sha256:" + "a" * 64),
+    ("claim-63", "spec.engineCache.claimName", "c" * 63),
+    ("gpu-63", "spec.serving.gpuProduct", "G" * 63),
+    ("node-selector-qualified", "spec.serving.nodeSelector", {"topology.kubernetes.io/zone": "us-east-1a",
+                                                              "pool": ""}),
+    ("tolerate-everything", "spec.serving.tolerations", [{"operator": "Exists"}]),
+    ("toleration-noexecute", "spec.serving.tolerations",
+     [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]),
+]
+
+
+def valid_edge(case_id: str, name: str | None = None) -> dict[str, Any]:
+    cid, path, value = next(c for c in VALID_EDGES if c[0] == case_id)
+    return _set(base(name or cid), path, value)
 
 
 def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:

@@ -8,16 +8,17 @@ cel-python). The end-to-end tests check both agree on a table of invalid manifes
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import celpy
+import re2  # the API server's regex engine (Go's regexp is RE2), shipped with cel-python: `$` is end of text
 
 from kvpilot import API_VERSION, KIND
 from kvpilot.api.openapi import Schema
 
+SHOWN_MAX = 80  # characters of a value echoed in an error: a 10 MB value must not be printed whole
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,20 @@ class FieldError:
     message: str
 
     def __str__(self) -> str:
-        shown = self.value if not isinstance(self.value, (dict, list)) else "object"
-        return f"{self.path}: Invalid value: {shown!r}: {self.message}"
+        return f"{self.path}: Invalid value: {shown(self.value)}: {self.message}"
+
+
+def shown(value: Any) -> str:
+    """A value as an error echoes it: containers by kind, long text cut with its full length."""
+    if isinstance(value, dict):
+        return '"object"'
+    if isinstance(value, list):
+        return '"array"'
+    text = repr(value)
+    if len(text) > SHOWN_MAX:
+        size = len(value) if isinstance(value, (str, bytes)) else len(text)
+        return f"{text[:SHOWN_MAX]}... ({size} characters)"
+    return text
 
 
 class InvalidEngineError(ValueError):
@@ -72,7 +85,7 @@ def _type_errors(schema: Schema, value: Any, path: str) -> list[FieldError]:
     if schema.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             return [FieldError(path, value, "must be an integer or a string")]
-        if isinstance(value, str) and not re.match(schema["pattern"], value):
+        if isinstance(value, str) and not re2.search(schema["pattern"], value):
             return [FieldError(path, value, "must be a quantity such as 500m, 16Gi or 4")]
         return []
     expected = schema.get("type")
@@ -102,7 +115,7 @@ def _scalar_errors(schema: Schema, value: Any, path: str) -> list[FieldError]:
             errors.append(FieldError(path, value, f"must have at most {schema['maxLength']} characters"))
         if "minLength" in schema and len(value) < schema["minLength"]:
             errors.append(FieldError(path, value, f"must have at least {schema['minLength']} characters"))
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not re2.search(schema["pattern"], value):
             errors.append(FieldError(path, value, f"must match '{schema['pattern']}'"))
     return errors
 
@@ -159,7 +172,12 @@ def validate_manifest(manifest: Any, root_schema: Schema) -> tuple[dict[str, Any
         errors.append(FieldError("apiVersion", manifest.get("apiVersion"), f'must be "{API_VERSION}"'))
     if manifest.get("kind") != KIND:
         errors.append(FieldError("kind", manifest.get("kind"), f'must be "{KIND}"'))
-    meta = manifest.get("metadata") or {}
+    meta = manifest.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        errors.append(FieldError("metadata", meta, "must be of type object"))
+        meta = {}
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         errors.append(FieldError("metadata.name", name, "Required value"))

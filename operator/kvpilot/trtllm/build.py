@@ -22,6 +22,25 @@ TERMINATION_LOG = "/dev/termination-log"
 STAGE_VAR = "$STAGE"  # set by the build script to the staging directory
 
 
+class StagePath(str):
+    """A path under the staging directory, written ``$STAGE/<rest>``: the one kind of argument bash expands.
+
+    A type, not a prefix test, marks it: a spec value that merely starts with ``$STAGE`` is quoted like
+    any other (issue 13: ``$STAGE$(touch x)`` as a calibration dataset ran ``touch``).
+    """
+
+    def __new__(cls, rest: str) -> "StagePath":
+        return super().__new__(cls, f"{STAGE_VAR}/{rest}")
+
+    def shell(self) -> str:
+        return f'"{STAGE_VAR}"/' + shlex.quote(self[len(STAGE_VAR) + 1:])
+
+
+def quote(arg: str) -> str:
+    """One argument as bash must read it: stage paths expand ``$STAGE`` only, everything else is literal."""
+    return arg.shell() if isinstance(arg, StagePath) else shlex.quote(arg)
+
+
 @dataclass(frozen=True)
 class Command:
     """One process invocation; ``tool`` names the parser whose options its flags must come from."""
@@ -30,8 +49,8 @@ class Command:
     argv: tuple[str, ...]
 
     def shell(self) -> str:
-        """The command as one shell line; ``$STAGE`` paths stay expandable, everything else is quoted."""
-        return " ".join(f'"{a}"' if a.startswith(STAGE_VAR) else shlex.quote(a) for a in self.argv)
+        """The command as one shell line; no spec value is ever left unquoted."""
+        return " ".join(quote(a) for a in self.argv)
 
 
 @dataclass(frozen=True)
@@ -52,11 +71,11 @@ class BuildPaths:
 
     @property
     def checkpoint(self) -> str:
-        return f"{STAGE_VAR}/checkpoint"
+        return StagePath("checkpoint")
 
     @property
     def engine(self) -> str:
-        return f"{STAGE_VAR}/engine"
+        return StagePath("engine")
 
 
 def model_cache_key(source: str, revision: str | None) -> str:

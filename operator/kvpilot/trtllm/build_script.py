@@ -66,7 +66,7 @@ def manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_
 def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_size: int) -> str:
     """The whole build as a bash script: cache check, staging, the commands, atomic publish."""
     paths = BuildPaths(fingerprint, model_dir=model_dir(spec) if spec.runtime.backend != "simulated" else "")
-    final, stage = paths.final, paths.stage
+    final, stage = shlex.quote(paths.final), paths.stage
     body = json.dumps(manifest(spec, fingerprint, image, max_batch_size), sort_keys=True)
     lines = [
         "set -euo pipefail",
@@ -84,9 +84,10 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         lines.append(step.shell())
     if paths.model_dir:
         files = " ".join(TOKENIZER_FILES)
+        src = shlex.quote(paths.model_dir)
         lines += [
             f"for f in {files}; do",
-            f'  if [ -f {paths.model_dir}/"$f" ]; then cp {paths.model_dir}/"$f" "$STAGE/tokenizer/"; fi',
+            f'  if [ -f {src}/"$f" ]; then cp -- {src}/"$f" "$STAGE/tokenizer/"; fi',
             "done",
         ]
     lines += [
@@ -95,6 +96,6 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         "# Publish atomically; if another builder published first, its engine is identical.",
         f'mv -T "$STAGE" {final} || {{ [ -f {final}/{MANIFEST} ] && rm -rf "$STAGE"; }}',
         f"cp {final}/{MANIFEST} {TERMINATION_LOG}",
-        f"echo 'kvpilot: published {final}'",
+        f"echo {shlex.quote('kvpilot: published ' + paths.final)}",
     ]
     return "\n".join(lines) + "\n"
