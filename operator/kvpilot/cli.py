@@ -13,6 +13,7 @@ import yaml
 
 from kvpilot import __version__
 from kvpilot.api.crd import render_crd_yaml, spec_openapi
+from kvpilot.api.manifest_file import MAX_BYTES, ManifestFileError, decode, documents
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired.fingerprint import fingerprint_inputs
@@ -35,17 +36,29 @@ def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _BlockStyleDumper.add_representer(str, _str_presenter)
 
 
+def read_text(path: str) -> tuple[str, str]:
+    """The file's text ('-' for stdin) and how errors name it; bounded and UTF-8, as manifest_file requires."""
+    if path == "-":
+        return decode(sys.stdin.buffer.read(MAX_BYTES + 1), "<stdin>"), "<stdin>"
+    with open(path, "rb") as f:
+        return decode(f.read(MAX_BYTES + 1), path), path
+
+
 def load_engines(path: str) -> list[InferenceEngine]:
-    """Parse, default and validate every InferenceEngine in a file ('-' for stdin)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    """Parse, default and validate every InferenceEngine in a file ('-' for stdin).
+
+    Raises ManifestFileError (unreadable YAML), InvalidEngineError (a manifest the API server would refuse)
+    or OSError; each names the document.
+    """
+    text, source = read_text(path)
     engines = []
-    for doc in yaml.safe_load_all(text):
-        if doc is None:
-            continue
+    for number, doc in documents(text, source):
         defaulted, errors = validate_manifest(doc, spec_openapi())
-        name = ((doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None) or "<unnamed>"
         if errors:
-            raise InvalidEngineError(name, errors)
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            shown = name[:80] if isinstance(name, str) and name else "<unnamed>"
+            raise InvalidEngineError(shown, errors, where=f"{source}: document {number}")
         meta = defaulted["metadata"]
         ref = ObjectRef(name=meta["name"], namespace=meta.get("namespace") or "default", uid="<uid>", generation=1)
         engines.append(InferenceEngine(ref, parse_spec(defaulted["spec"])))
@@ -75,11 +88,11 @@ def render(engines: list[InferenceEngine], settings: Settings, include_status: b
 def cmd_render(args: argparse.Namespace) -> int:
     try:
         engines = load_engines(args.filename)
-    except InvalidEngineError as exc:
+    except (InvalidEngineError, ManifestFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"error: cannot read {args.filename}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: cannot read {args.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     sys.stdout.write(render(engines, Settings(kvsim_image=args.kvsim_image), args.show_fingerprint))
     return 0

@@ -18,6 +18,7 @@ import re2  # the API server's regex engine (Go's regexp is RE2), shipped with c
 from kvpilot import API_VERSION, KIND
 from kvpilot.api.openapi import Schema
 
+DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SHOWN_MAX = 80  # characters of a value echoed in an error: a 10 MB value must not be printed whole
 
 
@@ -49,11 +50,12 @@ def shown(value: Any) -> str:
 class InvalidEngineError(ValueError):
     """Raised with every violation of an InferenceEngine manifest."""
 
-    def __init__(self, name: str, errors: list[FieldError]):
+    def __init__(self, name: str, errors: list[FieldError], where: str = ""):
         self.name = name
         self.errors = errors
         lines = "\n".join(f"  - {e}" for e in errors)
-        super().__init__(f'InferenceEngine "{name}" is invalid:\n{lines}')
+        prefix = f"{where}: " if where else ""
+        super().__init__(f'{prefix}InferenceEngine "{name}" is invalid:\n{lines}')
 
 
 def apply_defaults(schema: Schema, value: Any) -> Any:
@@ -179,7 +181,13 @@ def validate_manifest(manifest: Any, root_schema: Schema) -> tuple[dict[str, Any
         errors.append(FieldError("metadata", meta, "must be of type object"))
         meta = {}
     name = meta.get("name")
-    if not isinstance(name, str) or not name:
+    namespace = meta.get("namespace")
+    if namespace is not None and not (isinstance(namespace, str) and len(namespace) <= 63
+                                      and re2.search(DNS1123_LABEL, namespace)):
+        errors.append(FieldError("metadata.namespace", namespace, "must be a DNS-1123 label of at most 63 characters"))
+    if name is not None and not isinstance(name, str):
+        errors.append(FieldError("metadata.name", name, "must be of type string"))
+    elif not name:
         errors.append(FieldError("metadata.name", name, "Required value"))
     else:
         for rule in root_schema.get("x-kubernetes-validations", []):
