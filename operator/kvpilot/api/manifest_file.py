@@ -54,6 +54,8 @@ class StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
         for key_node, _value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<` merges; explicit keys override what it brings
+                continue
             key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.setdefault(key, key_node.start_mark)
