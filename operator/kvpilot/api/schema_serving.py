@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpilot.api.openapi import (
     DNS1123_SUBDOMAIN,
+    POSITIVE,
     Rule,
     Schema,
     array,
@@ -153,7 +154,7 @@ def engine_cache_schema() -> Schema:
                 pattern=DNS1123_SUBDOMAIN,
             ),
             "storageClassName": string("StorageClass of the claim the operator creates.", pattern=DNS1123_SUBDOMAIN),
-            "size": quantity("Size of the claim the operator creates, e.g. 200Gi."),
+            "size": quantity("Size of the claim the operator creates, e.g. 200Gi.", rule=POSITIVE),
             "accessMode": string(
                 "Access mode of the claim the operator creates; ReadWriteMany lets pods on several nodes share it.",
                 enum=("ReadWriteOnce", "ReadWriteMany"),
