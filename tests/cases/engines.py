@@ -121,6 +121,9 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
      "spec.serving.resources.limits.memory", "must be >= 0"),
     ("cache-size-zero", "spec.engineCache", {"size": "0Gi"}, "spec.engineCache.size", "must be > 0"),
     ("cache-size-negative-int", "spec.engineCache", {"size": -5}, "spec.engineCache.size", "must be > 0"),
+    ("integer-beyond-int64", "spec.serving.tolerations",
+     [{"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**70}],
+     "spec.serving.tolerations[0].tolerationSeconds", "integer"),
     ("toleration-bad-value", "spec.serving.tolerations", [{"key": "k", "value": "v" * 64}],
      "spec.serving.tolerations[0].value", "63"),
 ]
@@ -141,6 +144,8 @@ VALID_EDGES: list[tuple[str, str, Any]] = [
                                                               "pool": ""}),
     ("resources-extended", "spec.build.resources", {"requests": {"cpu": "500m", "memory": 0, "hugepages-2Mi": "1Gi",
                                                                  "rdma/hca": 1}}),
+    ("null-is-absent", "spec.serving.replicas", None),
+    ("null-object-is-absent", "spec.autotune", None),
     ("cache-size-fraction", "spec.engineCache", {"size": "0.5Ti"}),
     ("tolerate-everything", "spec.serving.tolerations", [{"operator": "Exists"}]),
     ("toleration-noexecute", "spec.serving.tolerations",

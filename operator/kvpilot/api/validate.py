@@ -19,7 +19,8 @@ from kvpilot import API_VERSION, KIND
 from kvpilot.api.openapi import Schema
 
 DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-SHOWN_MAX = 80  # characters of a value echoed in an error: a 10 MB value must not be printed whole
+SHOWN_MAX = 80
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # JSON numbers the API server decodes as integers  # characters of a value echoed in an error: a 10 MB value must not be printed whole
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def apply_defaults(schema: Schema, value: Any) -> Any:
         if isinstance(value, list) and "items" in schema:
             return [apply_defaults(schema["items"], v) for v in value]
         return value
-    out = dict(value)
+    # The API server prunes null fields of a non-nullable schema before defaulting: `replicas: null` is absent.
+    out = {k: v for k, v in value.items() if v is not None or schema["properties"].get(k, {}).get("nullable")}
     for name, sub in schema["properties"].items():
         if name not in out and "default" in sub:
             out[name] = copy.deepcopy(sub["default"])
@@ -84,6 +86,8 @@ def _cel_holds(cel: str, value: Any) -> bool:
 
 
 def _type_errors(schema: Schema, value: Any, path: str) -> list[FieldError]:
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        return [FieldError(path, value, "must be of type integer (a 64-bit integer)")]
     if schema.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             return [FieldError(path, value, "must be an integer or a string")]
@@ -197,7 +201,7 @@ def validate_manifest(manifest: Any, root_schema: Schema) -> tuple[dict[str, Any
         if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
             errors.append(FieldError(key, manifest[key], "unknown field"))
     spec_schema = root_schema["properties"]["spec"]
-    if "spec" not in manifest:
+    if manifest.get("spec") is None:  # absent, or null (pruned by the API server)
         errors.append(FieldError("spec", None, "Required value"))
         return manifest, errors
     spec = apply_defaults(spec_schema, manifest["spec"])
