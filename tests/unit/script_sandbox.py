@@ -62,13 +62,14 @@ class Sandbox:
         return f"{self.cache}/.staging/{fingerprint}-{HOSTNAME}"
 
 
-def make_sandbox(root: Path) -> Sandbox:
+def make_sandbox(root: Path, failing: tuple[str, ...] = ()) -> Sandbox:
+    """Stubs named in ``failing`` record their argv, then exit 1 (a failed conversion or build)."""
     sb = Sandbox(root)
     for d in (sb.cache, sb.model, sb.calibration, sb.argv_dir, sb.bin):
         d.mkdir(parents=True, exist_ok=True)
     for name in STUBS:
         stub = sb.bin / name
-        stub.write_text(STUB)
+        stub.write_text(STUB + ("exit 1\n" if name in failing else ""))
         stub.chmod(0o755)
     return sb
 

@@ -21,4 +21,4 @@ SIMULATION_PROFILES = (
 TOKENS_PER_BLOCK_CHOICES = (2, 4, 8, 16, 32, 64, 128)
 MAX_BATCH = 16384
 MAX_TOKENS = 1048576
-
+MAX_BUILD_SECONDS = 172800  # the largest build.timeoutSeconds (activeDeadlineSeconds) admission allows

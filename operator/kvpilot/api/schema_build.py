@@ -19,6 +19,7 @@ from kvpilot.api.enums import (
     DTYPES,
     KV_CACHE_DTYPES,
     MAX_BATCH,
+    MAX_BUILD_SECONDS,
     MAX_TOKENS,
     QUANTIZATIONS,
     SIMULATION_PROFILES,
@@ -208,7 +209,7 @@ def build_schema() -> Schema:
                 default={},
             ),
             "timeoutSeconds": integer(
-                "Deadline of one build Job (activeDeadlineSeconds).", 60, 172800, default=7200
+                "Deadline of one build Job (activeDeadlineSeconds).", 60, MAX_BUILD_SECONDS, default=7200
             ),
             "backoffLimit": integer("Retries of a failed build pod before the build fails.", 0, 10, default=2),
             "resources": resources("CPU and memory of the build container (GPUs follow the parallel sizes)."),

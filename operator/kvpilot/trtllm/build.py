@@ -12,6 +12,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass
 
+from kvpilot.api.enums import MAX_BUILD_SECONDS
 from kvpilot.api.models import BuildSpec, InferenceEngineSpec
 from kvpilot.trtllm import release
 
@@ -20,6 +21,9 @@ MODEL_MOUNT = "/model"
 MANIFEST = "kvpilot-engine.json"
 TERMINATION_LOG = "/dev/termination-log"
 STAGE_VAR = "$STAGE"  # set by the build script to the staging directory
+# No build Job outlives the largest deadline admission allows, so a staging directory untouched for longer
+# (plus an hour) belongs to a pod that died without running its cleanup trap (SIGKILL, a lost node).
+ORPHAN_AFTER_MINUTES = MAX_BUILD_SECONDS // 60 + 60
 
 
 class StagePath(str):
@@ -65,9 +69,13 @@ class BuildPaths:
         return f"{CACHE_MOUNT}/{self.fingerprint}"
 
     @property
+    def staging_root(self) -> str:
+        return f"{CACHE_MOUNT}/.staging"
+
+    @property
     def stage(self) -> str:
         # $HOSTNAME is the pod name: two pods of the same Job never share a staging directory.
-        return f"{CACHE_MOUNT}/.staging/{self.fingerprint}-$HOSTNAME"
+        return f"{self.staging_root}/{self.fingerprint}-$HOSTNAME"
 
     @property
     def checkpoint(self) -> str:

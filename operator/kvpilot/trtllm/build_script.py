@@ -8,6 +8,7 @@ import shlex
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.trtllm.build import (
     MANIFEST,
+    ORPHAN_AFTER_MINUTES,
     TERMINATION_LOG,
     BuildPaths,
     Command,
@@ -63,6 +64,17 @@ def manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_
     }
 
 
+def staging_cleanup(paths: BuildPaths) -> list[str]:
+    """A failed build removes its staging directory (it holds a converted checkpoint: a full disk must not get
+    fuller with each retry); the staging directories of pods that died without their trap are collected."""
+    return [
+        "trap 'rm -rf \"$STAGE\"' EXIT",
+        "trap 'exit 143' TERM",
+        f"find {shlex.quote(paths.staging_root)} -mindepth 1 -maxdepth 1 -mmin +{ORPHAN_AFTER_MINUTES} "
+        "-exec rm -rf -- {} + 2>/dev/null || true",
+    ]
+
+
 def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_size: int) -> str:
     """The whole build as a bash script: cache check, staging, the commands, atomic publish."""
     paths = BuildPaths(fingerprint, model_dir=model_dir(spec) if spec.runtime.backend != "simulated" else "")
@@ -77,6 +89,7 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         "  exit 0",
         "fi",
         f'STAGE="{stage}"',
+        *staging_cleanup(paths),
         'rm -rf "$STAGE" && mkdir -p "$STAGE/tokenizer"',
     ]
     for step in build_commands(spec, fingerprint, max_batch_size):
