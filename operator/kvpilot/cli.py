@@ -98,6 +98,48 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from kvpilot.desired.cache_jobs import CacheJobError, ls_job, prune_job
+
+    try:
+        if args.cache == "ls":
+            job = ls_job(args.claim, args.namespace, args.image)
+        else:
+            if not args.keep and not args.all:
+                raise CacheJobError("name the engines to keep with --keep <fingerprint> (repeatable), or pass --all")
+            job = prune_job(args.claim, args.namespace, tuple(args.keep), args.min_age_minutes, args.dry_run,
+                            args.downloads, args.image)
+    except CacheJobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(yaml.dump(job, Dumper=_BlockStyleDumper, sort_keys=False, width=120))
+    return 0
+
+
+def add_cache_parser(sub: Any) -> None:
+    cache = sub.add_parser(
+        "cache", help="Print a Job that lists or prunes the engines on a cache claim (see docs/engine-cache.md).",
+        description="Render a one-off Job that lists (ls) or deletes (prune) published engines on an engine-cache "
+        "claim. Nothing is applied: pipe it to `kubectl apply -f -` and read `kubectl logs job/<name>`.")
+    cache_sub = cache.add_subparsers(dest="cache", required=True)
+    for name, text in (("ls", "List every engine on the claim with its size and manifest."),
+                       ("prune", "Delete every engine on the claim except those kept.")):
+        p = cache_sub.add_parser(name, help=text, description=text)
+        p.add_argument("--claim", required=True, help="The engine-cache PersistentVolumeClaim.")
+        p.add_argument("-n", "--namespace", default="default", help="Namespace of the claim (default: default).")
+        p.add_argument("--image", default="busybox:1.37", help="Image with sh, find and du (default: busybox).")
+        if name == "prune":
+            p.add_argument("--keep", action="append", default=[], metavar="FINGERPRINT",
+                           help="A fingerprint to keep (repeatable): e.g. every status.engine.fingerprint in use.")
+            p.add_argument("--all", action="store_true", help="Keep nothing (required when no --keep is given).")
+            p.add_argument("--min-age-minutes", type=int, default=60,
+                           help="Never delete an engine published more recently than this (default 60).")
+            p.add_argument("--downloads", action="store_true",
+                           help="Also delete downloaded checkpoints (.models); the next build downloads again.")
+            p.add_argument("--dry-run", action="store_true", help="Only print what would be deleted.")
+    cache.set_defaults(func=cmd_cache)
+
+
 def cmd_crd(_args: argparse.Namespace) -> int:
     sys.stdout.write(render_crd_yaml())
     return 0
@@ -140,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     rend.add_argument("--kvsim-image", default=DEFAULT_KVSIM_IMAGE, help="Image of the simulated backend.")
     rend.add_argument("--show-fingerprint", action="store_true", help="Also print the fingerprint and its inputs.")
     rend.set_defaults(func=cmd_render)
+
+    add_cache_parser(sub)
 
     crd = sub.add_parser("crd", help="Print the InferenceEngine CustomResourceDefinition.")
     crd.set_defaults(func=cmd_crd)
