@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from kvpilot.api import patterns as P
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngineSpec, parse_spec
 from kvpilot.api.validate import apply_defaults, validate_manifest
@@ -132,3 +133,49 @@ def test_any_text_in_any_string_field_is_inert(tmp_path_factory: pytest.TempPath
         assert result.returncode == 0, result.stderr
         assert not marker.exists()
         assert SB.recorded_argvs(sb) == SB.expected_argvs(sb, spec, FP)
+
+
+# Characters admission allows in paths and ids, mixed with the shell's: most draws are refused, the rest
+# must build inertly.
+MIXED = st.text(alphabet="abzAZ09-_./=+:@ $;'\"`\n(){}|&\\*?~!#", min_size=1, max_size=24)
+
+
+def _field(regex: str, max_size: int = 60) -> st.SearchStrategy[str]:
+    """Half the draws match the field's own regex (they get through admission), half are mixed."""
+    return st.one_of(st.from_regex(regex, fullmatch=True).filter(lambda v: len(v) <= max_size), MIXED)
+
+
+ACCEPTED: list[int] = []
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow,
+                                                                    HealthCheck.filter_too_much])
+@given(source=_field(P.SOURCE_REGEX, 1024), revision=_field(P.REVISION_REGEX), dataset=_field(P.DATASET_REGEX),
+       image=_field(P.IMAGE_REGEX), claim=_field("^[a-z0-9]{1,20}$"), gpu=_field(P.LABEL_VALUE_REGEX),
+       env=st.text(max_size=30))
+def test_every_string_that_passes_validation_builds_inertly(tmp_path_factory: pytest.TempPathFactory, source: str,
+                                                            revision: str, dataset: str, image: str, claim: str,
+                                                            gpu: str, env: str) -> None:
+    doc = override(base("prop", "tensorrt"), model__source=source, model__revision=revision,
+                   build__quantization="fp8", build__calibration={"dataset": dataset}, runtime__image=image,
+                   runtime__env=[{"name": "X", "value": env}], serving__gpuProduct=gpu,
+                   engineCache={"claimName": claim})
+    defaulted, errors = validate_manifest(doc, spec_openapi())
+    event("accepted" if not errors else "refused")
+    if errors:
+        return  # refused at admission, with a message (test_validation checks the messages)
+    ACCEPTED.append(1)
+    spec = parse_spec(defaulted["spec"])
+    root = tmp_path_factory.mktemp("valid")
+    pvc_path = spec.model.location.partition("/")[2] if spec.model.scheme == "pvc" else None
+    sb, result = run_spec(root / "sb", spec, pvc_path=pvc_path)
+    assert result.returncode == 0, result.stderr
+    assert SB.recorded_argvs(sb) == SB.expected_argvs(sb, spec, FP)
+    if pvc_path is not None:
+        assert (sb.cache / FP / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_the_property_above_reached_the_build() -> None:
+    """Runs after it (file order): a property whose every draw was refused would prove nothing."""
+    assert len(ACCEPTED) >= 10, len(ACCEPTED)
