@@ -22,7 +22,7 @@ OUT = Path(__file__).parent / "manifests"
 MARKER = "kvpilot-pwned"
 
 PAYLOADS = [
-    f"$(touch {MARKER})", f"`touch {MARKER}`", f"x;touch {MARKER}", f"x' ; touch {MARKER} ; '",
+    f"$(touch {MARKER})", f"`touch {MARKER}`", f"x;touch {MARKER};", f"x' ; touch {MARKER} ; '",
     f'x" ; touch {MARKER} ; "', f"x && touch {MARKER}", f"x | touch {MARKER}", f"x\ntouch {MARKER}",
     f"$STAGE$(touch {MARKER})", f"$(touch${{IFS}}{MARKER})", "--help", "-rf", "../../../etc/passwd", "..",
     "a b", "", " ", "main\n", "x" * 1100, "\u202etxt.exe", "\uff46\uff55\uff4c\uff4c", "tab\there", "${HOME}",

@@ -42,7 +42,7 @@ def run_spec(tmp_path: Path, spec: InferenceEngineSpec, pvc_path: str | None = N
 
 def marker_payloads(marker: Path) -> list[str]:
     m = str(marker)
-    return [f"$(touch {m})", f"`touch {m}`", f"x;touch {m}", f"x' ; touch {m}; '", f'x" ; touch {m}; "',
+    return [f"$(touch {m})", f"`touch {m}`", f"x;touch {m};", f"x' ; touch {m}; '", f'x" ; touch {m}; "',
             f"x&&touch {m}", f"x|touch {m}", f"x\ntouch {m}", f"$(touch${{IFS}}{m})"]
 
 
