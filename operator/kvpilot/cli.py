@@ -6,7 +6,6 @@ import argparse
 import logging
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import yaml
