@@ -19,8 +19,8 @@ from kvpilot import API_VERSION, KIND
 from kvpilot.api.openapi import Schema
 
 DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-SHOWN_MAX = 80
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # JSON numbers the API server decodes as integers  # characters of a value echoed in an error: a 10 MB value must not be printed whole
+SHOWN_MAX = 80  # characters of a value echoed in an error: a 10 MB value must not be printed whole
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # JSON numbers the API server decodes as integers
 
 
 @dataclass(frozen=True)
