@@ -6,13 +6,13 @@ import argparse
 import logging
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kvpilot import __version__
 from kvpilot.api.crd import render_crd_yaml, spec_openapi
+from kvpilot.api.manifest_file import MAX_BYTES, ManifestFileError, decode, documents
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired.fingerprint import fingerprint_inputs
@@ -35,17 +35,29 @@ def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _BlockStyleDumper.add_representer(str, _str_presenter)
 
 
+def read_text(path: str) -> tuple[str, str]:
+    """The file's text ('-' for stdin) and how errors name it; bounded and UTF-8, as manifest_file requires."""
+    if path == "-":
+        return decode(sys.stdin.buffer.read(MAX_BYTES + 1), "<stdin>"), "<stdin>"
+    with open(path, "rb") as f:
+        return decode(f.read(MAX_BYTES + 1), path), path
+
+
 def load_engines(path: str) -> list[InferenceEngine]:
-    """Parse, default and validate every InferenceEngine in a file ('-' for stdin)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    """Parse, default and validate every InferenceEngine in a file ('-' for stdin).
+
+    Raises ManifestFileError (unreadable YAML), InvalidEngineError (a manifest the API server would refuse)
+    or OSError; each names the document.
+    """
+    text, source = read_text(path)
     engines = []
-    for doc in yaml.safe_load_all(text):
-        if doc is None:
-            continue
+    for number, doc in documents(text, source):
         defaulted, errors = validate_manifest(doc, spec_openapi())
-        name = ((doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None) or "<unnamed>"
         if errors:
-            raise InvalidEngineError(name, errors)
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            shown = name[:80] if isinstance(name, str) and name else "<unnamed>"
+            raise InvalidEngineError(shown, errors, where=f"{source}: document {number}")
         meta = defaulted["metadata"]
         ref = ObjectRef(name=meta["name"], namespace=meta.get("namespace") or "default", uid="<uid>", generation=1)
         engines.append(InferenceEngine(ref, parse_spec(defaulted["spec"])))
@@ -75,14 +87,56 @@ def render(engines: list[InferenceEngine], settings: Settings, include_status: b
 def cmd_render(args: argparse.Namespace) -> int:
     try:
         engines = load_engines(args.filename)
-    except InvalidEngineError as exc:
+    except (InvalidEngineError, ManifestFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"error: cannot read {args.filename}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: cannot read {args.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     sys.stdout.write(render(engines, Settings(kvsim_image=args.kvsim_image), args.show_fingerprint))
     return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from kvpilot.desired.cache_jobs import CacheJobError, ls_job, prune_job
+
+    try:
+        if args.cache == "ls":
+            job = ls_job(args.claim, args.namespace, args.image)
+        else:
+            if not args.keep and not args.all:
+                raise CacheJobError("name the engines to keep with --keep <fingerprint> (repeatable), or pass --all")
+            job = prune_job(args.claim, args.namespace, tuple(args.keep), args.min_age_minutes, args.dry_run,
+                            args.downloads, args.image)
+    except CacheJobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(yaml.dump(job, Dumper=_BlockStyleDumper, sort_keys=False, width=120))
+    return 0
+
+
+def add_cache_parser(sub: Any) -> None:
+    cache = sub.add_parser(
+        "cache", help="Print a Job that lists or prunes the engines on a cache claim (see docs/engine-cache.md).",
+        description="Render a one-off Job that lists (ls) or deletes (prune) published engines on an engine-cache "
+        "claim. Nothing is applied: pipe it to `kubectl apply -f -` and read `kubectl logs job/<name>`.")
+    cache_sub = cache.add_subparsers(dest="cache", required=True)
+    for name, text in (("ls", "List every engine on the claim with its size and manifest."),
+                       ("prune", "Delete every engine on the claim except those kept.")):
+        p = cache_sub.add_parser(name, help=text, description=text)
+        p.add_argument("--claim", required=True, help="The engine-cache PersistentVolumeClaim.")
+        p.add_argument("-n", "--namespace", default="default", help="Namespace of the claim (default: default).")
+        p.add_argument("--image", default="busybox:1.37", help="Image with sh, find and du (default: busybox).")
+        if name == "prune":
+            p.add_argument("--keep", action="append", default=[], metavar="FINGERPRINT",
+                           help="A fingerprint to keep (repeatable): e.g. every status.engine.fingerprint in use.")
+            p.add_argument("--all", action="store_true", help="Keep nothing (required when no --keep is given).")
+            p.add_argument("--min-age-minutes", type=int, default=60,
+                           help="Never delete an engine published more recently than this (default 60).")
+            p.add_argument("--downloads", action="store_true",
+                           help="Also delete downloaded checkpoints (.models); the next build downloads again.")
+            p.add_argument("--dry-run", action="store_true", help="Only print what would be deleted.")
+    cache.set_defaults(func=cmd_cache)
 
 
 def cmd_crd(_args: argparse.Namespace) -> int:
@@ -127,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     rend.add_argument("--kvsim-image", default=DEFAULT_KVSIM_IMAGE, help="Image of the simulated backend.")
     rend.add_argument("--show-fingerprint", action="store_true", help="Also print the fingerprint and its inputs.")
     rend.set_defaults(func=cmd_render)
+
+    add_cache_parser(sub)
 
     crd = sub.add_parser("crd", help="Print the InferenceEngine CustomResourceDefinition.")
     crd.set_defaults(func=cmd_crd)

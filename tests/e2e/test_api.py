@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cases.engines import INVALID, base, invalid_case
+from tests.cases.engines import INVALID, VALID_EDGES, base, invalid_case, valid_edge
 from tests.e2e.conftest import ROOT, apply, kubectl, run_kubectl
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -51,3 +51,11 @@ def test_every_example_is_accepted(chart: str, path: Path) -> None:
         d["metadata"]["namespace"] = "default"
         out = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(d))
         assert "created (server dry run)" in out or "configured (server dry run)" in out
+
+
+@pytest.mark.parametrize("case", VALID_EDGES, ids=[c[0] for c in VALID_EDGES])
+def test_names_at_the_edge_of_the_restrictions_are_accepted(chart: str, case: tuple) -> None:
+    doc = valid_edge(case[0])
+    doc["metadata"]["namespace"] = "default"
+    out = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert "(server dry run)" in out

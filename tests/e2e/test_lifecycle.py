@@ -131,3 +131,19 @@ def test_deleting_the_engine_removes_every_child(ns: str) -> None:
         return left.strip() == ""
     wait_for(gone, 90, "every child deleted")
     assert get("inferenceengine", "llama", ns) is None
+
+
+def test_a_claim_the_operator_applies_outlives_the_engine_that_asked_for_it(ns: str) -> None:
+    """Issue 13: with one owner, deleting that engine had the garbage collector delete the cache every other
+    engine on the claim serves from."""
+    apply(engine(ns, name="a", engineCache={"claimName": "engines", "size": "100Gi", "accessMode": "ReadWriteMany"}))
+    apply(engine(ns, name="b"))
+    wait_for(lambda: available(ns, "a") and available(ns, "b"), 120, "both Available")
+    claim = get("persistentvolumeclaim", "engines", ns) or {}
+    assert "ownerReferences" not in claim["metadata"], claim["metadata"].get("ownerReferences")
+    assert claim["metadata"]["annotations"]["serving.kvpilot.io/retention"]
+    kubectl("delete", "ie", "a", "-n", ns, "--timeout=60s")
+    wait_for(lambda: get("deployment", "a", ns) is None, 90, "a's Deployment deleted by the garbage collector")
+    claim = get("persistentvolumeclaim", "engines", ns) or {}
+    assert claim and "deletionTimestamp" not in claim["metadata"]
+    assert available(ns, "b")

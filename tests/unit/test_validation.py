@@ -9,7 +9,7 @@ import yaml
 
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.validate import validate_manifest
-from tests.cases.engines import INVALID, base, invalid_case
+from tests.cases.engines import INVALID, VALID_EDGES, base, invalid_case, valid_edge
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -58,3 +58,24 @@ def test_user_values_are_not_overwritten_by_defaults() -> None:
     assert not errors
     assert out["spec"]["build"]["maxBatchSize"] == 2048
     assert out["spec"]["build"]["kvCache"] == {"type": "paged", "tokensPerBlock": 64}
+
+
+@pytest.mark.parametrize("case", VALID_EDGES, ids=[c[0] for c in VALID_EDGES])
+def test_real_names_at_the_edge_of_the_restrictions_are_accepted(case: tuple) -> None:
+    _doc, errors = validate_manifest(valid_edge(case[0]), spec_openapi())
+    assert errors == [], [str(e) for e in errors]
+
+
+def test_long_values_are_cut_in_messages() -> None:
+    doc = base()
+    doc["spec"]["model"]["source"] = "x" * 10_000_000
+    _doc, errors = validate_manifest(doc, spec_openapi())
+    text = "\n".join(str(e) for e in errors)
+    assert "10000000 characters" in text and len(text) < 2000, text[:3000]
+
+
+def test_metadata_as_a_list_is_a_field_error() -> None:
+    doc = base()
+    doc["metadata"] = ["name", "x"]
+    _doc, errors = validate_manifest(doc, spec_openapi())
+    assert any(e.path == "metadata" and "object" in e.message for e in errors), [str(e) for e in errors]

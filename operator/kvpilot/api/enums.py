@@ -21,5 +21,4 @@ SIMULATION_PROFILES = (
 TOKENS_PER_BLOCK_CHOICES = (2, 4, 8, 16, 32, 64, 128)
 MAX_BATCH = 16384
 MAX_TOKENS = 1048576
-
-SOURCE_REGEX = r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|s3://[a-z0-9][-a-z0-9.]*[a-z0-9](/.*)?)$"
+MAX_BUILD_SECONDS = 172800  # the largest build.timeoutSeconds (activeDeadlineSeconds) admission allows

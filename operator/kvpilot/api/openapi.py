@@ -108,12 +108,26 @@ def boolean(description: str, default: bool | None = None) -> Schema:
     return schema
 
 
-def quantity(description: str) -> Schema:
+# What the API server refuses in a container's resources or a claim's storage request (issue 13: admission
+# let through what the Job, Deployment or PVC create then failed on).
+NON_NEGATIVE = Rule("type(self) == string ? !self.startsWith('-') : self >= 0", "must be >= 0")
+POSITIVE = Rule("type(self) == string ? self.matches('^[+]?[0-9.]*[1-9]') : self > 0", "must be > 0")
+RESOURCE_NAME = Rule(
+    "self.all(k, k in ['cpu', 'memory', 'ephemeral-storage'] || k.matches('^hugepages-[0-9]+[KMGTPE]?i?$') || "
+    "(k.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
+    "[A-Za-z0-9])?$') && k.size() <= 317))",
+    "every key must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource such as "
+    "example.com/device (GPUs follow the parallel sizes)",
+)
+
+
+def quantity(description: str, rule: Rule = NON_NEGATIVE) -> Schema:
     return {
         "description": description,
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "pattern": QUANTITY_PATTERN,
         "x-kubernetes-int-or-string": True,
+        "x-kubernetes-validations": [rule.to_schema()],
     }
 
 
@@ -132,6 +146,7 @@ def quantity_map(description: str) -> Schema:
         "description": description,
         "maxProperties": 16,
         "additionalProperties": quantity("A quantity such as 500m, 16Gi or 4."),
+        "x-kubernetes-validations": [RESOURCE_NAME.to_schema()],
     }
 
 

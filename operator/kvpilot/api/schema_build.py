@@ -19,11 +19,12 @@ from kvpilot.api.enums import (
     DTYPES,
     KV_CACHE_DTYPES,
     MAX_BATCH,
+    MAX_BUILD_SECONDS,
     MAX_TOKENS,
     QUANTIZATIONS,
     SIMULATION_PROFILES,
-    SOURCE_REGEX,
 )
+from kvpilot.api import patterns as P
 
 
 def model_schema() -> Schema:
@@ -34,18 +35,13 @@ def model_schema() -> Schema:
                 "Where the Hugging Face checkpoint lives: hf://<org>/<name> (downloaded), pvc://<claim>/<path> "
                 "(a directory on an existing PersistentVolumeClaim) or s3://<bucket>/<prefix>.",
                 max_length=1024,
-                rules=(
-                    Rule(
-                        f"self.matches('{SOURCE_REGEX}')",
-                        "must be hf://<org>/<name>, pvc://<claim>/<path> or s3://<bucket>/<prefix>",
-                    ),
-                ),
+                rules=(P.matches(P.SOURCE_REGEX, P.SOURCE_MESSAGE),),
             ),
             "revision": string(
                 "The commit (or tag) of the checkpoint. It pins the weights an engine is built from, so it is "
                 "required for hf:// sources; a new revision builds a new engine.",
                 max_length=256,
-                pattern=r"^[-A-Za-z0-9_./]+$",
+                rules=(P.matches(P.REVISION_REGEX, P.REVISION_MESSAGE),),
             ),
             "architecture": string(
                 "The model family; it selects TensorRT-LLM's checkpoint converter. Required for backend tensorrt. "
@@ -85,6 +81,7 @@ def runtime_schema() -> Schema:
                 "across TensorRT-LLM versions). Defaults to nvcr.io/nvidia/tensorrt-llm/release:1.2.0, or to the "
                 "operator's kvsim image for backend simulated.",
                 max_length=512,
+                rules=(P.matches(P.IMAGE_REGEX, P.IMAGE_MESSAGE),),
             ),
             "simulation": obj(
                 "Settings of the simulated backend (kvsim). Required when backend is simulated.",
@@ -202,6 +199,7 @@ def build_schema() -> Schema:
                         "(e.g. pvc://datasets/cnn_dailymail).",
                         max_length=1024,
                         default="cnn_dailymail",
+                        rules=(P.matches(P.DATASET_REGEX, P.DATASET_MESSAGE),),
                     ),
                     "size": integer("Number of calibration samples (--calib_size).", 1, 100000, default=512),
                     "maxSeqLength": integer(
@@ -211,7 +209,7 @@ def build_schema() -> Schema:
                 default={},
             ),
             "timeoutSeconds": integer(
-                "Deadline of one build Job (activeDeadlineSeconds).", 60, 172800, default=7200
+                "Deadline of one build Job (activeDeadlineSeconds).", 60, MAX_BUILD_SECONDS, default=7200
             ),
             "backoffLimit": integer("Retries of a failed build pod before the build fails.", 0, 10, default=2),
             "resources": resources("CPU and memory of the build container (GPUs follow the parallel sizes)."),

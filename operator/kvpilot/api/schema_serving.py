@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpilot.api.openapi import (
     DNS1123_SUBDOMAIN,
+    POSITIVE,
     Rule,
     Schema,
     array,
@@ -16,6 +17,7 @@ from kvpilot.api.openapi import (
     string_map,
 )
 from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, SCHEDULER_POLICIES
+from kvpilot.api import patterns as P
 
 
 def batching_schema() -> Schema:
@@ -68,13 +70,31 @@ def serving_schema() -> Schema:
     toleration = obj(
         "A toleration, as in a Pod spec.",
         {
-            "key": string("Taint key.", max_length=316),
-            "operator": string("Exists or Equal.", enum=("Exists", "Equal")),
-            "value": string("Taint value.", max_length=63),
+            "key": string("Taint key (a qualified name; empty with operator Exists matches every taint).",
+                          max_length=317, rules=(Rule(P.qualified_name_cel("self") + " || self == ''",
+                                                      P.QUALIFIED_NAME_MESSAGE),)),
+            "operator": string("Exists or Equal (default).", enum=("Exists", "Equal")),
+            "value": string("Taint value (a label value; empty for Exists).", max_length=P.LABEL_VALUE_MAX,
+                            rules=(P.label_value_rule(),)),
             "effect": string("Taint effect.", enum=("NoSchedule", "PreferNoSchedule", "NoExecute")),
             "tolerationSeconds": integer("How long a NoExecute taint is tolerated.", 0, None, fmt="int64"),
         },
+        # The API server's own checks of a Pod's tolerations (k8s.io/kubernetes validateTolerations).
+        rules=(
+            Rule("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                 "value must be empty when operator is Exists", ".value"),
+            Rule("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                 "operator must be Exists when key is empty (which means: match every key and value)", ".operator"),
+            Rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                 "effect must be NoExecute when tolerationSeconds is set", ".effect"),
+        ),
     )
+    node_selector = string_map("Extra node labels the pods require (label keys and values).", 32,
+                               P.LABEL_VALUE_MAX)
+    node_selector["additionalProperties"]["x-kubernetes-validations"] = [P.label_value_rule().to_schema()]
+    node_selector["x-kubernetes-validations"] = [
+        Rule(f"self.all(k, {P.qualified_name_cel('k')})", "every key " + P.QUALIFIED_NAME_MESSAGE).to_schema()
+    ]
     return obj(
         "The pods that serve the engine with trtllm-serve's OpenAI-compatible API.",
         {
@@ -88,12 +108,12 @@ def serving_schema() -> Schema:
             "gpuProduct": string(
                 "GPU model to run on: the node label nvidia.com/gpu.product (e.g. NVIDIA-H100-80GB-HBM3). Builds run "
                 "on it too, because engines are GPU-specific; it is part of the fingerprint.",
-                max_length=128,
-                pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$",
+                max_length=P.LABEL_VALUE_MAX,
+                rules=(P.label_value_rule(),),
             ),
             "port": integer("Port of the OpenAI-compatible HTTP API.", 1, 65535, default=8000),
             "resources": resources("CPU and memory of each serving pod (GPUs follow the parallel sizes)."),
-            "nodeSelector": string_map("Extra node labels the pods require.", 32, 253),
+            "nodeSelector": node_selector,
             "tolerations": array("Tolerations of the serving and build pods.", toleration, 32),
             "priorityClassName": string("PriorityClass of the serving pods.", pattern=DNS1123_SUBDOMAIN),
             "startupTimeoutSeconds": integer(
@@ -129,11 +149,12 @@ def engine_cache_schema() -> Schema:
         {
             "claimName": string(
                 "An existing PersistentVolumeClaim, or the name of the one to create when size is set "
-                "(default <name>-engines).",
+                "(default <name>-engines). At most 63 characters: it labels the engine index.",
+                max_length=P.LABEL_VALUE_MAX,
                 pattern=DNS1123_SUBDOMAIN,
             ),
             "storageClassName": string("StorageClass of the claim the operator creates.", pattern=DNS1123_SUBDOMAIN),
-            "size": quantity("Size of the claim the operator creates, e.g. 200Gi."),
+            "size": quantity("Size of the claim the operator creates, e.g. 200Gi.", rule=POSITIVE),
             "accessMode": string(
                 "Access mode of the claim the operator creates; ReadWriteMany lets pods on several nodes share it.",
                 enum=("ReadWriteOnce", "ReadWriteMany"),

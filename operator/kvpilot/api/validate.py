@@ -8,16 +8,19 @@ cel-python). The end-to-end tests check both agree on a table of invalid manifes
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import celpy
+import re2  # the API server's regex engine (Go's regexp is RE2), shipped with cel-python: `$` is end of text
 
 from kvpilot import API_VERSION, KIND
 from kvpilot.api.openapi import Schema
 
+DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SHOWN_MAX = 80  # characters of a value echoed in an error: a 10 MB value must not be printed whole
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # JSON numbers the API server decodes as integers
 
 
 @dataclass(frozen=True)
@@ -29,18 +32,31 @@ class FieldError:
     message: str
 
     def __str__(self) -> str:
-        shown = self.value if not isinstance(self.value, (dict, list)) else "object"
-        return f"{self.path}: Invalid value: {shown!r}: {self.message}"
+        return f"{self.path}: Invalid value: {shown(self.value)}: {self.message}"
+
+
+def shown(value: Any) -> str:
+    """A value as an error echoes it: containers by kind, long text cut with its full length."""
+    if isinstance(value, dict):
+        return '"object"'
+    if isinstance(value, list):
+        return '"array"'
+    text = repr(value)
+    if len(text) > SHOWN_MAX:
+        size = len(value) if isinstance(value, (str, bytes)) else len(text)
+        return f"{text[:SHOWN_MAX]}... ({size} characters)"
+    return text
 
 
 class InvalidEngineError(ValueError):
     """Raised with every violation of an InferenceEngine manifest."""
 
-    def __init__(self, name: str, errors: list[FieldError]):
+    def __init__(self, name: str, errors: list[FieldError], where: str = ""):
         self.name = name
         self.errors = errors
         lines = "\n".join(f"  - {e}" for e in errors)
-        super().__init__(f'InferenceEngine "{name}" is invalid:\n{lines}')
+        prefix = f"{where}: " if where else ""
+        super().__init__(f'{prefix}InferenceEngine "{name}" is invalid:\n{lines}')
 
 
 def apply_defaults(schema: Schema, value: Any) -> Any:
@@ -49,7 +65,8 @@ def apply_defaults(schema: Schema, value: Any) -> Any:
         if isinstance(value, list) and "items" in schema:
             return [apply_defaults(schema["items"], v) for v in value]
         return value
-    out = dict(value)
+    # The API server prunes null fields of a non-nullable schema before defaulting: `replicas: null` is absent.
+    out = {k: v for k, v in value.items() if v is not None or schema["properties"].get(k, {}).get("nullable")}
     for name, sub in schema["properties"].items():
         if name not in out and "default" in sub:
             out[name] = copy.deepcopy(sub["default"])
@@ -69,10 +86,12 @@ def _cel_holds(cel: str, value: Any) -> bool:
 
 
 def _type_errors(schema: Schema, value: Any, path: str) -> list[FieldError]:
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        return [FieldError(path, value, "must be of type integer (a 64-bit integer)")]
     if schema.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             return [FieldError(path, value, "must be an integer or a string")]
-        if isinstance(value, str) and not re.match(schema["pattern"], value):
+        if isinstance(value, str) and not re2.search(schema["pattern"], value):
             return [FieldError(path, value, "must be a quantity such as 500m, 16Gi or 4")]
         return []
     expected = schema.get("type")
@@ -102,7 +121,7 @@ def _scalar_errors(schema: Schema, value: Any, path: str) -> list[FieldError]:
             errors.append(FieldError(path, value, f"must have at most {schema['maxLength']} characters"))
         if "minLength" in schema and len(value) < schema["minLength"]:
             errors.append(FieldError(path, value, f"must have at least {schema['minLength']} characters"))
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not re2.search(schema["pattern"], value):
             errors.append(FieldError(path, value, f"must match '{schema['pattern']}'"))
     return errors
 
@@ -159,9 +178,20 @@ def validate_manifest(manifest: Any, root_schema: Schema) -> tuple[dict[str, Any
         errors.append(FieldError("apiVersion", manifest.get("apiVersion"), f'must be "{API_VERSION}"'))
     if manifest.get("kind") != KIND:
         errors.append(FieldError("kind", manifest.get("kind"), f'must be "{KIND}"'))
-    meta = manifest.get("metadata") or {}
+    meta = manifest.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        errors.append(FieldError("metadata", meta, "must be of type object"))
+        meta = {}
     name = meta.get("name")
-    if not isinstance(name, str) or not name:
+    namespace = meta.get("namespace")
+    if namespace is not None and not (isinstance(namespace, str) and len(namespace) <= 63
+                                      and re2.search(DNS1123_LABEL, namespace)):
+        errors.append(FieldError("metadata.namespace", namespace, "must be a DNS-1123 label of at most 63 characters"))
+    if name is not None and not isinstance(name, str):
+        errors.append(FieldError("metadata.name", name, "must be of type string"))
+    elif not name:
         errors.append(FieldError("metadata.name", name, "Required value"))
     else:
         for rule in root_schema.get("x-kubernetes-validations", []):
@@ -171,7 +201,7 @@ def validate_manifest(manifest: Any, root_schema: Schema) -> tuple[dict[str, Any
         if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
             errors.append(FieldError(key, manifest[key], "unknown field"))
     spec_schema = root_schema["properties"]["spec"]
-    if "spec" not in manifest:
+    if manifest.get("spec") is None:  # absent, or null (pruned by the API server)
         errors.append(FieldError("spec", None, "Required value"))
         return manifest, errors
     spec = apply_defaults(spec_schema, manifest["spec"])

@@ -15,8 +15,18 @@ def cache_claim_name(owner: ObjectRef, spec: InferenceEngineSpec) -> str | None:
     return cache.claim_name or L.created_claim_name(owner.name)
 
 
+RETENTION_ANNOTATION = "serving.kvpilot.io/retention"
+
+
 def cache_claim(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any] | None:
-    """A claim to create, only when the spec asks for one by size; an existing claim is never touched."""
+    """A claim to create, only when the spec asks for one by size; an existing claim is never touched.
+
+    It has no owner and names no engine: other InferenceEngines may cache on it (by claimName), so deleting
+    the one that created it must not delete their engines (issue 13). Like a StatefulSet's volume claims it
+    is retained; docs/engine-cache.md says how to prune it. Every engine that shares it renders the very same
+    object, so their server-side applies agree (and, under the same field manager, drop the owner reference
+    that older kvpilot versions set).
+    """
     cache = spec.engine_cache
     if cache is None or cache.size is None:
         return None
@@ -26,8 +36,10 @@ def cache_claim(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any] |
         "metadata": {
             "name": cache_claim_name(owner, spec),
             "namespace": owner.namespace,
-            "labels": L.common_labels(owner.name, spec.runtime.backend, "engine-cache"),
-            "ownerReferences": [L.owner_reference(owner)],
+            "labels": {**L.MANAGED_BY, "app.kubernetes.io/name": "inference-engine",
+                       L.COMPONENT_LABEL: "engine-cache"},
+            "annotations": {RETENTION_ANNOTATION: "kept when the InferenceEngines that use it are deleted; "
+                            "delete it to free the engines it holds (docs/engine-cache.md)"},
         },
         "spec": {
             "accessModes": [cache.access_mode],

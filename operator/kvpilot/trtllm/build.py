@@ -12,6 +12,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass
 
+from kvpilot.api.enums import MAX_BUILD_SECONDS
 from kvpilot.api.models import BuildSpec, InferenceEngineSpec
 from kvpilot.trtllm import release
 
@@ -20,6 +21,28 @@ MODEL_MOUNT = "/model"
 MANIFEST = "kvpilot-engine.json"
 TERMINATION_LOG = "/dev/termination-log"
 STAGE_VAR = "$STAGE"  # set by the build script to the staging directory
+# No build Job outlives the largest deadline admission allows, so a staging directory untouched for longer
+# (plus an hour) belongs to a pod that died without running its cleanup trap (SIGKILL, a lost node).
+ORPHAN_AFTER_MINUTES = MAX_BUILD_SECONDS // 60 + 60
+
+
+class StagePath(str):
+    """A path under the staging directory, written ``$STAGE/<rest>``: the one kind of argument bash expands.
+
+    A type, not a prefix test, marks it: a spec value that merely starts with ``$STAGE`` is quoted like
+    any other (issue 13: ``$STAGE$(touch x)`` as a calibration dataset ran ``touch``).
+    """
+
+    def __new__(cls, rest: str) -> "StagePath":
+        return super().__new__(cls, f"{STAGE_VAR}/{rest}")
+
+    def shell(self) -> str:
+        return f'"{STAGE_VAR}"/' + shlex.quote(self[len(STAGE_VAR) + 1:])
+
+
+def quote(arg: str) -> str:
+    """One argument as bash must read it: stage paths expand ``$STAGE`` only, everything else is literal."""
+    return arg.shell() if isinstance(arg, StagePath) else shlex.quote(arg)
 
 
 @dataclass(frozen=True)
@@ -30,8 +53,8 @@ class Command:
     argv: tuple[str, ...]
 
     def shell(self) -> str:
-        """The command as one shell line; ``$STAGE`` paths stay expandable, everything else is quoted."""
-        return " ".join(f'"{a}"' if a.startswith(STAGE_VAR) else shlex.quote(a) for a in self.argv)
+        """The command as one shell line; no spec value is ever left unquoted."""
+        return " ".join(quote(a) for a in self.argv)
 
 
 @dataclass(frozen=True)
@@ -46,17 +69,21 @@ class BuildPaths:
         return f"{CACHE_MOUNT}/{self.fingerprint}"
 
     @property
+    def staging_root(self) -> str:
+        return f"{CACHE_MOUNT}/.staging"
+
+    @property
     def stage(self) -> str:
         # $HOSTNAME is the pod name: two pods of the same Job never share a staging directory.
-        return f"{CACHE_MOUNT}/.staging/{self.fingerprint}-$HOSTNAME"
+        return f"{self.staging_root}/{self.fingerprint}-$HOSTNAME"
 
     @property
     def checkpoint(self) -> str:
-        return f"{STAGE_VAR}/checkpoint"
+        return StagePath("checkpoint")
 
     @property
     def engine(self) -> str:
-        return f"{STAGE_VAR}/engine"
+        return StagePath("engine")
 
 
 def model_cache_key(source: str, revision: str | None) -> str:

@@ -8,6 +8,7 @@ import shlex
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.trtllm.build import (
     MANIFEST,
+    ORPHAN_AFTER_MINUTES,
     TERMINATION_LOG,
     BuildPaths,
     Command,
@@ -63,10 +64,21 @@ def manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_
     }
 
 
+def staging_cleanup(paths: BuildPaths) -> list[str]:
+    """A failed build removes its staging directory (it holds a converted checkpoint: a full disk must not get
+    fuller with each retry); the staging directories of pods that died without their trap are collected."""
+    return [
+        "trap 'rm -rf \"$STAGE\"' EXIT",
+        "trap 'exit 143' TERM",
+        f"find {shlex.quote(paths.staging_root)} -mindepth 1 -maxdepth 1 -mmin +{ORPHAN_AFTER_MINUTES} "
+        "-exec rm -rf -- {} + 2>/dev/null || true",
+    ]
+
+
 def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_size: int) -> str:
     """The whole build as a bash script: cache check, staging, the commands, atomic publish."""
     paths = BuildPaths(fingerprint, model_dir=model_dir(spec) if spec.runtime.backend != "simulated" else "")
-    final, stage = paths.final, paths.stage
+    final, stage = shlex.quote(paths.final), paths.stage
     body = json.dumps(manifest(spec, fingerprint, image, max_batch_size), sort_keys=True)
     lines = [
         "set -euo pipefail",
@@ -77,6 +89,7 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         "  exit 0",
         "fi",
         f'STAGE="{stage}"',
+        *staging_cleanup(paths),
         'rm -rf "$STAGE" && mkdir -p "$STAGE/tokenizer"',
     ]
     for step in build_commands(spec, fingerprint, max_batch_size):
@@ -84,9 +97,10 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         lines.append(step.shell())
     if paths.model_dir:
         files = " ".join(TOKENIZER_FILES)
+        src = shlex.quote(paths.model_dir)
         lines += [
             f"for f in {files}; do",
-            f'  if [ -f {paths.model_dir}/"$f" ]; then cp {paths.model_dir}/"$f" "$STAGE/tokenizer/"; fi',
+            f'  if [ -f {src}/"$f" ]; then cp -- {src}/"$f" "$STAGE/tokenizer/"; fi',
             "done",
         ]
     lines += [
@@ -95,6 +109,6 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         "# Publish atomically; if another builder published first, its engine is identical.",
         f'mv -T "$STAGE" {final} || {{ [ -f {final}/{MANIFEST} ] && rm -rf "$STAGE"; }}',
         f"cp {final}/{MANIFEST} {TERMINATION_LOG}",
-        f"echo 'kvpilot: published {final}'",
+        f"echo {shlex.quote('kvpilot: published ' + paths.final)}",
     ]
     return "\n".join(lines) + "\n"
