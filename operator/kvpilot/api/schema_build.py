@@ -105,6 +105,21 @@ def runtime_schema() -> Schema:
                 },
                 required=("profile",),
             ),
+            "runAsUser": integer(
+                "Non-root user ID the build and serving containers run as. NVIDIA's TensorRT-LLM release image "
+                "declares no USER and runs as root (uid 0), so kvpilot only forces a non-root user for its kvsim "
+                "image (uid 10001); set this for an image that runs as (or tolerates) a non-root user. The pods "
+                "then also get runAsNonRoot and an fsGroup so the user can write the engine cache.",
+                1,
+                2147483647,
+                fmt="int64",
+            ),
+            "runAsGroup": integer(
+                "Group ID for runAsUser (defaults to runAsUser); also the pods' fsGroup.",
+                1,
+                2147483647,
+                fmt="int64",
+            ),
             "env": array(
                 "Extra environment variables for the build and serving containers (e.g. NCCL_DEBUG, HF_HUB_OFFLINE).",
                 obj(

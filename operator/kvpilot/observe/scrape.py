@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from kvpilot.api.metrics_url import resolved_problem
 from kvpilot.desired.observed import KvWindow, PodState
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_iteration_stats, parse_prometheus
@@ -122,9 +123,15 @@ async def query_prometheus(
         "runtime": f"max_over_time(trtllm_max_batch_size_runtime{{{sel}}}{rng})",
         "samples": f"count_over_time(trtllm_kv_cache_max_blocks{{{sel}}}{rng})",
     }
+    # Checked again here, not only at admission: a CRD installed before the rule, or a Service name that
+    # resolves to the metadata address, must not turn the operator into an SSRF proxy. No redirects either.
+    problem = await asyncio.to_thread(resolved_problem, url)
+    if problem:
+        raise ValueError(f"autotune.metrics.url {url[:200]!r} refused: {problem}")
     values: dict[str, dict[str, float]] = {}
     for key, q in queries.items():
-        async with session.get(f"{url.rstrip('/')}/api/v1/query", params={"query": q}, timeout=TIMEOUT) as resp:
+        async with session.get(f"{url.rstrip('/')}/api/v1/query", params={"query": q}, timeout=TIMEOUT,
+                               allow_redirects=False) as resp:
             values[key] = parse_vector(await resp.json())
     wall = time.time()
     samples = {
