@@ -180,3 +180,11 @@ def test_a_service_name_resolving_to_a_cluster_ip_is_accepted() -> None:
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.96.12.7", port))]
 
     assert resolved_problem("http://prometheus.monitoring.svc:9090", resolve=resolve) is None
+
+
+def test_replicas_prefer_different_nodes_and_scaling_does_not_roll_the_pods() -> None:
+    _, one, _ = pods("simulated", serving__replicas=1)
+    _, three, _ = pods("simulated", serving__replicas=3)
+    assert one == three  # the scale subresource changes replicas only, never the pod template
+    term = one["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"

@@ -145,6 +145,13 @@ def deployment(
                 "spec": {
                     "nodeSelector": P.node_selector(spec),
                     "tolerations": P.tolerations(spec),
+                    # Spread replicas over nodes when the GPUs allow (preferred, so tight clusters still
+                    # schedule). Rendered for any replica count: a scale-up must not change the template.
+                    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {"labelSelector": {"matchLabels": L.server_selector(owner.name)},
+                                            "topologyKey": "kubernetes.io/hostname"},
+                    }]}},
                     "priorityClassName": s.priority_class_name,
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                     "automountServiceAccountToken": False,  # trtllm-serve never talks to the API server
