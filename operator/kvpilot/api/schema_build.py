@@ -53,8 +53,9 @@ def model_schema() -> Schema:
                 enum=ARCHITECTURES,
             ),
             "credentialsSecretRef": obj(
-                "A Secret in the same namespace whose keys become environment variables of the download step: "
-                "HF_TOKEN for hf:// sources; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_REGION) for s3://.",
+                "A Secret in the same namespace with the download credentials. Only these keys are read, each by "
+                "name (never the whole Secret): HF_TOKEN for hf:// sources; AWS_ACCESS_KEY_ID, "
+                "AWS_SECRET_ACCESS_KEY (and optionally AWS_SESSION_TOKEN, AWS_REGION) for s3://.",
                 {"name": string("Name of the Secret.", pattern=DNS1123_SUBDOMAIN)},
                 required=("name",),
             ),
