@@ -129,6 +129,10 @@ def test_abandoned_streams_and_timed_out_requests_free_their_blocks_and_memory(e
                         *[time_out_unary(session, srv.base) for _ in range(16)])
                     busy_used = held[0]
                     settle_s = await srv.settle()
+                    # Iteration stats wait in a bounded queue (iter_stats_max_iterations) for GET /metrics:
+                    # read them, as the operator does, so the figure measures what requests leave behind.
+                    async with session.get(f"{srv.base}/metrics") as resp:
+                        assert resp.status == 200
                     gc.collect()
                     sizes.append(tracemalloc.get_traced_memory()[0])
                     print(f"round {round_no}: 64 streams generating held {busy_used - idle_used} blocks; after they "
