@@ -1,9 +1,10 @@
 """The closed loop on the local cluster, shared by ``make demo`` and the end-to-end test.
 
 Pieces: the operator as a local process under the chart's ServiceAccount (so RBAC is what a cluster
-install gets), a namespace with a hostPath engine cache, and an OpenAI load generator that dials the
-serving pods' IPs directly (the local cluster has no kube-proxy) with Poisson arrivals, streaming, and
-least-outstanding balancing across the ready pods.
+install gets), a namespace with a hostPath engine cache, and an OpenAI load generator with Poisson
+arrivals, streaming, and least-outstanding balancing that routes like a gateway: to the ready endpoints
+of the engine's Service, followed as pods come and go (hack/gateway.py; the local cluster has no
+kube-proxy and no EndpointSlices, see docs/testenv.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "testenv"))
 import cluster  # noqa: E402
+from gateway import ServiceGateway, ready_addresses  # noqa: E402
 
 OPERATOR_NS = "kvpilot-system"
 KVSIM_IMAGE = f"ghcr.io/kvpilot/kvsim:{__import__('kvpilot').__version__}"
@@ -139,13 +141,17 @@ def get_engine(ns: str, name: str) -> dict[str, Any]:
     return json.loads(out) if out.strip().startswith("{") else {}
 
 
-def ready_endpoints(ns: str, name: str, port: int = 8000) -> list[str]:
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
-                                      f"serving.kvpilot.io/engine={name},app.kubernetes.io/component=server",
-                                      "-o", "json"))
-    return [f"{p['status']['podIP']}:{port}" for p in pods["items"]
-            if not p["metadata"].get("deletionTimestamp")
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+def ready_endpoints(ns: str, name: str) -> list[str]:
+    """The ready endpoints of the engine's Service, as the endpoints controller would publish them."""
+    svc = json.loads(cluster.kubectl("get", "service", name, "-n", ns, "-o", "json"))
+    selector = ",".join(f"{k}={v}" for k, v in svc["spec"].get("selector", {}).items())
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json"))
+    return ready_addresses(svc, pods["items"], "http")
+
+
+def service_gateway(ns: str, name: str) -> ServiceGateway:
+    """A gateway following the engine's Service (the Service has the engine's name)."""
+    return ServiceGateway(ns, name, "http", kubeconfig=str(cluster.kubeconfig_path()))
 
 
 @dataclass
@@ -210,17 +216,26 @@ async def _send(session: aiohttp.ClientSession, endpoint: str, prompt_words: int
 
 
 async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds: float, prompt_words: int,
-                        max_tokens: int, stats: LoadStats, seed: int = 1) -> None:
-    """Poisson arrivals at ``rate`` req/s for ``seconds``, each to the ready pod with the fewest in flight."""
+                        max_tokens: int, stats: LoadStats, seed: int = 1, refresh_s: float = 0.25,
+                        stop: Callable[[], bool] | None = None) -> None:
+    """Poisson arrivals at ``rate`` req/s for ``seconds`` (or until ``stop()``, checked each second), each
+    to the ready endpoint with the fewest in flight. ``endpoints`` is re-read every ``refresh_s``: pass a
+    cheap one (``ServiceGateway.endpoints``). Every request opens its own connection, so no request is
+    ever sent on a kept-alive connection that a draining server is closing."""
     rng = random.Random(seed)
     outstanding: dict[str, int] = {}
     tasks: set[asyncio.Task[None]] = set()
     targets, refreshed = endpoints(), time.monotonic()
     end = time.monotonic() + seconds
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    checked = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
         while time.monotonic() < end:
             await asyncio.sleep(rng.expovariate(rate))
-            if time.monotonic() - refreshed > 2:
+            if stop is not None and time.monotonic() - checked > 1:
+                checked = time.monotonic()
+                if await asyncio.to_thread(stop):
+                    break
+            if time.monotonic() - refreshed > refresh_s:
                 targets, refreshed = await asyncio.to_thread(endpoints), time.monotonic()
             if not targets:
                 stats.errors += 1
@@ -239,7 +254,8 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
             await asyncio.wait(tasks, timeout=120)
 
 
-def closed_loop_engine(ns: str, name: str, start_batch: int, replicas: int) -> dict[str, Any]:
+def closed_loop_engine(ns: str, name: str, start_batch: int, replicas: int,
+                       cooldown_seconds: int = 60) -> dict[str, Any]:
     """A simulated engine that starts with a deliberately small runtime batch limit, tuned in Auto mode."""
     return {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine",
@@ -253,7 +269,7 @@ def closed_loop_engine(ns: str, name: str, start_batch: int, replicas: int) -> d
             "serving": {"replicas": replicas, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
             "engineCache": {"claimName": "engines"},
             "autotune": {"mode": "Auto", "minBatchSize": 4, "maxBatchSize": 256, "intervalSeconds": 10,
-                         "cooldownSeconds": 60, "warmupSeconds": 5,
+                         "cooldownSeconds": cooldown_seconds, "warmupSeconds": 5,
                          "slo": {"timeToFirstTokenMillis": 1000, "timePerOutputTokenMillis": 50}},
         },
     }

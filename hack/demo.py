@@ -5,7 +5,8 @@
 2. installs the Helm chart and runs the operator under the chart's ServiceAccount;
 3. applies a simulated InferenceEngine whose runtime max_batch_size starts far too small (4);
 4. the engine is built by a real Job (kvsim's trtllm-build), served by two pods (kvsim's trtllm-serve);
-5. drives OpenAI traffic at them and prints what clients see next to what the operator decides;
+5. drives OpenAI traffic at them through a gateway that follows the Service's ready endpoints (pods drain
+   before they stop, so retunes lose no request) and prints what clients see next to what the operator decides;
 6. prints a summary: the decisions, their reasons, and client latency before and after.
 
 Usage: python hack/demo.py [--rate 24] [--seconds 150] [--keep]
@@ -76,7 +77,8 @@ def main() -> int:
                 print(status_line(stats, t0), flush=True)
 
         threading.Thread(target=watch, daemon=True).start()
-        asyncio.run(C.generate_load(lambda: C.ready_endpoints(NS, NAME), args.rate, args.seconds, 200, 200, stats))
+        with C.service_gateway(NS, NAME) as gateway:  # routes like a gateway: the Service's ready endpoints
+            asyncio.run(C.generate_load(gateway.endpoints, args.rate, args.seconds, 200, 200, stats))
         done.set()
         summarize(stats, t0)
     finally:
@@ -102,7 +104,7 @@ def summarize(stats: C.LoadStats, t0: float) -> None:
             early.sort()
             print(f"  clients, first 20 s:  p95 TTFT {early[int(0.95 * (len(early) - 1))]:.0f} ms")
         print(f"  clients, second half: p95 TTFT {last['ttftP95Ms']:.0f} ms, {last['missShare']:.1%} over the objective")
-        print(f"  clients, whole run:   {stats.ok} ok, {stats.errors} errors (pods restarting), "
+        print(f"  clients, whole run:   {stats.sent} sent, {stats.ok} ok, {stats.errors} failed, "
               f"{first['missShare']:.1%} over the objective")
     print(f"\nThe runtime max_batch_size lives in status.batching (spec still says "
           f"{engine['spec']['batching']['maxBatchSize']}); `kubectl describe ie {NAME} -n {NS}` shows the events.")

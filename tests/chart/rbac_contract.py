@@ -16,6 +16,7 @@ NAMESPACED_NEEDS = {
     ("", "services"): MANAGE,
     ("", "configmaps"): MANAGE,
     ("", "persistentvolumeclaims"): MANAGE,
+    ("policy", "poddisruptionbudgets"): MANAGE,
     ("", "pods"): READ,
     ("", "events"): frozenset({"create", "patch"}),
     ("events.k8s.io", "events"): frozenset({"create", "patch"}),

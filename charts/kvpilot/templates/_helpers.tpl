@@ -136,6 +136,10 @@ in sync. No wildcards: every group, resource and verb is named.
 - apiGroups: [""]
   resources: ["services", "configmaps", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The serving pods' PodDisruptionBudget (engines with more than one replica): a node drain evicts one at a time.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Engine pods: readiness, scheduling failures, and the pod IPs whose metrics it reads.
 - apiGroups: [""]
   resources: ["pods"]

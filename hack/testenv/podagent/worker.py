@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import status as st
 from .kube import Kube
+from .lifecycle import run_pre_stop_hooks
 from .podspec import ConfigError, path_rewriter, plan_launch
 from .probes import (
     LIVENESS,
@@ -168,7 +169,10 @@ class PodWorker(threading.Thread):
     def _finish_deletion(self, meta: dict) -> None:
         """Graceful deletion as the kubelet does it: stop the containers, move the pod to a terminal phase
         (so a Job controller accounts it), then delete it with grace period 0."""
-        codes = self._terminate(float(meta.get("deletionGracePeriodSeconds", 30)))
+        grace = float(meta.get("deletionGracePeriodSeconds", 30))
+        running = [c for c in self.pod["spec"].get("containers", []) if c.get("name") in self.runs]
+        grace = run_pre_stop_hooks(running, grace)  # e.g. a serving pod's drain delay, before SIGTERM
+        codes = self._terminate(grace)
         now = rfc3339_now()
         for name, code in codes.items():
             cs = self.statuses.get(name)

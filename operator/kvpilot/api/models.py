@@ -55,6 +55,8 @@ class RuntimeSpec:
     backend: str
     image: Optional[str] = None
     simulation: Optional[Simulation] = None
+    run_as_user: Optional[int] = None
+    run_as_group: Optional[int] = None
     env: tuple[EnvVar, ...] = ()
 
 

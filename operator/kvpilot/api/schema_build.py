@@ -49,8 +49,9 @@ def model_schema() -> Schema:
                 enum=ARCHITECTURES,
             ),
             "credentialsSecretRef": obj(
-                "A Secret in the same namespace whose keys become environment variables of the download step: "
-                "HF_TOKEN for hf:// sources; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_REGION) for s3://.",
+                "A Secret in the same namespace with the download credentials. Only these keys are read, each by "
+                "name (never the whole Secret): HF_TOKEN for hf:// sources; AWS_ACCESS_KEY_ID, "
+                "AWS_SECRET_ACCESS_KEY (and optionally AWS_SESSION_TOKEN, AWS_REGION) for s3://.",
                 {"name": string("Name of the Secret.", pattern=DNS1123_SUBDOMAIN)},
                 required=("name",),
             ),
@@ -101,6 +102,21 @@ def runtime_schema() -> Schema:
                     "buildSeconds": integer("Simulated engine build time.", 0, 86400, default=0),
                 },
                 required=("profile",),
+            ),
+            "runAsUser": integer(
+                "Non-root user ID the build and serving containers run as. NVIDIA's TensorRT-LLM release image "
+                "declares no USER and runs as root (uid 0), so kvpilot only forces a non-root user for its kvsim "
+                "image (uid 10001); set this for an image that runs as (or tolerates) a non-root user. The pods "
+                "then also get runAsNonRoot and an fsGroup so the user can write the engine cache.",
+                1,
+                2147483647,
+                fmt="int64",
+            ),
+            "runAsGroup": integer(
+                "Group ID for runAsUser (defaults to runAsUser); also the pods' fsGroup.",
+                1,
+                2147483647,
+                fmt="int64",
             ),
             "env": array(
                 "Extra environment variables for the build and serving containers (e.g. NCCL_DEBUG, HF_HUB_OFFLINE).",

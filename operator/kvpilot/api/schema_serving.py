@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kvpilot.api.openapi import (
     DNS1123_SUBDOMAIN,
     POSITIVE,
@@ -16,6 +18,7 @@ from kvpilot.api.openapi import (
     string,
     string_map,
 )
+from kvpilot.api.metrics_url import METRICS_URL_PATTERN, METRICS_URL_RULE_MESSAGE
 from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, SCHEDULER_POLICIES
 from kvpilot.api import patterns as P
 
@@ -219,9 +222,11 @@ def autotune_schema() -> Schema:
                         default="Pod",
                     ),
                     "url": string(
-                        "Base URL of the Prometheus server (for source Prometheus).",
-                        max_length=2048,
-                        pattern=r"^https?://",
+                        "Base URL of the Prometheus server (for source Prometheus): a cluster-local Service, "
+                        "http(s)://<service>.<namespace>.svc[.<cluster domain>][:port][/path]. The operator "
+                        "refuses other hosts and any name that resolves to a link-local or loopback address.",
+                        max_length=512,  # keeps the CEL regex's estimated cost far below the API server's limit
+                        rules=(Rule(f"self.matches({json.dumps(METRICS_URL_PATTERN)})", METRICS_URL_RULE_MESSAGE),),
                     ),
                 },
                 default={},

@@ -54,10 +54,10 @@ def build_job(
         "image": image,
         "command": ["bash", "-c"],
         "args": [build_script(spec, fingerprint, image, ceiling)],
-        "env": P.env(spec) or None,
-        "envFrom": P.credentials_env_from(spec),
+        "env": (P.env(spec) + P.credentials_env(spec)) or None,
         "resources": P.resources(b.resources, b.gpus),
         "volumeMounts": mounts,
+        "securityContext": P.container_security_context(),
         # On failure the last log lines become the termination message: the operator copies it into the
         # InferenceEngine's EngineReady condition, so `kubectl get ie` says why a build failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -84,6 +84,7 @@ def build_job(
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,  # a build never talks to the API server
                     "securityContext": P.pod_security_context(spec),
                     "nodeSelector": P.node_selector(spec),
                     "tolerations": P.tolerations(spec),

@@ -19,6 +19,7 @@ from kvpilot.api.conditions import (
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.desired.engine import BuildDecision
 from kvpilot.desired.observed import DeploymentState, Observed
+from kvpilot.desired.redact import redact
 
 CRASH_REASONS = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "Error")
 
@@ -120,7 +121,7 @@ def compute_conditions(
         degraded = true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
     elif crashing:
         p = crashing[0]
-        degraded = true(DEGRADED, "PodsFailing", f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip())
+        degraded = true(DEGRADED, "PodsFailing", redact(f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip()))
     else:
         degraded = false(DEGRADED, "AsExpected", "No problem observed")
     return [ready, available, progressing, degraded], rolling

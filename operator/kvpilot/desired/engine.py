@@ -15,6 +15,7 @@ from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.desired import labels as L
 from kvpilot.desired.fingerprint import compute_fingerprint
 from kvpilot.desired.observed import Observed
+from kvpilot.desired.redact import redact
 from kvpilot.trtllm.build import CACHE_MOUNT
 from kvpilot.trtllm.build_script import manifest as engine_manifest
 from kvpilot.trtllm.serve import ServedEngine
@@ -75,7 +76,7 @@ def decide_build(
         state = {**base, "state": "Succeeded", "startedAt": job.start_time, "finishedAt": finished}
         return decision(ready=manifest, create_job=False, record_in_index=manifest, status=state)
     if job is not None and job.failed:
-        state = {**base, "state": "Failed", "message": job.message[-4000:], "startedAt": job.start_time,
+        state = {**base, "state": "Failed", "message": redact(job.message[-4000:]), "startedAt": job.start_time,
                  "finishedAt": job.completion_time or (previous.get("finishedAt") if same else None) or rfc3339(now)}
         return decision(ready=None, create_job=False, record_in_index=None, status=state)
     if job is not None:

@@ -145,7 +145,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
             spec, build, obs, claim, serving_fp, can_serve, str(batch), serving.config_hash(cm)
         )
 
-    apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)]
+    pdb = serving.pod_disruption_budget(meta, spec) if dep else None
+    apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)] + ([pdb] if pdb else [])
     job = None
     if build.create_job and claim is not None:
         job = build_job(meta, spec, build.fingerprint, image, claim, build.ceiling)

@@ -10,6 +10,8 @@ from kvpilot.trtllm.build import CACHE_MOUNT, CALIBRATION_MOUNT, MODEL_MOUNT
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.0"
+EPHEMERAL_STORAGE = "ephemeral-storage"
+DEFAULT_EPHEMERAL_REQUEST = "1Gi"
 
 
 def image_for(spec: InferenceEngineSpec, kvsim_image: str, default_image: str) -> str:
@@ -46,6 +48,10 @@ def resources(user: Resources, gpus: int) -> dict[str, Any]:
     requests = dict(user.requests or {})
     limits[GPU_RESOURCE] = str(gpus)
     requests[GPU_RESOURCE] = str(gpus)
+    # Logs and the writable layer (Python caches, /tmp) need some node disk: request it so the scheduler
+    # counts it and the kubelet evicts a runaway writer instead of filling the node.
+    if EPHEMERAL_STORAGE not in limits:  # with a limit alone, Kubernetes defaults the request to it
+        requests.setdefault(EPHEMERAL_STORAGE, DEFAULT_EPHEMERAL_REQUEST)
     return {"limits": limits, "requests": requests}
 
 
@@ -64,9 +70,33 @@ def env(spec: InferenceEngineSpec) -> list[dict[str, Any]]:
     return out
 
 
-def credentials_env_from(spec: InferenceEngineSpec) -> list[dict[str, Any]] | None:
+HF_TOKEN_KEY = "HF_TOKEN"
+AWS_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True),
+            ("AWS_REGION", True))
+
+
+def _secret_key(secret: str, key: str, optional: bool) -> dict[str, Any]:
+    ref: dict[str, Any] = {"name": secret, "key": key}
+    if optional:
+        ref["optional"] = True
+    return {"name": key, "valueFrom": {"secretKeyRef": ref}}
+
+
+def credentials_env(spec: InferenceEngineSpec) -> list[dict[str, Any]]:
+    """Only HF_TOKEN comes from the credentials Secret, by key: ``envFrom`` would import every key the
+    Secret holds (other services' tokens included) into a container that runs user-chosen code."""
     ref = spec.model.credentials_secret_ref
-    return [{"secretRef": {"name": ref.name}}] if ref else None
+    if ref is None or spec.model.scheme != "hf":
+        return []
+    return [_secret_key(ref.name, HF_TOKEN_KEY, optional=False)]
+
+
+def s3_credentials_env(spec: InferenceEngineSpec) -> list[dict[str, Any]]:
+    """The AWS CLI's keys for the s3:// sync container only (session token and region are optional)."""
+    ref = spec.model.credentials_secret_ref
+    if ref is None:
+        return []
+    return [_secret_key(ref.name, key, optional) for key, optional in AWS_KEYS]
 
 
 def cache_volume(claim: str, read_only: bool) -> dict[str, Any]:
@@ -112,8 +142,10 @@ def s3_sync_container(spec: InferenceEngineSpec, dest: str, mounts: list[dict[st
         "name": "fetch-model",
         "image": AWS_CLI_IMAGE,
         "command": ["aws", "s3", "sync", spec.model.source, dest, "--only-show-errors"],
-        "envFrom": credentials_env_from(spec),
+        "env": s3_credentials_env(spec) or None,
         "volumeMounts": mounts,
+        "resources": {"requests": {EPHEMERAL_STORAGE: "64Mi"}, "limits": {EPHEMERAL_STORAGE: "1Gi"}},
+        "securityContext": container_security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
@@ -121,13 +153,27 @@ def s3_sync_container(spec: InferenceEngineSpec, dest: str, mounts: list[dict[st
 KVSIM_UID = 10001  # the kvsim image's user (images/kvsim/Dockerfile)
 
 
-def pod_security_context(spec: InferenceEngineSpec) -> dict[str, Any] | None:
-    """The kvsim image runs as a non-root user: give it group ownership of the cache volume it writes.
-    NVIDIA's TensorRT-LLM images run as root and get the runtime's defaults."""
-    if spec.runtime.backend != "simulated" or spec.runtime.image:
-        return None
-    return {"runAsNonRoot": True, "runAsUser": KVSIM_UID, "fsGroup": KVSIM_UID,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+def pod_security_context(spec: InferenceEngineSpec) -> dict[str, Any]:
+    """Seccomp RuntimeDefault for every pod; a non-root user where the image allows one.
+
+    NVIDIA's TensorRT-LLM release image declares no USER (docker/Dockerfile.multi's release stage), so it runs
+    as root and kvpilot cannot force another user on it without breaking it; ``runtime.runAsUser`` opts in for
+    images that allow it. The kvsim image runs as uid 10001. fsGroup lets the user write the cache volume."""
+    ctx: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    user, group = spec.runtime.run_as_user, spec.runtime.run_as_group
+    if user is None and spec.runtime.backend == "simulated" and not spec.runtime.image:
+        user, group = KVSIM_UID, group or KVSIM_UID
+    if user is not None:
+        ctx.update(runAsNonRoot=True, runAsUser=user)
+    if group is not None or user is not None:
+        ctx.update(runAsGroup=group or user, fsGroup=group or user)
+    return ctx
+
+
+def container_security_context() -> dict[str, Any]:
+    """No privilege escalation and no Linux capabilities: neither trtllm-build nor trtllm-serve needs any
+    (GPUs come from the device plugin, not from privileges)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False}
 
 
 _MEANINGFUL_EMPTY = {"emptyDir"}  # `emptyDir: {}` is the volume's source, not an absent value

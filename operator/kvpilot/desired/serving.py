@@ -14,6 +14,12 @@ from kvpilot.desired import pod_parts as P
 from kvpilot.trtllm.serve import CONFIG_DIR, CONFIG_FILE, ServedEngine, llm_api_options, serve_command
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
+# Zero-loss restarts. When a pod is deleted, the endpoints controller, kube-proxy and gateways take a moment
+# to stop routing to it; the preStop sleep keeps it serving meanwhile. Only then does trtllm-serve get
+# SIGTERM: uvicorn stops accepting and finishes the requests in flight, within the drain budget.
+PRE_STOP_SLEEP_SECONDS = 5
+DRAIN_SECONDS = 120
+TERMINATION_GRACE_SECONDS = PRE_STOP_SLEEP_SECONDS + DRAIN_SECONDS
 
 
 def _meta(owner: ObjectRef, name: str, spec: InferenceEngineSpec, component: str) -> dict[str, Any]:
@@ -106,16 +112,20 @@ def deployment(
         "command": [command.argv[0]],
         "args": list(command.argv[1:]),
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
-        "env": env or None,
-        "envFrom": P.credentials_env_from(spec) if not spec.builds_engine else None,
+        "env": (env + (P.credentials_env(spec) if not spec.builds_engine else [])) or None,
         "resources": P.resources(s.resources, gpus),
         "volumeMounts": mounts,
         # Model load can take many minutes: the startup probe owns that budget so liveness stays strict.
         "startupProbe": _probe(
             "/health", STARTUP_PROBE_PERIOD_SECONDS, math.ceil(s.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS)
         ),
-        "readinessProbe": _probe("/health", 5, 3),
-        "livenessProbe": _probe("/health", 15, 4),
+        # Readiness asks whether the engine can take traffic now (/health answers 503 once the executor is
+        # unhealthy); liveness only whether the HTTP server still answers at all (/version does no engine
+        # work), so a busy or briefly unhealthy engine leaves the Service but is not restarted mid-request.
+        "readinessProbe": _probe("/health", 5, 2),
+        "livenessProbe": _probe("/version", 15, 4),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_SECONDS)]}}},
+        "securityContext": P.container_security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     dep = {
@@ -135,8 +145,16 @@ def deployment(
                 "spec": {
                     "nodeSelector": P.node_selector(spec),
                     "tolerations": P.tolerations(spec),
+                    # Spread replicas over nodes when the GPUs allow (preferred, so tight clusters still
+                    # schedule). Rendered for any replica count: a scale-up must not change the template.
+                    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {"labelSelector": {"matchLabels": L.server_selector(owner.name)},
+                                            "topologyKey": "kubernetes.io/hostname"},
+                    }]}},
                     "priorityClassName": s.priority_class_name,
-                    "terminationGracePeriodSeconds": 60,
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "automountServiceAccountToken": False,  # trtllm-serve never talks to the API server
                     "securityContext": P.pod_security_context(spec),
                     "initContainers": init,
                     "containers": [container],
@@ -158,6 +176,21 @@ def service(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any]:
             "selector": L.server_selector(owner.name),
             "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
         },
+    }
+
+
+def pod_disruption_budget(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any] | None:
+    """With several replicas, a node drain may evict only one serving pod at a time (like the default
+    rollout), so voluntary disruptions never take every replica at once. One replica gets none: a PDB
+    would then block drains forever. A PDB left from a larger replica count allows one eviction, which
+    for a single replica is no block either."""
+    if spec.serving.replicas <= 1:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, L.deployment_name(owner.name), spec, "server"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": L.server_selector(owner.name)}},
     }
 
 

@@ -11,6 +11,7 @@ one per engine iteration.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import defaultdict
 from collections.abc import Collection
@@ -18,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from kvpilot.api.metrics_url import resolved_problem
 from kvpilot.desired.observed import KvWindow
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_prometheus
@@ -102,9 +104,15 @@ async def query_prometheus(
 ) -> KvWindow | None:
     """The tuner's window over the last interval (at least MIN_RANGE_SECONDS), None when Prometheus has no
     sample of the engine's KV gauges (e.g. TensorRT-LLM builds that do not export them: use ``source: Pod``)."""
+    # Checked again here, not only at admission: a CRD installed before the rule, or a Service name that
+    # resolves to the metadata address, must not turn the operator into an SSRF proxy. No redirects either.
+    problem = await asyncio.to_thread(resolved_problem, url)
+    if problem:
+        raise ValueError(f"autotune.metrics.url {url[:200]!r} refused: {problem}")
     range_seconds = max(int(interval_seconds), MIN_RANGE_SECONDS)
     params = {"query": window_query(namespace, engine, range_seconds)}
-    async with session.get(f"{url.rstrip('/')}/api/v1/query", params=params, timeout=TIMEOUT) as resp:
+    async with session.get(f"{url.rstrip('/')}/api/v1/query", params=params, timeout=TIMEOUT,
+                           allow_redirects=False) as resp:
         body = await resp.json(content_type=None)
     if body.get("status") != "success":
         raise ValueError(f"Prometheus query failed: {body.get('errorType', '')} {body.get('error', body)}")

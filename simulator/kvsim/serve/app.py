@@ -23,11 +23,17 @@ from .settings import ServeSettings
 
 TICK_S = 0.002
 DEFAULT_MAX_TOKENS = 32  # TensorRT-LLM SamplingParams.max_tokens default
+DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client closed its connection (or timed out) before its request finished."""
 
 
 @dataclass
 class Handle:
     record: RequestRecord
+    key: int = 0
     produced: int = 0
     done: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -37,7 +43,8 @@ class SimServer:
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
         self.started_monotonic = time.monotonic()
-        self.engine = Engine(settings.engine, epoch_s=time.time(), time_scale=settings.speedup)
+        # The server hands each finished record to its client: the engine keeps none (bounded memory).
+        self.engine = Engine(settings.engine, epoch_s=time.time(), time_scale=settings.speedup, keep_finished=0)
         self.metrics = ServeMetrics(self.engine, settings.model_id)
         self.handles: dict[int, Handle] = {}
         self.perf_metrics: list[dict] = []
@@ -45,6 +52,7 @@ class SimServer:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._ids = 0
+        self.aborted = 0  # requests cancelled because their client went away
 
     # -- clock and engine loop ------------------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -87,11 +95,38 @@ class SimServer:
         request = Request(prompt_tokens=len(prompt_ids), output_tokens=max_tokens, max_tokens=max_tokens,
                           request_id=self._ids, prompt_token_ids=prompt_ids)
         record = self.engine.submit(request, now_s=max(self.sim_now(), self.engine.now))
-        handle = Handle(record)
+        handle = Handle(record, key=self._ids)
         self.handles[self._ids] = handle
         if self._wake is not None:
             self._wake.set()
         return handle
+
+    def abort(self, handle: Handle) -> None:
+        """The client went away: cancel its request so it frees its slot and KV blocks at once, as
+        trtllm-serve does (its handlers await ``await_disconnected`` and abort the request's promise)."""
+        if self.handles.pop(handle.key, None) is None or handle.done:
+            return
+        self.engine.advance_to(self.sim_now())  # settle the iterations that already ran
+        if self.engine.abort(handle.record):
+            self.aborted += 1
+        handle.done = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def wait(self, request: web.Request, handle: Handle) -> None:
+        """Wait for new tokens (or completion) of ``handle``; ClientGone if the client disconnected."""
+        while True:
+            try:
+                await asyncio.wait_for(handle.event.wait(), DISCONNECT_POLL_S)
+                handle.event.clear()
+                woke = True
+            except asyncio.TimeoutError:
+                woke = False
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ClientGone
+            if woke:
+                return
 
     # -- routes ----------------------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

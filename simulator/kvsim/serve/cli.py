@@ -11,7 +11,12 @@ from .args import parse
 from .settings import ServeError, resolve
 
 LIMIT_ERRORS = ("is greater than build_config.max_batch_size", "is greater than build_config.max_num_tokens")
-GRACEFUL_SHUTDOWN_SECONDS = 30.0  # below the 60 s terminationGracePeriodSeconds the operator renders
+# The operator renders terminationGracePeriodSeconds 125 = a 5 s preStop delay + 120 s to drain: SIGTERM
+# arrives after the delay, and in-flight requests get up to 110 s, well before the SIGKILL.
+GRACEFUL_SHUTDOWN_SECONDS = 110.0
+# A connection must deliver its request headers within this time (also the idle keep-alive timeout, like
+# uvicorn's timeout_keep_alive): slow or silent clients cannot hold sockets open forever.
+HEADER_TIMEOUT_SECONDS = 10.0
 
 
 def _log(message: str) -> None:
@@ -63,5 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"INFO:     Uvicorn running on http://{settings.host}:{settings.port} (Press CTRL+C to quit)", flush=True)
     # Like uvicorn under trtllm-serve: on SIGTERM stop accepting, let in-flight requests finish (bounded well
     # inside a pod's termination grace period), then exit.
-    web.run_app(app, sock=sock, print=None, access_log=None, shutdown_timeout=GRACEFUL_SHUTDOWN_SECONDS)
+    web.run_app(app, sock=sock, print=None, access_log=None, shutdown_timeout=GRACEFUL_SHUTDOWN_SECONDS,
+                keepalive_timeout=HEADER_TIMEOUT_SECONDS)
     return 0

@@ -26,9 +26,10 @@ def prompt_ids(prompt: Any) -> list[int]:
     """An OpenAI ``prompt``: a string, or a list of token ids (a batch of prompts is refused upstream)."""
     if isinstance(prompt, str):
         return [1] + tokenize(prompt)  # BOS
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB
+                                                   for t in prompt):
         return list(prompt)
-    raise ValueError("prompt must be a string or a list of token ids")
+    raise ValueError(f"prompt must be a string or a non-empty list of token ids in [0, {VOCAB})")
 
 
 def message_text(content: Any) -> str:
@@ -37,7 +38,19 @@ def message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise ValueError(f"content part {i} must be an object, got {type(part).__name__}")
+            kind = part.get("type", "text")
+            if not isinstance(kind, str):
+                raise ValueError(f"content part {i}: type must be a string")
+            if kind == "text" or "text" in part:
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise ValueError(f"content part {i}: text must be a string, got {type(text).__name__}")
+                texts.append(text)
+        return " ".join(texts)
     raise ValueError("message content must be a string or a list of content parts")
 
 
@@ -47,8 +60,8 @@ def chat_ids(messages: Any) -> list[int]:
         raise ValueError("messages must be a non-empty list")
     ids = [1]
     for message in messages:
-        if not isinstance(message, dict) or "role" not in message:
-            raise ValueError("each message needs a role")
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError("each message must be an object with a string role")
         ids += [2, zlib.crc32(str(message["role"]).encode()) % VOCAB, 3]
         ids += tokenize(message_text(message.get("content")))
         ids.append(4)
