@@ -61,6 +61,7 @@ class OperatorProcess:
         self.resync_seconds = resync_seconds
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.extra_args: list[str] = []  # more `kvpilot run` flags, for the next start
         self.kubeconfig = cluster.serviceaccount_kubeconfig(OPERATOR_NS, "kvpilot", logdir / "sa.kubeconfig")
 
     @property
@@ -77,7 +78,7 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvpilot.cli", "run", "--all-namespaces", "--metrics-port", str(self.metrics),
              "--health-port", str(self.health), "--resync-seconds", str(self.resync_seconds),
-             "--kvsim-image", KVSIM_IMAGE],
+             "--kvsim-image", KVSIM_IMAGE, *self.extra_args],
             env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
         )
         deadline = time.monotonic() + 60

@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--health-port", type=int, default=8081, help="Port of the /healthz liveness endpoint (0 disables).")
     run.add_argument("--kvsim-image", default=DEFAULT_KVSIM_IMAGE, help="Image of the simulated backend.")
     run.add_argument("--resync-seconds", type=float, default=30.0, help="Reconcile at least this often.")
+    run.add_argument("--resolve", action="append", default=[], metavar="HOST:PORT:ADDRESS",
+                     help="Pin an autotune.metrics.url host to an address, as curl's --resolve does (repeatable); "
+                          "a pinned address is trusted even if loopback or link-local.")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain", help="Log output format.")
     run.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=cmd_run)

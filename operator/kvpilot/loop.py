@@ -128,7 +128,8 @@ class EngineLoops:
                 return await query_prometheus(self.session(), tune.metrics.url, engine.meta.namespace,
                                               engine.meta.name, tune.interval_seconds, live,
                                               slo.time_to_first_token_millis if slo else None,
-                                              slo.time_per_output_token_millis if slo else None)
+                                              slo.time_per_output_token_millis if slo else None,
+                                              pins=self.settings.metrics_pins)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
                 return None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 
 import kopf
 from prometheus_client import start_http_server
 
+from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.desired.plan import Settings
 from kvpilot.handlers import engine as engine_handlers
 
@@ -25,7 +27,12 @@ def run_operator(args: argparse.Namespace) -> int:
             handler.setFormatter(_JsonFormatter())
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    settings = Settings(kvsim_image=args.kvsim_image)
+    try:
+        pins = tuple(MetricsPin.parse(text) for text in args.resolve)
+    except ValueError as exc:
+        sys.stderr.write(f"kvpilot run: {exc}\n")
+        return 2
+    settings = Settings(kvsim_image=args.kvsim_image, metrics_pins=pins)
     namespaces = list(args.namespace)
     kopf.run(
         standalone=True,  # one replica; no peering objects to create or RBAC for them

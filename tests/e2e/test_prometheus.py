@@ -34,6 +34,7 @@ CHART = ROOT / "charts" / "kvpilot"
 DASHBOARD = CHART / "files" / "dashboards" / "kvpilot.json"
 SCRAPE = {"interval": "2s", "scrapeTimeout": "1s"}
 ENGINES = ("by-pod", "by-prom")
+PROM_HOST = "prometheus.kvpilot-system.svc"
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,11 @@ def prom(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         config = prometheus.scrape_config(monitors, sd_url=discovery.url)
     server = prometheus.PrometheusServer(workdir, config)
     server.start()
+    # Engines name Prometheus as a cluster Service, as users do; this host has no cluster DNS, so the operator's
+    # administrator pins the name to the server's address (--resolve, which also trusts that loopback address).
+    operator.stop()
+    operator.extra_args = ["--resolve", f"{PROM_HOST}:{server.port}:127.0.0.1"]
+    operator.start()
     wait_for(lambda: server.query('up{job="kvpilot-metrics"} == 1'), 60,
              "Prometheus scraping the operator through the ServiceMonitor")
     how = "kubernetes_sd_configs" if discovery is None else "HTTP SD (kubesd.py)"
@@ -75,6 +81,9 @@ def prom(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                      f"at {server.url}\n")
     yield server
     server.stop()
+    operator.stop()
+    operator.extra_args = []
+    operator.start()
     if discovery is not None:
         discovery.stop()
 
@@ -101,7 +110,8 @@ def loop(prom: prometheus.PrometheusServer) -> Iterator[dict[str, Any]]:
     closedloop.create_namespace(ns)
     try:
         for name in ENGINES:
-            kubectl("apply", "-f", "-", stdin=json.dumps(_engine(ns, name, prom.url if name == "by-prom" else None)))
+            url = f"http://{PROM_HOST}:{prom.port}" if name == "by-prom" else None
+            kubectl("apply", "-f", "-", stdin=json.dumps(_engine(ns, name, url)))
         for name in ENGINES:
             kubectl("wait", "--for=condition=Available", f"ie/{name}", "-n", ns, "--timeout=180s")
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from urllib.parse import urlsplit
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 # One regex for the CRD's CEL rule and for the operator: RE2 and Python agree on this subset.
@@ -51,11 +53,57 @@ def address_problem(address: str) -> str | None:
     return None
 
 
-def resolved_problem(url: str, resolve=socket.getaddrinfo) -> str | None:  # type: ignore[no-untyped-def]
-    """``url_problem`` plus the addresses its host resolves to (``resolve`` is injected in tests)."""
+@dataclass(frozen=True)
+class MetricsPin:
+    """``--resolve HOST:PORT:ADDRESS`` (curl's form): the operator's administrator pins a metrics host to an
+    address. A pinned address is trusted even where the resolved-address check would refuse it (a Prometheus
+    on the node's loopback, or a cluster without cluster DNS for the operator): the administrator chose it,
+    unlike a spec author. The URL must still pass the schema's rule."""
+
+    host: str
+    port: int
+    address: str
+
+    @classmethod
+    def parse(cls, text: str) -> MetricsPin:
+        host, sep1, rest = text.partition(":")
+        port, sep2, address = rest.partition(":")
+        if not (sep1 and sep2 and host and port.isdigit() and 0 < int(port) < 65536 and address):
+            raise ValueError(f"--resolve {text[:200]!r}: must be HOST:PORT:ADDRESS, e.g. "
+                             "prometheus.monitoring.svc:9090:10.0.0.7")
+        try:
+            ipaddress.ip_address(address.strip("[]"))
+        except ValueError:
+            raise ValueError(f"--resolve {text[:200]!r}: ADDRESS must be an IP address") from None
+        return cls(host.lower(), int(port), address.strip("[]"))
+
+
+def _pin_for(url: str, pins: Iterable[MetricsPin]) -> MetricsPin | None:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return next((p for p in pins if p.host == (parts.hostname or "") and p.port == port), None)
+
+
+def pinned_request(url: str, pins: Iterable[MetricsPin]) -> tuple[str, dict[str, str]]:
+    """The URL to connect to and the headers to send: a pinned host is dialled at its address, with the
+    original name in ``Host`` (plain http; TLS would need the name for SNI, so https is never rewritten)."""
+    pin = _pin_for(url, pins)
+    parts = urlsplit(url)
+    if pin is None or parts.scheme != "http":
+        return url, {}
+    host = f"[{pin.address}]" if ":" in pin.address else pin.address
+    return urlunsplit(parts._replace(netloc=f"{host}:{pin.port}")), {"Host": parts.netloc}
+
+
+def resolved_problem(url: str, resolve=socket.getaddrinfo,  # type: ignore[no-untyped-def]
+                     pins: Iterable[MetricsPin] = ()) -> str | None:
+    """``url_problem`` plus the addresses its host resolves to (``resolve`` is injected in tests), unless the
+    administrator pinned the host (``--resolve``)."""
     problem = url_problem(url)
     if problem:
         return problem
+    if _pin_for(url, pins) is not None:
+        return None
     parts = urlsplit(url)
     try:
         infos = resolve(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
+from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.autotune.policy import Decision, TunerInput, decide
 from kvpilot.desired import labels as L
@@ -48,6 +49,7 @@ class Settings:
 
     kvsim_image: str = f"ghcr.io/kvpilot/kvsim:{__version__}"
     default_image: str = DEFAULT_IMAGE
+    metrics_pins: tuple[MetricsPin, ...] = ()  # --resolve: metrics hosts the administrator pinned
 
 
 @dataclass(frozen=True)

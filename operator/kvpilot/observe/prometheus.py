@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from kvpilot.api.metrics_url import resolved_problem
+from kvpilot.api.metrics_url import MetricsPin, pinned_request, resolved_problem
 from kvpilot.desired.observed import KvWindow
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_prometheus
@@ -101,17 +101,19 @@ def samples_from_matrix(
 async def query_prometheus(
     session: aiohttp.ClientSession, url: str, namespace: str, engine: str, interval_seconds: int,
     live_pods: Collection[str] | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+    pins: Collection[MetricsPin] = (),
 ) -> KvWindow | None:
     """The tuner's window over the last interval (at least MIN_RANGE_SECONDS), None when Prometheus has no
     sample of the engine's KV gauges (e.g. TensorRT-LLM builds that do not export them: use ``source: Pod``)."""
     # Checked again here, not only at admission: a CRD installed before the rule, or a Service name that
     # resolves to the metadata address, must not turn the operator into an SSRF proxy. No redirects either.
-    problem = await asyncio.to_thread(resolved_problem, url)
+    problem = await asyncio.to_thread(resolved_problem, url, pins=pins)
     if problem:
         raise ValueError(f"autotune.metrics.url {url[:200]!r} refused: {problem}")
     range_seconds = max(int(interval_seconds), MIN_RANGE_SECONDS)
     params = {"query": window_query(namespace, engine, range_seconds)}
-    async with session.get(f"{url.rstrip('/')}/api/v1/query", params=params, timeout=TIMEOUT,
+    target, headers = pinned_request(f"{url.rstrip('/')}/api/v1/query", pins)
+    async with session.get(target, params=params, headers=headers, timeout=TIMEOUT,
                            allow_redirects=False) as resp:
         body = await resp.json(content_type=None)
     if body.get("status") != "success":
