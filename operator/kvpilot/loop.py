@@ -23,8 +23,9 @@ from kvpilot.desired import labels as L
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError
-from kvpilot.observe.scrape import EngineSampler, query_prometheus
+from kvpilot.observe.scrape import EngineFacts, EngineSampler, query_prometheus
 from kvpilot.reconcile import engine_from_body, reconcile
+from kvpilot.trtllm.metrics import MetricsRejected
 
 log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
@@ -110,7 +111,8 @@ class EngineLoops:
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             return  # the server keeps the history; queried once per reconcile
         await loop.sampler.tick(
-            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True
+            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True,
+            EngineFacts.from_status(loop.body.get("status")),
         )
 
     async def _window(self, loop: EngineLoop, engine: Any) -> Any:
@@ -122,6 +124,8 @@ class EngineLoops:
                 return await query_prometheus(self.session(), tune.metrics.url, engine.meta.namespace,
                                               engine.meta.name, tune.interval_seconds)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                if isinstance(exc, MetricsRejected):
+                    telemetry.METRICS_REJECTED.labels(reason=exc.reason).inc()
                 log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
                 return None
         slo = tune.slo
@@ -140,8 +144,9 @@ class EngineLoops:
                 sampling = engine.spec.autotune.enabled and bool(pods)
                 next_sample = (next_sample or now) if sampling else None
                 if next_sample is not None and now >= next_sample:
-                    await self._sample(loop, engine.spec, pods)
+                    # Advance first: a sample that fails must not leave the next one due now (a hot loop).
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
+                    await self._sample(loop, engine.spec, pods)
                 if now >= next_reconcile or loop.wake.is_set():
                     loop.wake.clear()
                     loop.generation = engine.meta.generation

@@ -113,6 +113,8 @@ def served_engine(
             "pipelineParallelSize": int(m.get("pipelineParallelSize", spec.build.pipeline_parallel_size)),
             "builtAt": m.get("builtAt"),
             "buildJob": m.get("buildJob", L.build_job_name(build.fingerprint, claim)),
+            # What the build Job found the serving image to be (trtllm/probe.py): serving renders from it.
+            "trtllm": m.get("trtllm") if isinstance(m.get("trtllm"), dict) else None,
         }
         info = {k: v for k, v in info.items() if v is not None}
     else:
