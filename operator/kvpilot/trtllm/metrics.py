@@ -187,6 +187,8 @@ def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
                 else:
                     if math.isinf(value):
                         raise MetricsRejected("value", f"/prometheus/metrics sample {s.name:.80} is infinite")
+                    if family.type == "counter" and value < 0:
+                        raise MetricsRejected("value", f"/prometheus/metrics counter {s.name:.80} is negative")
                     gauges[s.name] = gauges.get(s.name, 0.0) + value
     except MetricsRejected:
         raise
