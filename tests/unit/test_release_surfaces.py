@@ -128,3 +128,18 @@ def test_simulated_backend_renders_for_the_release_kvsim_plays() -> None:
 def test_every_row_cites_sources() -> None:
     for release in S.releases():
         assert S.get(release).sources and all(len(s) > 20 for s in S.get(release).sources)
+
+
+@pytest.mark.parametrize("release", S.releases())
+def test_kvsim_plays_each_release_as_the_operator_table_describes_it(release: str) -> None:
+    from kvsim.trtllm.releases import resolve as kvsim_release
+
+    played, surface = kvsim_release(release), S.get(release)
+    assert played.trt_has_perf_metrics_max_requests is surface.trt_has_perf_metrics_max_requests
+    assert played.waiting_queue_policy is ("waiting_queue_policy" in surface.scheduler_config_keys)
+    assert played.clamps_runtime_limits is (surface.runtime_limit_above_engine == "clamp")
+    assert {played.prometheus_prefix + "time_to_first_token_seconds"} == {surface.prometheus_names["ttft"]}
+    assert played.iteration_gauges is bool(surface.prometheus_gauges)
+    # The operator assumes for kvsim what kvsim plays by default.
+    from kvpilot.trtllm.serve import KVSIM_DEFAULT_RELEASE
+    assert kvsim_release(None).name == S.release_of_version(KVSIM_DEFAULT_RELEASE)

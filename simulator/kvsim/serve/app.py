@@ -38,7 +38,9 @@ class SimServer:
         self.settings = settings
         self.started_monotonic = time.monotonic()
         self.engine = Engine(settings.engine, epoch_s=time.time(), time_scale=settings.speedup)
-        self.metrics = ServeMetrics(self.engine, settings.model_id)
+        rel = settings.release
+        self.metrics = ServeMetrics(self.engine, settings.model_id, rel.prometheus_prefix if rel else "trtllm_",
+                                    rel.iteration_gauges if rel else True)
         self.handles: dict[int, Handle] = {}
         self.perf_metrics: list[dict] = []
         self.created = int(time.time())
