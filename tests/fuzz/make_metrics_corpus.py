@@ -52,7 +52,7 @@ def stats_cases() -> list[tuple[object, str]]:
          "used > max blocks (utilization 9.0)"),
         (dump([{**GOOD, "kvCacheStats": {**GOOD["kvCacheStats"], "tokensPerBlock": 64}}]),  # type: ignore[dict-item]
          "another engine's tokensPerBlock"),
-        (dump([{**GOOD, "maxBatchSizeStatic": 512}]), "another engine's static batch size"),
+        (dump([{**GOOD, "maxBatchSizeStatic": 512}]), "a static batch size above the engine's ceiling"),
         ("<html>502 Bad Gateway</html>", "a proxy's error page"),
     ]
     return out

@@ -22,7 +22,7 @@ from tests.unit.helpers import manifest
 
 CORPUS = load()
 POD = PodState("e1-x", ready=True, fingerprint=None, ip="127.0.0.9")
-FACTS = EngineFacts(tokens_per_block=32, max_batch_size_static=64)
+FACTS = EngineFacts(tokens_per_block=32, max_batch_size_ceiling=64)
 
 
 class FakeResponse:
@@ -112,9 +112,11 @@ def test_samples_of_another_engine_are_ignored() -> None:
     (s,) = parse_iteration_stats([GOOD], 0)
     assert FACTS.inconsistency(s) is None
     assert EngineFacts(tokens_per_block=64).inconsistency(s) == "tokensPerBlock 32 is not the engine's 64"
-    assert "maxBatchSizeStatic 64" in (EngineFacts(max_batch_size_static=512).inconsistency(s) or "")
+    assert "maxBatchSizeStatic 64 is above the engine's max_batch_size 16" in (
+        EngineFacts(max_batch_size_ceiling=16).inconsistency(s) or "")
+    assert EngineFacts(max_batch_size_ceiling=512).inconsistency(s) is None  # a runtime limit below the ceiling
     (torch,) = parse_iteration_stats([{**GOOD, "maxBatchSizeStatic": 0}], 0)  # PyTorch never sets it
-    assert EngineFacts(max_batch_size_static=512).inconsistency(torch) is None
+    assert EngineFacts(max_batch_size_ceiling=16).inconsistency(torch) is None
     facts = EngineFacts.from_status({"engine": {"tokensPerBlock": 32, "maxBatchSize": 64}})
     assert facts == FACTS and EngineFacts.from_status({"engine": {"tokensPerBlock": "x"}}) == EngineFacts()
 

@@ -45,14 +45,14 @@ class EngineFacts:
     foreign pod wearing the engine's labels, or a stale one) and are ignored."""
 
     tokens_per_block: int = 0  # 0: unknown
-    max_batch_size_static: int = 0
+    max_batch_size_ceiling: int = 0  # the engine's build-time max_batch_size; 0: unknown
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None) -> EngineFacts:
         engine = (status or {}).get("engine") or {}
         tpb, mbs = engine.get("tokensPerBlock"), engine.get("maxBatchSize")
         ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-        return cls(tokens_per_block=tpb if ok(tpb) else 0, max_batch_size_static=mbs if ok(mbs) else 0)
+        return cls(tokens_per_block=tpb if ok(tpb) else 0, max_batch_size_ceiling=mbs if ok(mbs) else 0)
 
     def inconsistency(self, s: IterationSample) -> str | None:
         """Why the sample cannot describe this engine, None when it can."""
@@ -60,9 +60,11 @@ class EngineFacts:
             return f"usedNumBlocks {s.used_blocks} > maxNumBlocks {s.max_blocks}"
         if self.tokens_per_block and s.tokens_per_block and s.tokens_per_block != self.tokens_per_block:
             return f"tokensPerBlock {s.tokens_per_block} is not the engine's {self.tokens_per_block}"
-        # The PyTorch backend reports 0 (never set); anything else must be the engine's build-time ceiling.
-        if self.max_batch_size_static and s.max_batch_size_static not in (0, self.max_batch_size_static):
-            return f"maxBatchSizeStatic {s.max_batch_size_static} is not the engine's {self.max_batch_size_static}"
+        # maxBatchSizeStatic is the executor's configured (runtime) limit, which never exceeds the engine's
+        # ceiling (1.2 clamps it); above it, the sample comes from a bigger engine. PyTorch reports 0.
+        if self.max_batch_size_ceiling and s.max_batch_size_static > self.max_batch_size_ceiling:
+            return (f"maxBatchSizeStatic {s.max_batch_size_static} is above the engine's max_batch_size "
+                    f"{self.max_batch_size_ceiling}")
         return None
 
 
@@ -113,11 +115,12 @@ class EngineSampler:
         self.taken_at.clear()
         self.rejections.clear()
 
-    def reject(self, wall: float, pod: str, reason: str, message: str) -> None:
-        """Count a rejected payload or ignored sample (operator metric) and keep it for the condition."""
-        telemetry.METRICS_REJECTED.labels(reason=reason).inc()
-        self.rejections.append((wall, pod, reason, message))
-        log.warning("Rejected metrics from Pod %s (%s): %s", pod, reason, message)
+    def reject(self, wall: float, pod: str, reason: str, message: str, count: int = 1) -> None:
+        """Count rejected payloads or ignored samples (operator metric), keep them for the condition, log once."""
+        telemetry.METRICS_REJECTED.labels(reason=reason).inc(count)
+        for _ in range(min(count, MAX_REJECTIONS_KEPT)):
+            self.rejections.append((wall, pod, reason, message))
+        log.warning("Rejected %d metrics sample(s) from Pod %s (%s): %s", count, pod, reason, message)
 
     def _prune(self, horizon: float) -> None:
         for pod in list(self.samples):
@@ -193,13 +196,15 @@ class EngineSampler:
         except Exception as exc:  # noqa: BLE001 — a parser bug must cost one sample, not the engine's loop
             self.reject(wall, pod, "error", f"{type(exc).__name__}: {str(exc)[:200]}")
             return 0
-        kept = []
+        kept, ignored = [], []
         for sample in parsed:
             why = facts.inconsistency(sample)
             if why is None:
                 kept.append(sample)
             else:
-                self.reject(wall, pod, "inconsistent", why)
+                ignored.append(why)
+        if ignored:
+            self.reject(wall, pod, "inconsistent", ignored[-1], count=len(ignored))
         self.samples.setdefault(pod, deque()).extend(kept)
         if snap is not None:
             self.latency.setdefault(pod, deque()).append(snap)
