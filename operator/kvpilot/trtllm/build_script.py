@@ -6,7 +6,7 @@ import json
 import shlex
 
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.trtllm import probe
+from kvpilot.trtllm import calibration, probe
 from kvpilot.trtllm.build import (
     MANIFEST,
     TERMINATION_LOG,
@@ -79,6 +79,7 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         "fi",
         f'STAGE="{stage}"',
         'rm -rf "$STAGE" && mkdir -p "$STAGE/tokenizer"',
+        *calibration.preflight_lines(spec),
     ]
     for step in build_commands(spec, fingerprint, max_batch_size):
         lines.append(f"echo '+ {step.tool}'")
