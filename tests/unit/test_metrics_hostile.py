@@ -26,12 +26,15 @@ FACTS = EngineFacts(tokens_per_block=32, max_batch_size_ceiling=64)
 
 
 class FakeResponse:
+    """Delivers its body in small pieces, as a socket does (a reader must loop until EOF)."""
+
     def __init__(self, status: int, body: bytes) -> None:
         self.status, self.body = status, body
         self.content = self
 
     async def read(self, n: int) -> bytes:
-        return self.body[:n]
+        piece, self.body = self.body[: min(n, 1000)], self.body[min(n, 1000):]
+        return piece
 
     async def __aenter__(self) -> FakeResponse:
         return self
@@ -86,6 +89,16 @@ def test_each_hostile_prometheus_answer_is_rejected_naming_what_is_wrong(entry: 
     with pytest.raises(MetricsRejected) as err:
         parse_vector(decode_json(entry["bytes"]))
     assert err.value.reason and str(err.value)
+
+
+def test_a_large_reply_arriving_in_pieces_is_read_whole() -> None:
+    import json
+
+    body = json.dumps([GOOD] * 500).encode()  # ~130 kB, as a busy engine drains
+    sampler = EngineSampler(clock=lambda: 1000.0)
+    session = FakeSession({"/metrics": (200, body)})
+    asyncio.run(sampler.tick(session, [POD], 8000, datetime.now(timezone.utc), 0, False, FACTS))  # type: ignore[arg-type]
+    assert len(sampler.samples["e1-x"]) == 500 and not sampler.rejections
 
 
 def test_a_rejected_sample_does_not_poison_the_window_and_good_samples_still_count() -> None:

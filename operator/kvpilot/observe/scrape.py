@@ -69,10 +69,18 @@ class EngineFacts:
 
 
 async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
-    body = await resp.content.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
-        raise MetricsRejected("size", f"reply larger than {MAX_BODY_BYTES} bytes")
-    return body
+    """The whole body, refusing one above MAX_BODY_BYTES without buffering it. (StreamReader.read(n) returns
+    what has arrived, not n bytes: read until EOF.)"""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = await resp.content.read(2**16)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            raise MetricsRejected("size", f"reply larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
 
 
 def decode_json(body: bytes) -> Any:
