@@ -143,3 +143,36 @@ def test_kvsim_plays_each_release_as_the_operator_table_describes_it(release: st
     # The operator assumes for kvsim what kvsim plays by default.
     from kvpilot.trtllm.serve import KVSIM_DEFAULT_RELEASE
     assert kvsim_release(None).name == S.release_of_version(KVSIM_DEFAULT_RELEASE)
+
+
+def test_plan_serves_from_the_surface_the_build_job_recorded() -> None:
+    """A 1.2.0-tagged image whose build Job recorded a 1.3 TensorRT-LLM: rendered for 1.3, reported, no crash."""
+    from datetime import datetime, timezone
+
+    from kvpilot.desired.observed import Observed
+    from kvpilot.desired.plan import plan
+
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    settings = Settings(default_image=f"{IMAGE}:1.2.0")
+    e = engine("tensorrt")
+    first = plan(e, Observed(claim_phase="Bound"), settings, now)
+    assert first.index_entry is None and first.build_job is not None
+
+    def served(record: dict | None) -> tuple[dict, dict]:
+        manifest = {"fingerprint": first.fingerprint, "maxBatchSize": 64, "image": f"{IMAGE}:1.2.0",
+                    **({"trtllm": record} if record is not None else {})}
+        p = plan(e, Observed(claim_phase="Bound", engine_index={first.fingerprint: manifest}), settings, now)
+        (cm,) = [o for o in p.apply if o["kind"] == "ConfigMap"]
+        cond = {c["type"]: c for c in p.status["conditions"]}["ReleaseContract"]
+        return yaml.safe_load(cm["data"]["llm-api.yaml"]), cond
+
+    options, cond = served(None)  # nothing recorded: the tag decides
+    assert "return_perf_metrics" not in options and (cond["status"], cond["reason"]) == ("True", "Matches")
+    options, cond = served({"version": "1.3.0", "trtLlmArgsHasPerfMetricsMaxRequests": True})
+    assert options["return_perf_metrics"] is True
+    assert (cond["status"], cond["reason"]) == ("False", "ReleaseMismatch") and "1.3.0" in cond["message"]
+    options, cond = served({"version": "1.2.0", "trtLlmArgsHasPerfMetricsMaxRequests": False})
+    assert "return_perf_metrics" not in options and cond["reason"] == "Matches"
+    assert "recorded by the build Job" in cond["message"]
+    _, cond = served({"probeError": "tensorrt_llm: No module named 'tensorrt_llm'"})  # the tag decides
+    assert cond["reason"] == "Matches" and "as its tag names" in cond["message"]
