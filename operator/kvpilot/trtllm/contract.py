@@ -140,14 +140,24 @@ def suggested_row(probe: dict[str, Any]) -> str:
 
 def report(probe: dict[str, Any], image: str = "") -> tuple[str, bool]:
     """The printed report and whether the image matches its row."""
+    import textwrap
+
     release, findings = compare(probe, image)
+
+    def listing(title: str, key: str) -> list[str]:
+        values = sorted(_strings(probe, key) or ())
+        body = textwrap.wrap(", ".join(values), 100, initial_indent="    ", subsequent_indent="    ") or ["    -"]
+        return [f"  {title} ({len(values)}):", *body]
+
     lines = [f"TensorRT-LLM contract check{' of ' + image if image else ''}",
-             f"  version:            {probe.get('version', '?')}",
-             f"  TrtLlmArgs fields:  {len(_strings(probe, 'trtLlmArgsFields') or ())}",
-             f"  TorchLlmArgs fields:{len(_strings(probe, 'torchLlmArgsFields') or ()):>4}",
-             f"  trtllm-serve opts:  {len(_strings(probe, 'serveOptions') or ())}",
-             f"  collector names:    {sorted(_strings(probe, 'collectorNames') or ())}",
-             f"  table row:          {release}", ""]
+             f"  version: {probe.get('version', '?')}  (table row: {release})",
+             f"  TrtLlmArgs has perf_metrics_max_requests: {probe.get('trtLlmArgsHasPerfMetricsMaxRequests', '?')}",
+             f"  collector prefix: {probe.get('collectorPrefix', '?')!r}",
+             *listing("collector metric names", "collectorNames"),
+             *listing("TrtLlmArgs fields", "trtLlmArgsFields"),
+             *listing("TorchLlmArgs fields", "torchLlmArgsFields"),
+             *listing("SchedulerConfig fields", "schedulerConfigFields"),
+             *listing("trtllm-serve options", "serveOptions"), ""]
     lines += [f.line() for f in findings]
     ok = all(f.ok for f in findings)
     if not ok:
