@@ -176,3 +176,15 @@ def test_plan_serves_from_the_surface_the_build_job_recorded() -> None:
     assert "recorded by the build Job" in cond["message"]
     _, cond = served({"probeError": "tensorrt_llm: No module named 'tensorrt_llm'"})  # the tag decides
     assert cond["reason"] == "Matches" and "as its tag names" in cond["message"]
+
+
+def test_a_hostile_record_is_cut_to_what_status_may_hold() -> None:
+    from kvpilot.api.status_schema import _engine
+    from kvpilot.api.validate import validate_value
+
+    record = {"version": "1.2.0" + "x" * 1000, "trtLlmArgsHasPerfMetricsMaxRequests": "yes",
+              "collectorNames": ["n" * 500] * 100 + [5], "collectorPrefix": ["x"], "evil": {"a": 1}}
+    clean = S.clean_record(record)
+    assert clean is not None and set(clean) == {"version", "collectorNames"}
+    assert validate_value(_engine()["properties"]["trtllm"], clean, "status.engine.trtllm") == []
+    assert S.clean_record("x") is None and S.clean_record({"evil": 1}) is None

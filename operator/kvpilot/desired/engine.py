@@ -18,6 +18,7 @@ from kvpilot.desired.observed import Observed
 from kvpilot.trtllm.build import CACHE_MOUNT
 from kvpilot.trtllm.build_script import manifest as engine_manifest
 from kvpilot.trtllm.serve import ServedEngine
+from kvpilot.trtllm.surface import clean_record
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def served_engine(
             "builtAt": m.get("builtAt"),
             "buildJob": m.get("buildJob", L.build_job_name(build.fingerprint, claim)),
             # What the build Job found the serving image to be (trtllm/probe.py): serving renders from it.
-            "trtllm": m.get("trtllm") if isinstance(m.get("trtllm"), dict) else None,
+            "trtllm": clean_record(m.get("trtllm")),
         }
         info = {k: v for k, v in info.items() if v is not None}
     else:

@@ -191,3 +191,20 @@ def effective(image: str, probe: dict[str, Any] | None = None) -> tuple[Surface,
             f"TrtLlmArgs {'has' if has_field else 'lacks'} perf_metrics_max_requests, unlike release "
             f"{recorded or assumed} in kvpilot's table; serving renders from the recorded surface")
     return surface, message
+
+
+def clean_record(record: Any) -> dict[str, Any] | None:
+    """The probe's record as status may hold it: known keys only, typed and cut to the CRD's bounds (the record
+    comes from inside an image, and a status the API server refuses would stall the engine's updates)."""
+    if not isinstance(record, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key, limit in (("version", 64), ("collectorPrefix", 32), ("probeError", 512)):
+        if isinstance(record.get(key), str):
+            out[key] = record[key][:limit]
+    if isinstance(record.get("trtLlmArgsHasPerfMetricsMaxRequests"), bool):
+        out["trtLlmArgsHasPerfMetricsMaxRequests"] = record["trtLlmArgsHasPerfMetricsMaxRequests"]
+    names = record.get("collectorNames")
+    if isinstance(names, list):
+        out["collectorNames"] = [n[:128] for n in names if isinstance(n, str)][:64]
+    return out or None
