@@ -144,9 +144,13 @@ class EngineLoops:
                 sampling = engine.spec.autotune.enabled and bool(pods)
                 next_sample = (next_sample or now) if sampling else None
                 if next_sample is not None and now >= next_sample:
-                    # Advance first: a sample that fails must not leave the next one due now (a hot loop).
+                    # Advance first: a sample that fails must not leave the next one due now (a hot loop), and its
+                    # failure must not postpone the reconcile either (issue 13).
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
-                    await self._sample(loop, engine.spec, pods)
+                    try:
+                        await self._sample(loop, engine.spec, pods)
+                    except Exception:  # noqa: BLE001 — one engine's sampling bug costs one sample
+                        log.exception("Sampling the metrics of InferenceEngine %s/%s failed", *loop.key)
                 if now >= next_reconcile or loop.wake.is_set():
                     loop.wake.clear()
                     loop.generation = engine.meta.generation

@@ -180,3 +180,48 @@ def test_a_sample_that_crashes_still_advances_the_next_sample(looping: dict[str,
     monkeypatch.setattr(loop_module.EngineLoops, "_sample", crash)
     _run_loop(1.5)
     assert 1 <= len(calls) <= 3  # before the fix: a sample every pass, ~30 in 1.5 s
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["hostile-replies", "sampling-raises"])
+def test_no_hot_loop_under_an_injected_clock(looping: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                             crash: bool) -> None:
+    """The loop's clock and its waits run on virtual time: 120 virtual seconds of hostile replies (every sample
+    rejected), or of a sampling step that raises, take a handful of real ones, and the samples must follow the
+    sampling period (1 s here), not the 50 ms floor of the wait (the hot loop of issue 13: ~2,400 in 120 s)."""
+    import types
+
+    if crash:
+        async def crashing(self: Any, loop: Any, spec: Any, pods: Any) -> None:
+            looping["session"].calls += 1
+            raise RuntimeError("a bug in sampling")
+
+        monkeypatch.setattr(loop_module.EngineLoops, "_sample", crashing)
+
+    clock = {"t": 0.0}
+    real_asyncio = asyncio
+
+    async def virtual_wait_for(awaitable: Any, timeout: float) -> None:
+        awaitable.close()  # the loop's wake.wait(): nothing wakes it in this test
+        clock["t"] += timeout
+        await real_asyncio.sleep(0)
+        raise TimeoutError
+
+    fake_asyncio = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio) if not k.startswith("__")})
+    fake_asyncio.wait_for = virtual_wait_for
+    monkeypatch.setattr(loop_module, "asyncio", fake_asyncio)
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(monotonic=lambda: clock["t"]))
+
+    async def run() -> None:
+        loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30)  # type: ignore[arg-type]
+        doc = manifest(name="e1", autotune={"enabled": True, "intervalSeconds": 6, "warmupSeconds": 0})
+        doc["metadata"].update({"namespace": "ns", "uid": "u1", "generation": 1})
+        loops.observe("ADDED", doc)
+        while clock["t"] < 120:
+            await real_asyncio.sleep(0.001)
+        await loops.stop_all()
+
+    asyncio.run(run())
+    scrapes = looping["session"].calls
+    print(f"virtual {clock['t']:.0f} s: {scrapes} scrapes, {looping['reconciles']} reconciles")
+    assert 20 <= scrapes <= 125  # at most one per second of sampling; a hot loop does ~20 per second
+    assert looping["reconciles"] >= 10  # the tuning interval (6 s) still drives reconciles
