@@ -103,3 +103,14 @@ def test_prometheus_names_per_release(engine_dir, tmp_path, name) -> None:
     assert (f"{p}kv_cache_max_blocks" in got) is rel.iteration_gauges
     if not p:  # 1.x's collector: nothing prefixed, no gauges
         assert not any(n.startswith("trtllm_") for n in got) and "kv_cache_max_blocks" not in got
+
+
+def test_the_engine_records_the_release_kvsim_plays(tmp_path, monkeypatch) -> None:
+    import json
+
+    checkpoint_main(["--profile", "llama-3.1-8b-fp8-h100", "--output_dir", str(tmp_path / "ckpt")])
+    monkeypatch.setenv("KVSIM_TRTLLM_RELEASE", "1.3")
+    assert build_main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "e")]) == 0
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["version"] == "1.3.0"
+    monkeypatch.setenv("KVSIM_TRTLLM_RELEASE", "nope")
+    assert build_main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "f")]) == 1
