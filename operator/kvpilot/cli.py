@@ -156,6 +156,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def cmd_doctor_trtllm(args: argparse.Namespace) -> int:
+    """Compare a TensorRT-LLM image's probe output with kvpilot's release table (no cluster, no GPU)."""
+    import json
+
+    from kvpilot.trtllm.contract import report
+    from kvpilot.trtllm.probe import probe_source
+
+    if args.print_probe:
+        sys.stdout.write(probe_source(full=True))
+        return 0
+    if not args.probe:
+        sys.stderr.write("kvpilot doctor trtllm: give --probe FILE (or '-'), as hack/trtllm-contract-check.sh IMAGE "
+                         "does after running the probe inside IMAGE\n")
+        return 2
+    try:
+        text = sys.stdin.read() if args.probe == "-" else open(args.probe, encoding="utf-8").read()
+        try:
+            probe = json.loads(text)
+        except ValueError:  # the probe prints one JSON line last; anything the image logged comes before it
+            probe = json.loads(text.strip().splitlines()[-1]) if text.strip() else None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        sys.stderr.write(f"kvpilot doctor trtllm: --probe {args.probe}: not the probe's JSON output: {exc}\n")
+        return 2
+    if not isinstance(probe, dict):
+        sys.stderr.write(f"kvpilot doctor trtllm: --probe {args.probe}: expected one JSON object (the probe's last line)\n")
+        return 2
+    out, ok = report(probe, args.image or "")
+    sys.stdout.write(out)
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpilot",
@@ -186,6 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
     rend.set_defaults(func=cmd_render)
 
     add_cache_parser(sub)
+    doctor = sub.add_parser("doctor", help="Checks of the environment (see `kvpilot doctor trtllm --help`).")
+    doctor_sub = doctor.add_subparsers(dest="doctor", required=True)
+    trt = doctor_sub.add_parser(
+        "trtllm", help="Diff a TensorRT-LLM image's surface (probe output) against kvpilot's release table.",
+        description="Run inside the image: hack/trtllm-contract-check.sh IMAGE. By hand: "
+                    "docker run --rm --entrypoint python3 IMAGE -c \"$(kvpilot doctor trtllm --print-probe)\" "
+                    "> probe.json; kvpilot doctor trtllm IMAGE --probe probe.json. Exit 1 when the image differs.")
+    trt.add_argument("image", nargs="?", help="The image the probe ran in (its tag names the assumed release).")
+    trt.add_argument("--probe", help="The probe's JSON output ('-' for stdin).")
+    trt.add_argument("--print-probe", action="store_true", help="Print the probe (Python) to run inside the image.")
+    trt.set_defaults(func=cmd_doctor_trtllm)
 
     crd = sub.add_parser("crd", help="Print the InferenceEngine CustomResourceDefinition.")
     crd.set_defaults(func=cmd_crd)

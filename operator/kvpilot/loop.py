@@ -24,8 +24,9 @@ from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError
 from kvpilot.observe.prometheus import query_prometheus
-from kvpilot.observe.scrape import EngineSampler, is_warm
+from kvpilot.observe.scrape import EngineFacts, EngineSampler, is_warm
 from kvpilot.reconcile import engine_from_body, reconcile
+from kvpilot.trtllm.metrics import MetricsRejected
 
 log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
@@ -111,7 +112,8 @@ class EngineLoops:
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             return  # the server keeps the history; queried once per reconcile
         await loop.sampler.tick(
-            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True
+            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True,
+            EngineFacts.from_status(loop.body.get("status")),
         )
 
     async def _window(self, loop: EngineLoop, engine: Any, pods: list[Any]) -> Any:
@@ -131,6 +133,8 @@ class EngineLoops:
                                               slo.time_per_output_token_millis if slo else None,
                                               pins=self.settings.metrics_pins)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                if isinstance(exc, MetricsRejected):
+                    telemetry.METRICS_REJECTED.labels(reason=exc.reason).inc()
                 log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
                 return None
         return loop.sampler.window(tune.interval_seconds, slo.time_to_first_token_millis if slo else None,
@@ -148,8 +152,13 @@ class EngineLoops:
                 sampling = engine.spec.autotune.enabled and bool(pods)
                 next_sample = (next_sample or now) if sampling else None
                 if next_sample is not None and now >= next_sample:
-                    await self._sample(loop, engine.spec, pods)
+                    # Advance first: a sample that fails must not leave the next one due now (a hot loop), and its
+                    # failure must not postpone the reconcile either (issue 13).
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
+                    try:
+                        await self._sample(loop, engine.spec, pods)
+                    except Exception:  # noqa: BLE001 — one engine's sampling bug costs one sample
+                        log.exception("Sampling the metrics of InferenceEngine %s/%s failed", *loop.key)
                 if now >= next_reconcile or loop.wake.is_set():
                     loop.wake.clear()
                     loop.generation = engine.meta.generation

@@ -28,6 +28,11 @@ KV_UTILIZATION = Gauge("kvpilot_kv_cache_utilization_ratio", "Peak KV-cache pool
                        ["namespace", "name"])
 DECISIONS = Counter("kvpilot_autotune_decisions_total", "Autotune decisions.",
                     ["namespace", "name", "action", "reason"])
+METRICS_REJECTED = Counter(
+    "kvpilot_metrics_samples_rejected_total",
+    "Serving-pod metrics payloads rejected as malformed, or samples ignored as inconsistent with the engine.",
+    ["reason"],
+)
 RECOMMENDED = Gauge("kvpilot_autotune_recommended_batch_size", "The tuner's recommended runtime max_batch_size.",
                     ["namespace", "name"])
 

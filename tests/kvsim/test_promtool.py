@@ -23,7 +23,8 @@ def server(tmp_path_factory):
                        "--max_batch_size", "8", "--max_input_len", "1024", "--max_seq_len", "2048"]) == 0
     (root / "extra.yaml").write_text("return_perf_metrics: true\n")
     args = [str(root / "engine"), "--backend", "tensorrt", "--max_batch_size", "8", "--extra_llm_api_options", str(root / "extra.yaml")]
-    with serve(args, env={"KVSIM_SPEEDUP": "5"}) as (base, _process):
+    # return_perf_metrics (and with it /prometheus/metrics) works on the TensorRT backend from 1.3 (PR #10662)
+    with serve(args, env={"KVSIM_SPEEDUP": "5", "KVSIM_TRTLLM_RELEASE": "1.3"}) as (base, _process):
         yield base
 
 

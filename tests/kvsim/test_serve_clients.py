@@ -42,7 +42,7 @@ def engine_dir(tmp_path_factory):
 def server(engine_dir):
     args = [str(engine_dir / "engine"), "--backend", "tensorrt", "--max_batch_size", "8",
             "--extra_llm_api_options", str(engine_dir / "extra.yaml")]
-    with serve(args, env={"KVSIM_SPEEDUP": "5"}) as (base, _process):
+    with serve(args, env={"KVSIM_SPEEDUP": "5", "KVSIM_TRTLLM_RELEASE": "1.3"}) as (base, _process):
         yield base
 
 
@@ -52,7 +52,7 @@ def get_json(url: str):
 
 
 def test_models_version_and_health(server):
-    assert get_json(server + "/version") == {"version": "1.2.0"}
+    assert get_json(server + "/version") == {"version": "1.3.0"}
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["engine"]
     assert http_status(server + "/health") == 200
@@ -128,7 +128,8 @@ def test_too_long_prompt_is_a_bad_request(server):
 
 def test_refusal_exits_one_and_startup_refuses_connections(engine_dir):
     proc = subprocess.run([KVSIM, "trtllm-serve", str(engine_dir / "engine"), "--backend", "tensorrt"],
-                          env={**os.environ, "KVSIM_PROFILE": "llama-3.1-8b-fp8-h100"}, capture_output=True,
+                          env={**os.environ, "KVSIM_PROFILE": "llama-3.1-8b-fp8-h100", "KVSIM_TRTLLM_RELEASE": "1.1"},
+                          capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 1
     assert "max_batch_size [2048] is greater than build_config.max_batch_size [64]" in proc.stderr

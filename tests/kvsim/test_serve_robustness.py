@@ -39,7 +39,9 @@ def engine_dir(tmp_path_factory):
 def settings_for(engine_dir, speedup: str = "1"):
     args = parse([str(engine_dir / "engine"), "--backend", "tensorrt", "--max_batch_size", "64",
                   "--extra_llm_api_options", str(engine_dir / "extra.yaml")])
-    return resolve(args, {"KVSIM_PROFILE": "llama-3.1-8b-fp8-h100", "KVSIM_SPEEDUP": speedup})
+    # 1.3: the release whose TensorRT backend accepts return_perf_metrics (PR #10662)
+    return resolve(args, {"KVSIM_PROFILE": "llama-3.1-8b-fp8-h100", "KVSIM_SPEEDUP": speedup,
+                          "KVSIM_TRTLLM_RELEASE": "1.3"})
 
 
 class InProcess:

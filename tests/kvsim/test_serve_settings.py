@@ -12,6 +12,7 @@ from kvsim.trtllm.checkpoint import main as checkpoint_main
 from tests.kvsim.helpers import BLOG_ONLY_FLAGS, flag
 
 ENV = {"KVSIM_PROFILE": "llama-3.1-8b-fp8-h100"}
+ENV_1_3 = {**ENV, "KVSIM_TRTLLM_RELEASE": "1.3"}  # return_perf_metrics works on TensorRT from 1.3 (PR #10662)
 
 
 @pytest.fixture
@@ -39,8 +40,9 @@ def test_engine_limits_and_serve_defaults(engine_dir):
     assert s.iter_perf_stats and not s.return_perf_metrics and s.model_id == "engine"
 
 
-def test_default_max_batch_size_above_the_engine_is_refused(engine_dir, capsys, monkeypatch):
+def test_default_max_batch_size_above_the_engine_is_refused_by_1_1(engine_dir, capsys, monkeypatch):
     monkeypatch.setenv("KVSIM_PROFILE", "llama-3.1-8b-fp8-h100")
+    monkeypatch.setenv("KVSIM_TRTLLM_RELEASE", "1.1")
     assert serve_main([str(engine_dir), "--backend", "tensorrt", "--max_num_tokens", "4096"]) == 1
     err = capsys.readouterr().err
     assert "Value error, max_batch_size [2048] is greater than build_config.max_batch_size [64] in build_config" in err
@@ -56,7 +58,7 @@ kv_cache_config: {enable_block_reuse: false}
 scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}
 """)
     s = resolve(parse([str(engine_dir), "--backend", "trt", "--max_batch_size", "64", "--max_num_tokens", "4096",
-                       "--kv_cache_free_gpu_memory_fraction", "0.5", "--extra_llm_api_options", extra]), ENV)
+                       "--kv_cache_free_gpu_memory_fraction", "0.5", "--extra_llm_api_options", extra]), ENV_1_3)
     e = s.engine
     assert e.max_batch_size == 16 and s.return_perf_metrics
     assert e.free_gpu_memory_fraction == 0.9  # the YAML section replaced the CLI's KvCacheConfig

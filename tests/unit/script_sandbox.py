@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 from unittest import mock
 
+from kvpilot.trtllm import calibration, probe
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.trtllm import build as B
 from kvpilot.trtllm import build_script as S
@@ -92,7 +93,10 @@ def expected_argvs(sb: Sandbox, spec: InferenceEngineSpec, fingerprint: str, mbs
     """What each stub must receive: the rendered commands, with $STAGE paths expanded as bash would."""
     with mounts_in(sb):
         cmds = S.build_commands(spec, fingerprint, mbs)
-    out = []
+        preflight = calibration.preflight_lines(spec)
+        dataset = calibration.calibration_dataset(spec) if preflight else ""
+    # The calibration set's layout check runs first, with the dataset path as its one argument.
+    out = [["python3", "-c", calibration.CHECK_PY, dataset]] if preflight else []
     for cmd in cmds:
         argv = [sb.stage(fingerprint) + a[len("$STAGE"):] if a in STAGE_PATHS else a for a in cmd.argv]
         argv[0] = os.path.basename(argv[0])
@@ -108,9 +112,16 @@ def run(sb: Sandbox, script: str, timeout: float = 30) -> subprocess.CompletedPr
 
 
 def recorded_argvs(sb: Sandbox) -> list[list[str]]:
+    """The stubs' argvs in call order, less the release probe's two fixed `python3 -c` programs (they carry
+    no spec value; trtllm/probe.py), so the list matches ``expected_argvs``. The two run at once in a pipe, so
+    their stub records may race for one slot: either may be the one found, and both are left out."""
     calls = []
     for f in sorted(sb.argv_dir.iterdir()):
-        calls.append(f.read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1])
+        argv = f.read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
+        if argv[:2] == ["python3", "-c"] and len(argv) >= 3 and (
+                argv[2] == probe.probe_source() or "import tensorrt_llm" in argv[2] or "m['trtllm']" in argv[2]):
+            continue
+        calls.append(argv)
     return calls
 
 

@@ -42,6 +42,18 @@ def _engine() -> Schema:
             "pipelineParallelSize": integer("Pipeline-parallel size of the engine.", 0),
             "builtAt": string("When the build finished.", 64, fmt="date-time"),
             "buildJob": string("The Job that built it.", 253),
+            "trtllm": obj(
+                "What the build Job found the serving image to be; serving renders from this surface.",
+                {
+                    "version": string("tensorrt_llm.__version__ in the image.", 64),
+                    "trtLlmArgsHasPerfMetricsMaxRequests": boolean(
+                        "Whether TrtLlmArgs has perf_metrics_max_requests (return_perf_metrics is safe on TensorRT)."),
+                    "collectorPrefix": string("Prefix of the Prometheus collector's metric names.", 32),
+                    "collectorNames": array("Metric names kvpilot reads that the image's collector exports.",
+                                            string("A metric name.", 128), 64),
+                    "probeError": string("Why the probe could not read a fact, if it could not.", 512),
+                },
+            ),
         },
     )
 

@@ -19,6 +19,7 @@ from kvpilot.desired.redact import redact
 from kvpilot.trtllm.build import CACHE_MOUNT
 from kvpilot.trtllm.build_script import manifest as engine_manifest
 from kvpilot.trtllm.serve import ServedEngine
+from kvpilot.trtllm.surface import clean_record
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ def served_engine(
             "pipelineParallelSize": int(m.get("pipelineParallelSize", spec.build.pipeline_parallel_size)),
             "builtAt": m.get("builtAt"),
             "buildJob": m.get("buildJob", L.build_job_name(build.fingerprint, claim)),
+            # What the build Job found the serving image to be (trtllm/probe.py): serving renders from it.
+            "trtllm": clean_record(m.get("trtllm")),
         }
         info = {k: v for k, v in info.items() if v is not None}
     else:

@@ -98,6 +98,10 @@ class KvWindow:
     mean_generation: float = 0.0
     mean_unscheduled: float = 0.0  # active requests the capacity scheduler held back for lack of KV blocks
     blocks_per_request: float = 0.0  # the most KV blocks one active request held on average, in one sample
+    # Metrics payloads rejected (malformed) or samples ignored (inconsistent with the engine) in the window, and
+    # the latest reason: reported in a condition so a hostile or foreign pod is visible, never a crash.
+    rejected_samples: int = 0
+    rejection: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.trtllm.release import DEFAULT_IMAGE
-from kvpilot.trtllm.serve import ServedEngine
+from kvpilot.desired.contract import metrics_condition, release_condition
+from kvpilot.trtllm.serve import ServedEngine, serving_surface
+from kvpilot.trtllm.surface import Surface
 
 
 DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
@@ -64,9 +66,10 @@ class Plan:
 
 
 def _serving_children(
-    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int
+    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int,
+    surface: Surface | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch)
+    cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
     dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm)
     return cm, dep
 
@@ -99,7 +102,7 @@ def _tune(
 
 def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:
     w = observed.kv
-    if w is None:
+    if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.get("kvCache")
     return {
         "utilizationPercent": round(w.peak_utilization * 100),
@@ -127,7 +130,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     batch, reason, message = value_in_force(spec, previous_batching, ceiling)
 
     can_serve = served is not None or not spec.builds_engine
-    cm, dep = _serving_children(engine, served, serve_image, claim, batch) if can_serve else ({}, {})
+    surface, known_by, mismatch = serving_surface(spec, serve_image, (engine_info or {}).get("trtllm"))
+    cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface) if can_serve else ({}, {})
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
@@ -142,7 +146,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         batch = decision.target
         reason = "AutotuneRaised" if decision.action == "Raise" else "AutotuneLowered"
         message = decision.message
-        cm, dep = _serving_children(engine, served, serve_image, claim, batch)
+        cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface)
         conds, rolling = compute_conditions(
             spec, build, obs, claim, serving_fp, can_serve, str(batch), serving.config_hash(cm)
         )
@@ -154,6 +158,10 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         job = build_job(meta, spec, build.fingerprint, image, claim, build.ceiling)
     index = (claim, build.fingerprint, build.record_in_index) if build.record_in_index and claim else None
 
+    conds = [*conds, release_condition(serve_image, surface, known_by, mismatch)]
+    metrics = metrics_condition(observed.kv) if spec.autotune.enabled else None
+    if metrics is not None:
+        conds.append(metrics)
     dep_state = observed.deployment
     status: dict[str, Any] = {
         "observedGeneration": meta.generation,

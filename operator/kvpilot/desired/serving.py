@@ -12,6 +12,7 @@ from kvpilot.api.models import InferenceEngineSpec, ObjectRef
 from kvpilot.desired import labels as L
 from kvpilot.desired import pod_parts as P
 from kvpilot.trtllm.serve import CONFIG_DIR, CONFIG_FILE, ServedEngine, llm_api_options, serve_command
+from kvpilot.trtllm.surface import Surface
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # Zero-loss restarts. When a pod is deleted, the endpoints controller, kube-proxy and gateways take a moment
@@ -32,9 +33,10 @@ def _meta(owner: ObjectRef, name: str, spec: InferenceEngineSpec, component: str
 
 
 def llm_api_config_map(
-    owner: ObjectRef, spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int
+    owner: ObjectRef, spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int,
+    surface: Surface | None = None,
 ) -> dict[str, Any]:
-    text = yaml.safe_dump(llm_api_options(spec, engine, max_batch_size), sort_keys=False)
+    text = yaml.safe_dump(llm_api_options(spec, engine, max_batch_size, surface), sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

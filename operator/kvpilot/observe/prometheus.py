@@ -22,7 +22,9 @@ import aiohttp
 from kvpilot.api.metrics_url import MetricsPin, pinned_request, resolved_problem
 from kvpilot.desired.observed import KvWindow
 from kvpilot.observe.window import summarize
-from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_prometheus
+from kvpilot.observe.scrape import decode_json, read_bounded
+from kvpilot.trtllm.metrics import (MAX_COUNT, MAX_PROMETHEUS_SAMPLES, IterationSample, LatencySnapshot,
+                                    MetricsRejected, parse_prometheus)
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 MIN_RANGE_SECONDS = 30  # at least a few scrapes at the PodMonitor's default 15s interval
@@ -98,6 +100,63 @@ def samples_from_matrix(
     return samples, latency
 
 
+MAX_SERIES = 10_000
+
+
+def parse_matrix(body: Any) -> list[dict[str, Any]]:
+    """A range query's answer, parsed as untrusted input: the matrix's series, each ``{"metric": {str: str},
+    "values": [(float, float), ...]}`` with finite numbers, or ``MetricsRejected`` naming what is wrong (a
+    proxy's error page, a top-level list, a null value) — never a KeyError or TypeError further down."""
+    if not isinstance(body, dict):
+        raise MetricsRejected("shape", f"Prometheus answered {type(body).__name__}, not an object")
+    if body.get("status") != "success":
+        raise MetricsRejected("query", f"Prometheus query failed: {str(body.get('errorType', ''))[:40]} "
+                                       f"{str(body.get('error', 'no error given'))[:200]}")
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise MetricsRejected("shape", f"Prometheus answered {str(kind)[:40]!r}, not the matrix of a range selector")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise MetricsRejected("shape", "Prometheus answer has no data.result list")
+    if len(result) > MAX_SERIES:
+        raise MetricsRejected("size", f"Prometheus answered {len(result)} series (at most {MAX_SERIES})")
+    series: list[dict[str, Any]] = []
+    total = 0
+    for i, item in enumerate(result):
+        metric = item.get("metric") if isinstance(item, dict) else None
+        values = item.get("values") if isinstance(item, dict) else None
+        if not isinstance(metric, dict) or not isinstance(values, list):
+            raise MetricsRejected("shape", f"data.result[{i}] must have a metric object and a values list")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
+            raise MetricsRejected("type", f"data.result[{i}].metric must map strings to strings")
+        total += len(values)
+        if total > MAX_PROMETHEUS_SAMPLES:
+            raise MetricsRejected("size", f"Prometheus answered more than {MAX_PROMETHEUS_SAMPLES} samples")
+        points = [_point(i, j, pair) for j, pair in enumerate(values)]
+        series.append({"metric": metric, "values": points})
+    return series
+
+
+def _point(i: int, j: int, pair: Any) -> tuple[float, float]:
+    where = f"data.result[{i}].values[{j}]"
+    if not isinstance(pair, list) or len(pair) != 2:
+        raise MetricsRejected("shape", f"{where} must be a [time, value] pair")
+    stamp, raw = pair
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool) or not math.isfinite(stamp):
+        raise MetricsRejected("type", f"{where}[0] must be a finite timestamp")
+    if not isinstance(raw, str):  # Prometheus sends sample values as strings
+        raise MetricsRejected("type", f"{where}[1] must be a string number, got {type(raw).__name__}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise MetricsRejected("value", f"{where}[1] {raw[:40]!r} is not a number") from None
+    # +Inf is legitimate only as a bucket bound, which is a label; a sample value must be finite and sane.
+    if not math.isfinite(value) or not -MAX_COUNT <= value <= MAX_COUNT:
+        raise MetricsRejected("range", f"{where}[1] {raw[:40]!r} is out of range")
+    return float(stamp), value
+
+
 async def query_prometheus(
     session: aiohttp.ClientSession, url: str, namespace: str, engine: str, interval_seconds: int,
     live_pods: Collection[str] | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
@@ -115,11 +174,6 @@ async def query_prometheus(
     target, headers = pinned_request(f"{url.rstrip('/')}/api/v1/query", pins)
     async with session.get(target, params=params, headers=headers, timeout=TIMEOUT,
                            allow_redirects=False) as resp:
-        body = await resp.json(content_type=None)
-    if body.get("status") != "success":
-        raise ValueError(f"Prometheus query failed: {body.get('errorType', '')} {body.get('error', body)}")
-    data = body.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise ValueError(f"Prometheus answered a {data.get('resultType')!r}, not the matrix of a range selector")
-    samples, latency = samples_from_matrix(data.get("result") or [], live_pods)
+        body = decode_json(await read_bounded(resp))
+    samples, latency = samples_from_matrix(parse_matrix(body), live_pods)
     return summarize(samples, latency, window_seconds=range_seconds, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)

@@ -9,21 +9,93 @@ capture mislead any capacity model.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import aiohttp
 
+from kvpilot import telemetry
 from kvpilot.desired.observed import KvWindow, PodState
 from kvpilot.observe.window import summarize
-from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_iteration_stats, parse_prometheus
+from kvpilot.trtllm.surface import metric_spellings
+from kvpilot.trtllm.metrics import (
+    IterationSample,
+    LatencySnapshot,
+    MetricsRejected,
+    parse_iteration_stats,
+    parse_prometheus,
+)
 
 log = logging.getLogger(__name__)
 TIMEOUT = aiohttp.ClientTimeout(total=5)
+MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply is not trtllm-serve's
+MAX_REJECTIONS_KEPT = 256
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the served engine is, from status.engine: samples that contradict it come from another engine (a
+    foreign pod wearing the engine's labels, or a stale one) and are ignored."""
+
+    tokens_per_block: int = 0  # 0: unknown
+    max_batch_size_ceiling: int = 0  # the engine's build-time max_batch_size; 0: unknown
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any] | None) -> EngineFacts:
+        engine = (status or {}).get("engine") or {}
+        tpb, mbs = engine.get("tokensPerBlock"), engine.get("maxBatchSize")
+        ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+        return cls(tokens_per_block=tpb if ok(tpb) else 0, max_batch_size_ceiling=mbs if ok(mbs) else 0)
+
+    def inconsistency(self, s: IterationSample) -> str | None:
+        """Why the sample cannot describe this engine, None when it can."""
+        if s.used_blocks > s.max_blocks:
+            return f"usedNumBlocks {s.used_blocks} > maxNumBlocks {s.max_blocks}"
+        if self.tokens_per_block and s.tokens_per_block and s.tokens_per_block != self.tokens_per_block:
+            return f"tokensPerBlock {s.tokens_per_block} is not the engine's {self.tokens_per_block}"
+        # maxBatchSizeStatic is the executor's configured (runtime) limit, which never exceeds the engine's
+        # ceiling (1.2 clamps it); above it, the sample comes from a bigger engine. PyTorch reports 0.
+        if self.max_batch_size_ceiling and s.max_batch_size_static > self.max_batch_size_ceiling:
+            return (f"maxBatchSizeStatic {s.max_batch_size_static} is above the engine's max_batch_size "
+                    f"{self.max_batch_size_ceiling}")
+        return None
+
+
+async def read_bounded(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body, refusing one above MAX_BODY_BYTES without buffering it. (StreamReader.read(n) returns
+    what has arrived, not n bytes: read until EOF.)"""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = await resp.content.read(2**16)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            raise MetricsRejected("size", f"reply larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+
+
+def decode_json(body: bytes) -> Any:
+    """JSON from an untrusted body: any failure (bad UTF-8, syntax, nesting deep enough to exhaust the
+    recursion limit, NaN/Infinity literals) is a rejection."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except MetricsRejected:
+        raise
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise MetricsRejected("syntax", f"not JSON: {str(exc)[:120]}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise MetricsRejected("value", f"JSON constant {name} is not a number trtllm-serve sends")
 
 
 def _age_seconds(pod: PodState, now: datetime) -> float:
@@ -45,12 +117,23 @@ class EngineSampler:
     samples: dict[str, deque[IterationSample]] = field(default_factory=dict)
     latency: dict[str, deque[LatencySnapshot]] = field(default_factory=dict)
     taken_at: dict[str, deque[float]] = field(default_factory=dict)
+    # (wall time, pod, reason, message) of rejected payloads and ignored samples, for the condition message.
+    rejections: deque[tuple[float, str, str, str]] = field(default_factory=lambda: deque(maxlen=MAX_REJECTIONS_KEPT))
+    clock: Callable[[], float] = time.time  # injected in tests
 
     def reset(self) -> None:
         """Forget everything (after a rollout: old pods' numbers describe another configuration)."""
         self.samples.clear()
         self.latency.clear()
         self.taken_at.clear()
+        self.rejections.clear()
+
+    def reject(self, wall: float, pod: str, reason: str, message: str, count: int = 1) -> None:
+        """Count rejected payloads or ignored samples (operator metric), keep them for the condition, log once."""
+        telemetry.METRICS_REJECTED.labels(reason=reason).inc(count)
+        for _ in range(min(count, MAX_REJECTIONS_KEPT)):
+            self.rejections.append((wall, pod, reason, message))
+        log.warning("Rejected %d metrics sample(s) from Pod %s (%s): %s", count, pod, reason, message)
 
     def _prune(self, horizon: float) -> None:
         for pod in list(self.samples):
@@ -62,45 +145,103 @@ class EngineSampler:
                 stamps.popleft()
                 if lat:
                     lat.popleft()
+        while self.rejections and self.rejections[0][0] < horizon:
+            self.rejections.popleft()
 
     async def tick(
         self, session: aiohttp.ClientSession, pods: list[PodState], port: int, now: datetime,
-        warmup_seconds: int, want_latency: bool,
+        warmup_seconds: int, want_latency: bool, facts: EngineFacts | None = None,
     ) -> None:
+        """Scrape every warm pod once. Never raises for what a pod sends: see ``accept``."""
         live = {p.name for p in pods}
         for gone in set(self.samples) - live:
             self.samples.pop(gone, None)
             self.latency.pop(gone, None)
             self.taken_at.pop(gone, None)
-        wall = time.time()
+        wall = self.clock()
         warm = [p for p in pods if is_warm(p, now, warmup_seconds)]
         # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
-        await asyncio.gather(*(self._scrape(session, pod, port, wall, want_latency) for pod in warm))
+        await asyncio.gather(*(self._scrape(session, pod, port, wall, want_latency, facts or EngineFacts())
+                               for pod in warm))
 
     async def _scrape(
-        self, session: aiohttp.ClientSession, pod: PodState, port: int, wall: float, want_latency: bool
+        self, session: aiohttp.ClientSession, pod: PodState, port: int, wall: float, want_latency: bool,
+        facts: EngineFacts,
     ) -> None:
         base = f"http://{pod.ip}:{port}"
         try:
             async with session.get(f"{base}/metrics", timeout=TIMEOUT) as resp:
-                payload: Any = await resp.json(content_type=None)
-            self.samples.setdefault(pod.name, deque()).extend(parse_iteration_stats(payload, wall))
-            if want_latency:
+                stats = await read_bounded(resp) if resp.status == 200 else None
+            prom = None
+            if want_latency and stats is not None:
                 async with session.get(f"{base}/prometheus/metrics", timeout=TIMEOUT) as resp:
-                    _sample, snap = parse_prometheus(await resp.text(), wall)
-                self.latency.setdefault(pod.name, deque()).append(snap)
-                self.taken_at.setdefault(pod.name, deque()).append(wall)
+                    # 404: no page (1.2's TensorRT backend without return_perf_metrics): not latency data.
+                    prom = await read_bounded(resp) if resp.status == 200 else None
+        except MetricsRejected as exc:
+            self.reject(wall, pod.name, exc.reason, str(exc))
+            return
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("Could not scrape metrics from Pod %s: %s", pod.name, exc)
+            return
+        if stats is None:
+            log.warning("Pod %s answered /metrics with an error status", pod.name)
+            return
+        self.accept(pod.name, wall, stats, prom, facts)
+
+    def accept(self, pod: str, wall: float, stats: bytes, prom: bytes | None, facts: EngineFacts) -> int:
+        """Parse one pod's replies into the window; returns how many samples were kept.
+
+        The parse and sample path for untrusted bytes: a malformed payload is one rejected sample, a sample
+        inconsistent with the engine is ignored, both counted; nothing here raises (issue 13: one odd reply
+        used to stop the engine's reconciles)."""
+        try:
+            parsed = parse_iteration_stats(decode_json(stats), wall)
+            snap = None
+            if prom is not None:
+                try:
+                    text = prom.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise MetricsRejected("syntax", "/prometheus/metrics is not UTF-8") from None
+                _sample, snap = parse_prometheus(text, wall)
+        except MetricsRejected as exc:
+            self.reject(wall, pod, exc.reason, str(exc))
+            return 0
+        except Exception as exc:  # noqa: BLE001 — a parser bug must cost one sample, not the engine's loop
+            self.reject(wall, pod, "error", f"{type(exc).__name__}: {str(exc)[:200]}")
+            return 0
+        kept, ignored = [], []
+        for sample in parsed:
+            why = facts.inconsistency(sample)
+            if why is None:
+                kept.append(sample)
+            else:
+                ignored.append(why)
+        if ignored:
+            self.reject(wall, pod, "inconsistent", ignored[-1], count=len(ignored))
+        self.samples.setdefault(pod, deque()).extend(kept)
+        if snap is not None:
+            self.latency.setdefault(pod, deque()).append(snap)
+            self.taken_at.setdefault(pod, deque()).append(wall)
+        return len(kept)
 
     def window(
         self, interval_seconds: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
     ) -> KvWindow | None:
-        self._prune(time.time() - interval_seconds)
-        return summarize(
+        self._prune(self.clock() - interval_seconds)
+        window = summarize(
             {p: list(q) for p, q in self.samples.items()},
             {p: list(q) for p, q in self.latency.items()},
             window_seconds=interval_seconds,
             slo_ttft_ms=slo_ttft_ms,
             slo_tpot_ms=slo_tpot_ms,
         )
+        if not self.rejections:
+            return window
+        _, pod, reason, message = self.rejections[-1]
+        note = f"Pod {pod}: {reason}: {message}"[:300]
+        if window is None:  # nothing usable: an empty window the tuner holds on, carrying the note
+            window = KvWindow(samples=0, pods=0, peak_utilization=0.0, mean_utilization=0.0, peak_used_blocks=0,
+                              max_blocks=0, tokens_per_block=0, peak_active=0, mean_active=0.0, peak_queued=0,
+                              mean_queued=0.0, paused=0, runtime_batch_size=0)
+        return replace(window, rejected_samples=len(self.rejections), rejection=note)
+

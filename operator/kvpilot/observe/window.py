@@ -31,7 +31,12 @@ def summarize(
         return None
     peak = max(samples, key=lambda s: s.kv_utilization)
     n, span = len(samples), max(window_seconds, 1e-9)
-    latency = {p: snaps for p, snaps in (latency_by_pod or {}).items() if len(snaps) >= 2}
+    # Two snapshots with histograms make latency data; an empty snapshot (a 1.2 page without them, or no page)
+    # does not, so it can neither hide the iteration stats nor read as "no latency problem".
+    latency = {p: snaps for p, snaps in (latency_by_pod or {}).items()
+               if len(snaps) >= 2 and snaps[0].has_latency and snaps[-1].has_latency}
+    counted = {p: snaps for p, snaps in (latency_by_pod or {}).items()
+               if len(snaps) >= 2 and snaps[0].completed is not None and snaps[-1].completed is not None}
     ttft_pairs = [(snaps[0].ttft, snaps[-1].ttft) for snaps in latency.values()]
     tpot_pairs = [(snaps[0].tpot, snaps[-1].tpot) for snaps in latency.values()]
     intercept, slope = _step_fit(samples)
@@ -53,7 +58,7 @@ def summarize(
         ttft_p95_ms=_worst(ttft_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
         tpot_p95_ms=_worst(tpot_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
         window_seconds=window_seconds,
-        completion_rate=_completion_rate(pods, latency, span),
+        completion_rate=_completion_rate(pods, counted, span),
         queue_growth=sum(v[-1].queued_requests - v[0].queued_requests for v in pods.values()) / span / len(pods),
         ttft_miss_fraction=_miss(ttft_pairs, slo_ttft_ms),
         tpot_miss_fraction=_miss(tpot_pairs, slo_tpot_ms),
@@ -87,13 +92,19 @@ def _step_fit(samples: list[IterationSample]) -> tuple[float | None, float | Non
     return my - slope * mx, slope
 
 
-def _completion_rate(pods: dict[str, list[IterationSample]], latency: dict[str, Sequence[LatencySnapshot]],
+def _completion_rate(pods: dict[str, list[IterationSample]], counted: dict[str, Sequence[LatencySnapshot]],
                      span: float) -> float:
-    """Requests finished per second per pod: from the request counter when scraped (exact), else from the
-    iteration stats (which undercount when the engine's stats queue overflowed between two reads)."""
-    if latency:
-        return sum(snaps[-1].completed - snaps[0].completed for snaps in latency.values()) / span / len(latency)
-    return sum(s.completed_requests for v in pods.values() for s in v) / span / len(pods)
+    """Requests finished per second per pod: per pod, from the request counter where the pod exports it (exact),
+    else from its iteration stats (which undercount when the engine's stats queue overflowed between two reads).
+    A pod without the counter (1.2's TensorRT backend serves no Prometheus page) never reads as 0."""
+    total = 0.0
+    for pod, samples in pods.items():
+        snaps = counted.get(pod)
+        if snaps is not None:
+            total += max(0.0, (snaps[-1].completed or 0.0) - (snaps[0].completed or 0.0))
+        else:
+            total += sum(s.completed_requests for s in samples)
+    return total / span / len(pods)
 
 
 def _worst(pairs: list[tuple[Histogram, Histogram]], fn, scale: float) -> float | None:  # type: ignore[no-untyped-def]

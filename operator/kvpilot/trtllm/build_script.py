@@ -6,6 +6,7 @@ import json
 import shlex
 
 from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.trtllm import calibration, probe
 from kvpilot.trtllm.build import (
     MANIFEST,
     ORPHAN_AFTER_MINUTES,
@@ -91,6 +92,7 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
         f'STAGE="{stage}"',
         *staging_cleanup(paths),
         'rm -rf "$STAGE" && mkdir -p "$STAGE/tokenizer"',
+        *calibration.preflight_lines(spec),
     ]
     for step in build_commands(spec, fingerprint, max_batch_size):
         lines.append(f"echo '+ {step.tool}'")
@@ -106,6 +108,7 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
     lines += [
         'rm -rf "$STAGE/checkpoint"',
         f'printf \'%s\\n\' {shlex.quote(body)} > "$STAGE/{MANIFEST}"',
+        *(probe.record_lines(f'"$STAGE/{MANIFEST}"') if spec.runtime.backend != "simulated" else []),
         "# Publish atomically; if another builder published first, its engine is identical.",
         f'mv -T "$STAGE" {final} || {{ [ -f {final}/{MANIFEST} ] && rm -rf "$STAGE"; }}',
         f"cp {final}/{MANIFEST} {TERMINATION_LOG}",

@@ -1,16 +1,21 @@
 """Parses what trtllm-serve reports: ``/metrics`` iteration stats (JSON) and ``/prometheus/metrics`` (text).
 
 Field and metric names are TensorRT-LLM's (tensorrt_llm/serve/openai_server.py, metrics/collector.py; see
-shared reference trtllm.md §4). KV utilization is computed as usedNumBlocks / maxNumBlocks, as NVIDIA's
+shared reference trtllm.md §4); the Prometheus names differ per release and come from ``options/releases.yaml``.
+Everything here is untrusted input from any pod that carries the engine's labels: typed, bounded, and a bad
+payload raises ``MetricsRejected`` (a ValueError) rather than anything else. KV utilization is computed as usedNumBlocks / maxNumBlocks, as NVIDIA's
 collector does, rather than trusting a precomputed fraction.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvpilot.trtllm.surface import metric_spellings
 
 
 @dataclass(frozen=True)
@@ -55,80 +60,177 @@ class LatencySnapshot:
 
     ttft: Histogram = field(default_factory=Histogram)
     tpot: Histogram = field(default_factory=Histogram)
-    completed: float = 0.0  # trtllm_request_success_total, all finish reasons
+    # The finished-requests counter (request_success_total, all finish reasons); None when the pod does not
+    # export it, so the completion rate falls back to the iteration stats instead of reading 0.
+    completed: float | None = None
+
+    @property
+    def has_latency(self) -> bool:
+        """An empty snapshot (no histogram exported) is not latency data."""
+        return bool(self.ttft.buckets or self.tpot.buckets)
 
 
-def _int(d: dict[str, Any], key: str) -> int:
+class MetricsRejected(ValueError):
+    """A metrics payload that is not what trtllm-serve sends: a rejected sample, never a crash."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # a short label for the operator's own counter (bounded cardinality)
+
+
+# Bounds of a sane reply. trtllm-serve keeps at most iter_stats_max_iterations (default 1000) iterations.
+MAX_ITERATIONS = 20_000
+MAX_COUNT = 2**40  # blocks, requests, batch sizes: far above any real engine, far below float trouble
+MAX_LATENCY_MS = 1e7
+MAX_PROMETHEUS_SAMPLES = 50_000
+
+
+def _count(d: dict[str, Any], key: str, where: str) -> int:
+    """A non-negative integer field (absent: 0). Booleans, strings, lists, NaN, Inf and fractions are rejected."""
     value = d.get(key, 0)
-    return int(value) if isinstance(value, (int, float)) else 0
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MetricsRejected("type", f"{where}.{key} must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+        raise MetricsRejected("value", f"{where}.{key} must be a whole finite number, got {value!r}")
+    if not 0 <= value <= MAX_COUNT:
+        raise MetricsRejected("range", f"{where}.{key} must be between 0 and {MAX_COUNT}, got {value!r}")
+    return int(value)
+
+
+def _section(item: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = item.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MetricsRejected("type", f"{where}.{key} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _latency_ms(item: dict[str, Any], where: str) -> float:
+    value = item.get("iterLatencyMS")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MetricsRejected("type", f"{where}.iterLatencyMS must be a finite number, got {value!r:.40}")
+    if not 0 <= value <= MAX_LATENCY_MS:
+        raise MetricsRejected("range", f"{where}.iterLatencyMS must be between 0 and {MAX_LATENCY_MS:g}, got {value!r}")
+    return float(value)
 
 
 def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
-    """``/metrics`` returns a JSON list of per-iteration objects (drained on read; ``[]`` when idle)."""
+    """``/metrics`` returns a JSON list of per-iteration objects (drained on read; ``[]`` when idle).
+
+    Typed and bounded: anything else raises ``MetricsRejected`` naming the field, so one odd reply is one
+    rejected sample, never an exception that stops the engine's loop (issue 13)."""
     if not isinstance(payload, list):
-        raise ValueError("trtllm-serve /metrics must return a JSON list of iteration stats")
+        raise MetricsRejected("shape", f"/metrics must return a JSON list of iteration stats, got {type(payload).__name__}")
+    if len(payload) > MAX_ITERATIONS:
+        raise MetricsRejected("size", f"/metrics returned {len(payload)} iterations, more than {MAX_ITERATIONS}")
     samples = []
-    for item in payload:
+    for i, item in enumerate(payload):
+        where = f"[{i}]"
         if not isinstance(item, dict):
-            continue
-        kv = item.get("kvCacheStats") or {}
-        ifb = item.get("inflightBatchingStats") or {}
+            raise MetricsRejected("shape", f"{where} must be an object, got {type(item).__name__}")
+        kv = _section(item, "kvCacheStats", where)
+        ifb = _section(item, "inflightBatchingStats", where)
+        kvw, ifw = f"{where}.kvCacheStats", f"{where}.inflightBatchingStats"
         samples.append(
             IterationSample(
                 # Stamped with the scrape time: TensorRT-LLM's own "timestamp" is a local-time string.
                 timestamp_s=now_s,
-                used_blocks=_int(kv, "usedNumBlocks"),
-                max_blocks=_int(kv, "maxNumBlocks"),
-                tokens_per_block=_int(kv, "tokensPerBlock"),
-                active_requests=_int(item, "numActiveRequests"),
-                queued_requests=_int(item, "numQueuedRequests"),
-                paused_requests=_int(ifb, "numPausedRequests"),
-                max_batch_size_runtime=_int(item, "maxBatchSizeRuntime"),
-                max_batch_size_static=_int(item, "maxBatchSizeStatic"),
-                tuner_recommended=_int(item, "maxBatchSizeTunerRecommended"),
-                iter_latency_ms=float(item.get("iterLatencyMS") or 0.0),
-                context_requests=_int(ifb, "numContextRequests"),
-                generation_requests=_int(ifb, "numGenRequests"),
-                completed_requests=_int(item, "numCompletedRequests"),
-                scheduled_requests=_int(ifb, "numScheduledRequests") if "numScheduledRequests" in ifb else None,
+                used_blocks=_count(kv, "usedNumBlocks", kvw),
+                max_blocks=_count(kv, "maxNumBlocks", kvw),
+                tokens_per_block=_count(kv, "tokensPerBlock", kvw),
+                active_requests=_count(item, "numActiveRequests", where),
+                queued_requests=_count(item, "numQueuedRequests", where),
+                paused_requests=_count(ifb, "numPausedRequests", ifw),
+                max_batch_size_runtime=_count(item, "maxBatchSizeRuntime", where),
+                max_batch_size_static=_count(item, "maxBatchSizeStatic", where),
+                tuner_recommended=_count(item, "maxBatchSizeTunerRecommended", where),
+                iter_latency_ms=_latency_ms(item, where),
+                context_requests=_count(ifb, "numContextRequests", ifw),
+                generation_requests=_count(ifb, "numGenRequests", ifw),
+                completed_requests=_count(item, "numCompletedRequests", where),
+                scheduled_requests=_count(ifb, "numScheduledRequests", ifw) if "numScheduledRequests" in ifb else None,
             )
         )
     return samples
 
 
-def parse_prometheus(text: str, now_s: float) -> tuple[IterationSample | None, LatencySnapshot]:
-    """``/prometheus/metrics``: the iteration gauges (trtllm_*) and the latency histograms."""
+def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """Gauges/counters (summed over labels) and histograms of a Prometheus text page, bounded and finite."""
+    if not isinstance(text, str):
+        raise MetricsRejected("shape", "/prometheus/metrics must be text")
     gauges: dict[str, float] = {}
     hist: dict[str, dict[str, Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.endswith("_bucket"):
-                h = hist.setdefault(s.name[: -len("_bucket")], {"buckets": []})
-                h["buckets"].append((float(s.labels["le"]), s.value))
-            elif s.name.endswith("_count") and family.type == "histogram":
-                hist.setdefault(s.name[: -len("_count")], {"buckets": []})["count"] = s.value
-            elif s.name.endswith("_sum") and family.type == "histogram":
-                hist.setdefault(s.name[: -len("_sum")], {"buckets": []})["total"] = s.value
-            else:
-                gauges[s.name] = gauges.get(s.name, 0.0) + s.value
+    seen = 0
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                seen += 1
+                if seen > MAX_PROMETHEUS_SAMPLES:
+                    raise MetricsRejected("size", f"/prometheus/metrics has more than {MAX_PROMETHEUS_SAMPLES} samples")
+                value = float(s.value)
+                if math.isnan(value):
+                    raise MetricsRejected("value", f"/prometheus/metrics sample {s.name:.80} is NaN")
+                if s.name.endswith("_bucket") and family.type == "histogram":
+                    le = float(s.labels.get("le", "nan"))
+                    if math.isnan(le) or math.isinf(value):
+                        raise MetricsRejected("value", f"/prometheus/metrics bucket {s.name:.80} is malformed")
+                    hist.setdefault(s.name[: -len("_bucket")], {"buckets": []})["buckets"].append((le, value))
+                elif s.name.endswith("_count") and family.type == "histogram":
+                    hist.setdefault(s.name[: -len("_count")], {"buckets": []})["count"] = value
+                elif s.name.endswith("_sum") and family.type == "histogram":
+                    hist.setdefault(s.name[: -len("_sum")], {"buckets": []})["total"] = value
+                else:
+                    if math.isinf(value):
+                        raise MetricsRejected("value", f"/prometheus/metrics sample {s.name:.80} is infinite")
+                    if family.type == "counter" and value < 0:
+                        raise MetricsRejected("value", f"/prometheus/metrics counter {s.name:.80} is negative")
+                    gauges[s.name] = gauges.get(s.name, 0.0) + value
+    except MetricsRejected:
+        raise
+    except Exception as exc:  # noqa: BLE001 — the text parser raises many types on hostile input
+        raise MetricsRejected("syntax", f"/prometheus/metrics is not Prometheus text: {str(exc)[:200]}") from None
+    return gauges, hist
+
+
+def _first(table: dict[str, Any], logical: str) -> Any:
+    """The value under the first spelling of a logical metric that the page has (1.2: unprefixed; later:
+    trtllm_-prefixed), None when it has none."""
+    for name in metric_spellings().get(logical, ()):
+        if name in table:
+            return table[name]
+    return None
+
+
+def parse_prometheus(text: str, now_s: float) -> tuple[IterationSample | None, LatencySnapshot]:
+    """``/prometheus/metrics``: the iteration gauges and the latency histograms, under either spelling."""
+    gauges, hist = _families(text)
     latency = LatencySnapshot(
-        ttft=_histogram(hist.get("trtllm_time_to_first_token_seconds")),
-        tpot=_histogram(hist.get("trtllm_time_per_output_token_seconds")),
-        completed=gauges.get("trtllm_request_success_total", 0.0),
+        ttft=_histogram(_first(hist, "ttft")),
+        tpot=_histogram(_first(hist, "tpot")),
+        completed=_first(gauges, "completed"),
     )
-    if "trtllm_kv_cache_max_blocks" not in gauges:
+    if _first(gauges, "max_blocks") is None:
         return None, latency
-    g = lambda name: int(gauges.get(name, 0))  # noqa: E731
+
+    def g(logical: str) -> int:
+        value = _first(gauges, logical) or 0.0
+        return int(value) if 0 <= value <= MAX_COUNT else 0
+
     sample = IterationSample(
         timestamp_s=now_s,
-        used_blocks=g("trtllm_kv_cache_used_blocks"),
-        max_blocks=g("trtllm_kv_cache_max_blocks"),
-        tokens_per_block=g("trtllm_kv_cache_tokens_per_block"),
-        active_requests=g("trtllm_num_requests_running"),
-        queued_requests=g("trtllm_num_requests_waiting"),
-        paused_requests=g("trtllm_num_paused_requests"),
-        max_batch_size_runtime=g("trtllm_max_batch_size_runtime"),
-        max_batch_size_static=g("trtllm_max_batch_size_static"),
+        used_blocks=g("used_blocks"),
+        max_blocks=g("max_blocks"),
+        tokens_per_block=g("tokens_per_block"),
+        active_requests=g("running"),
+        queued_requests=g("waiting"),
+        paused_requests=g("paused"),
+        max_batch_size_runtime=g("runtime_batch"),
+        max_batch_size_static=g("static_batch"),
     )
     return sample, latency
 

@@ -13,7 +13,9 @@ from typing import Any
 
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.trtllm import release
+from kvpilot.trtllm import surface as surfaces
 from kvpilot.trtllm.build import CACHE_MOUNT, MODEL_MOUNT, Command
+from kvpilot.trtllm.surface import Surface
 
 CONFIG_DIR = "/etc/kvpilot"
 CONFIG_FILE = "llm-api.yaml"
@@ -55,8 +57,20 @@ def runtime_limits(spec: InferenceEngineSpec, engine: ServedEngine | None, max_b
     return min(max_batch_size, engine.max_batch_size), min(spec.batching.max_num_tokens, engine.max_num_tokens)
 
 
-def llm_api_options(spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int) -> dict[str, Any]:
-    """The LLM-API YAML: runtime batching, KV-cache pool, scheduler policy, and the stats kvpilot reads."""
+def backend_name(spec: InferenceEngineSpec) -> str:
+    """trtllm-serve's --backend: the simulated backend stands in for a TensorRT engine."""
+    return "pytorch" if spec.runtime.backend == "pytorch" else "tensorrt"
+
+
+def llm_api_options(
+    spec: InferenceEngineSpec, engine: ServedEngine | None, max_batch_size: int, surface: Surface | None = None
+) -> dict[str, Any]:
+    """The LLM-API YAML: runtime batching, KV-cache pool, scheduler policy, and the stats kvpilot reads.
+
+    ``surface`` is the serving image's release surface (unknown: the conservative one). Every key rendered is
+    one that release's args class accepts for the backend: the schema is strict, an extra key is a crash loop."""
+    surface = surface or surfaces.get(surfaces.CONSERVATIVE)
+    backend = backend_name(spec)
     batch, tokens = runtime_limits(spec, engine, max_batch_size)
     paged = spec.build.kv_cache.type == "paged"  # block reuse and chunked context need paged blocks
     kv_cache: dict[str, Any] = {
@@ -69,10 +83,6 @@ def llm_api_options(spec: InferenceEngineSpec, engine: ServedEngine | None, max_
         "max_batch_size": batch,
         "max_num_tokens": tokens,
         "enable_chunked_prefill": spec.batching.enable_chunked_context and paged,
-        # Perf metrics mount /prometheus/metrics; iteration stats (/metrics, the autotuner's input) are on by
-        # default in the TensorRT backend and must be asked for in the PyTorch one, whose args alone have
-        # the field: the strict LLM-API schema rejects unknown keys at startup.
-        "return_perf_metrics": True,
         "kv_cache_config": kv_cache,
         "scheduler_config": {
             "capacity_scheduler_policy": scheduler_policy(spec),
@@ -83,9 +93,29 @@ def llm_api_options(spec: InferenceEngineSpec, engine: ServedEngine | None, max_
             },
         },
     }
-    if spec.runtime.backend == "pytorch":
+    # Perf metrics mount /prometheus/metrics (latency histograms). On 1.2's TensorRT backend the server then reads
+    # TrtLlmArgs.perf_metrics_max_requests, which does not exist there: startup fails (NVIDIA/TensorRT-LLM#9678),
+    # so it is rendered only where the release has the field. Iteration stats (/metrics, the tuner's primary
+    # input) are on by default in the TensorRT backend and must be asked for in the PyTorch one.
+    if surface.renders_return_perf_metrics(backend):
+        options["return_perf_metrics"] = True
+    if backend == "pytorch":
         options["enable_iter_perf_stats"] = True
     return options
+
+
+def rejected_keys(options: dict[str, Any], surface: Surface, backend: str) -> list[str]:
+    """Rendered keys the release would refuse (tests hold this empty for every release and backend)."""
+    return [key for key in _dotted_keys(options) if not surface.accepts_key(backend, key)]
+
+
+def _dotted_keys(options: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in options.items():
+        out.append(prefix + key)
+        if isinstance(value, dict) and prefix.count(".") < 1:
+            out += _dotted_keys(value, f"{prefix}{key}.")
+    return out
 
 
 def model_argument(spec: InferenceEngineSpec, engine: ServedEngine | None) -> list[str]:
@@ -109,7 +139,7 @@ def serve_command(
     batch, tokens = runtime_limits(spec, engine, max_batch_size)
     tp = engine.tensor_parallel_size if engine else spec.build.tensor_parallel_size
     pp = engine.pipeline_parallel_size if engine else spec.build.pipeline_parallel_size
-    backend = "pytorch" if spec.runtime.backend == "pytorch" else "tensorrt"
+    backend = backend_name(spec)
     argv = [
         "trtllm-serve",
         *model_argument(spec, engine),
@@ -126,3 +156,26 @@ def serve_command(
     if backend == "pytorch":
         argv += ["--max_seq_len", str(spec.build.max_seq_len)]
     return Command("trtllm-serve", tuple(argv))
+
+
+# kvsim (the simulated backend) plays a named release: KVSIM_TRTLLM_RELEASE in the engine's runtime env, else the
+# release the kvsim image stands for (kvsim's TRTLLM_VERSION). The operator renders for the same surface.
+KVSIM_RELEASE_ENV = "KVSIM_TRTLLM_RELEASE"
+KVSIM_DEFAULT_RELEASE = "1.2.0"
+
+
+def serving_surface(
+    spec: InferenceEngineSpec, image: str, recorded: dict[str, Any] | None
+) -> tuple[Surface, str, str | None]:
+    """The surface to render for, how it was known ("recorded", "tag", "kvsim" or "unknown"), and a mismatch
+    message when what the build Job recorded contradicts the release the image tag names."""
+    if spec.runtime.backend == "simulated":
+        named = next((v.value for v in spec.runtime.env if v.name == KVSIM_RELEASE_ENV and v.value), None)
+        release_ = surfaces.release_of_version(named or KVSIM_DEFAULT_RELEASE)
+        return surfaces.get(release_), "kvsim", None
+    surface, mismatch = surfaces.effective(image, recorded)
+    if surfaces.release_of_probe(recorded) is not None:
+        how = "recorded"
+    else:
+        how = "tag" if surface.release != surfaces.CONSERVATIVE else "unknown"
+    return surface, how, mismatch

@@ -45,7 +45,9 @@ class SimServer:
         self.started_monotonic = time.monotonic()
         # The server hands each finished record to its client: the engine keeps none (bounded memory).
         self.engine = Engine(settings.engine, epoch_s=time.time(), time_scale=settings.speedup, keep_finished=0)
-        self.metrics = ServeMetrics(self.engine, settings.model_id)
+        rel = settings.release
+        self.metrics = ServeMetrics(self.engine, settings.model_id, rel.prometheus_prefix if rel else "trtllm_",
+                                    rel.iteration_gauges if rel else True)
         self.handles: dict[int, Handle] = {}
         self.perf_metrics: list[dict] = []
         self.created = int(time.time())

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
             cls = "TrtLlmArgs" if args.backend == "tensorrt" else "TorchLlmArgs"
             print(f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {cls}\n"
                   f"  Value error, {message} [type=value_error, input_type=dict]", file=sys.stderr, flush=True)
+        elif message.startswith("AttributeError: "):  # raised inside the server's startup, not a usage error
+            print(f"Traceback (most recent call last):\n  ...\n{message}", file=sys.stderr, flush=True)
         else:
             print(f"Error: {message}", file=sys.stderr, flush=True)
         return 1
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = plan_memory(cfg.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
                        cfg.free_gpu_memory_fraction, cfg.kv_max_tokens)
+    for warning in settings.warnings:
+        print(f"[TensorRT-LLM][WARNING] {warning}", flush=True)
+    _log(f"kvsim plays TensorRT-LLM {settings.version} (KVSIM_TRTLLM_RELEASE)")
     _log(f"kvsim simulated backend: profile {settings.profile_name} ({cfg.profile.name}), backend {settings.backend}, "
          f"speedup x{settings.speedup:g}")
     _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")

@@ -1,4 +1,6 @@
-"""``/prometheus/metrics``: TensorRT-LLM's ``trtllm_*`` metric names (tensorrt_llm/metrics/collector.py).
+"""``/prometheus/metrics``: TensorRT-LLM's metric names (tensorrt_llm/metrics/collector.py) of the release kvsim
+plays: 1.2's collector exports five unprefixed per-request metrics and no gauges; 1.3 prefixes them ``trtllm_`` and
+adds the iteration gauges and phase histograms (PR #11243, #12545).
 
 Per-request histograms and counters are observed when a request finishes. Iteration gauges are read from the
 engine's latest iteration at scrape time; unlike the real server they do not consume the ``/metrics`` queue, so
@@ -75,26 +77,30 @@ class IterationCollector(Collector):
 
 
 class ServeMetrics:
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, prefix: str = "trtllm_", gauges: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.labels = {"model_name": model_name, "engine_type": "trtllm"}
+        self.later = gauges  # the 1.3 collector's additions
         names = list(self.labels)
 
         def hist(name: str, doc: str, buckets=LATENCY_BUCKETS) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
+            return Histogram(prefix + name, doc, names, buckets=buckets, registry=self.registry)
 
-        self.ttft = hist("trtllm_time_to_first_token_seconds", "Time to first token")
-        self.tpot = hist("trtllm_time_per_output_token_seconds", "Time per output token", TPOT_BUCKETS)
-        self.e2e = hist("trtllm_e2e_request_latency_seconds", "End-to-end request latency")
-        self.queue = hist("trtllm_request_queue_time_seconds", "Time from arrival to first schedule")
-        self.prefill = hist("trtllm_request_prefill_time_seconds", "Time from first schedule to first token")
-        self.decode = hist("trtllm_request_decode_time_seconds", "Time from first token to the last")
-        self.inference = hist("trtllm_request_inference_time_seconds", "Time from first schedule to the last token")
-        self.success = Counter("trtllm_request_success", "Finished requests", names + ["finished_reason"],
+        self.ttft = hist("time_to_first_token_seconds", "Time to first token")
+        self.tpot = hist("time_per_output_token_seconds", "Time per output token", TPOT_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency")
+        self.queue = hist("request_queue_time_seconds", "Time from arrival to first schedule")
+        self.success = Counter(prefix + "request_success", "Finished requests", names + ["finished_reason"],
                                registry=self.registry)
-        self.prompt_tokens = Counter("trtllm_prompt_tokens", "Prompt tokens processed", names, registry=self.registry)
-        self.generation_tokens = Counter("trtllm_generation_tokens", "Tokens generated", names, registry=self.registry)
-        self.registry.register(IterationCollector(engine, self.labels))
+        if gauges:
+            self.prefill = hist("request_prefill_time_seconds", "Time from first schedule to first token")
+            self.decode = hist("request_decode_time_seconds", "Time from first token to the last")
+            self.inference = hist("request_inference_time_seconds", "Time from first schedule to the last token")
+            self.prompt_tokens = Counter(prefix + "prompt_tokens", "Prompt tokens processed", names,
+                                         registry=self.registry)
+            self.generation_tokens = Counter(prefix + "generation_tokens", "Tokens generated", names,
+                                             registry=self.registry)
+            self.registry.register(IterationCollector(engine, self.labels))
 
     def observe(self, r: RequestRecord) -> None:
         values = list(self.labels.values())
@@ -103,12 +109,13 @@ class ServeMetrics:
         self.e2e.labels(*values).observe(r.e2e_s or 0.0)
         start = r.start_s if r.start_s is not None else r.arrival_s
         self.queue.labels(*values).observe(start - r.arrival_s)
-        self.prefill.labels(*values).observe((r.first_token_s or start) - start)
-        self.decode.labels(*values).observe((r.finish_s or 0.0) - (r.first_token_s or 0.0))
-        self.inference.labels(*values).observe((r.finish_s or start) - start)
         self.success.labels(*values, "length").inc()
-        self.prompt_tokens.labels(*values).inc(r.prompt_tokens)
-        self.generation_tokens.labels(*values).inc(r.output_tokens)
+        if self.later:
+            self.prefill.labels(*values).observe((r.first_token_s or start) - start)
+            self.decode.labels(*values).observe((r.finish_s or 0.0) - (r.first_token_s or 0.0))
+            self.inference.labels(*values).observe((r.finish_s or start) - start)
+            self.prompt_tokens.labels(*values).inc(r.prompt_tokens)
+            self.generation_tokens.labels(*values).inc(r.output_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

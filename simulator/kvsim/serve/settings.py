@@ -8,7 +8,8 @@ so unspecified fields of that section fall back to the class defaults. Runtime l
 the engine's build_config exactly as ``validate_build_config_with_runtime_params`` does.
 
 Environment: KVSIM_PROFILE (required: the GPU, the calibration, and the model for HF ids), KVSIM_SPEEDUP
-(simulated seconds per wall second, default 1), KVSIM_STARTUP_SECONDS (model-load delay, default 0).
+(simulated seconds per wall second, default 1), KVSIM_STARTUP_SECONDS (model-load delay, default 0),
+KVSIM_TRTLLM_RELEASE (the release whose surface kvsim plays, see ``trtllm/releases.py``; default 1.2.0).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ..profiles import Profile, get_profile
 from ..trtllm import TRTLLM_VERSION
 from ..trtllm.checkpoint import model_spec_from_config
 from ..trtllm.engine_dir import is_engine_dir, load_engine_dir
+from ..trtllm.releases import Release
+from ..trtllm.releases import resolve as resolve_release
 
 KV_CACHE_KEYS = {"enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
                  "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction",
@@ -75,6 +78,8 @@ class ServeSettings:
     iter_perf_stats: bool
     return_perf_metrics: bool
     version: str = TRTLLM_VERSION
+    release: Release | None = None
+    warnings: tuple[str, ...] = ()  # logged at startup, as TensorRT-LLM's logger.warning would
 
 
 def cli_llm_args(args) -> dict[str, Any]:
@@ -91,20 +96,31 @@ def cli_llm_args(args) -> dict[str, Any]:
     }
 
 
-def merge_yaml(llm_args: dict[str, Any], extra: dict[str, Any], source: str) -> dict[str, Any]:
-    """update_llm_args_with_extra_dict: YAML keys replace CLI values; sections replace whole sections."""
+def merge_yaml(llm_args: dict[str, Any], extra: dict[str, Any], source: str,
+               release: Release | None = None) -> dict[str, Any]:
+    """update_llm_args_with_extra_dict: YAML keys replace CLI values; sections replace whole sections. Keys are
+    checked against the release's args classes (extra="forbid")."""
+    release = release or resolve_release(None)
     if not isinstance(extra, dict):
         raise ServeError(f"{source}: the extra LLM API options must be a YAML mapping")
     allowed = TOP_LEVEL_KEYS
-    if extra.get("backend", llm_args.get("backend")) == "tensorrt":
+    tensorrt = extra.get("backend", llm_args.get("backend")) == "tensorrt"
+    if tensorrt:
         allowed = TOP_LEVEL_KEYS - TORCH_ONLY_KEYS
+        if not release.trt_has_perf_metrics_max_requests:
+            allowed = allowed - {"perf_metrics_max_requests"}
     unknown = sorted(set(extra) - allowed)
     if unknown:
         backend = "TrtLlmArgs" if allowed is not TOP_LEVEL_KEYS else "LlmArgs"
         raise ServeError(f"{source}: {', '.join(unknown)}: Extra inputs are not permitted ({backend})")
+    if tensorrt and extra.get("return_perf_metrics") and not release.trt_has_perf_metrics_max_requests:
+        # The server reads llm.args.perf_metrics_max_requests whenever return_perf_metrics is set
+        # (NVIDIA/TensorRT-LLM#9678, release:1.2.0rc2).
+        raise ServeError("AttributeError: 'TrtLlmArgs' object has no attribute 'perf_metrics_max_requests'")
     _check_section(extra.get("kv_cache_config"), KV_CACHE_KEYS, f"{source}: kv_cache_config")
     scheduler = extra.get("scheduler_config")
-    _check_section(scheduler, SCHEDULER_KEYS, f"{source}: scheduler_config")
+    scheduler_keys = SCHEDULER_KEYS if release.waiting_queue_policy else SCHEDULER_KEYS - {"waiting_queue_policy"}
+    _check_section(scheduler, scheduler_keys, f"{source}: scheduler_config")
     if isinstance(scheduler, dict) and scheduler.get("dynamic_batch_config") is not None:
         dyn = scheduler["dynamic_batch_config"]
         _check_section(dyn, DYNAMIC_BATCH_KEYS, f"{source}: scheduler_config.dynamic_batch_config")
@@ -127,13 +143,18 @@ def _check_section(section: Any, allowed: set[str], where: str) -> None:
 def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
     """Everything trtllm-serve decides before loading the model; ServeError for anything it would refuse."""
     env = os.environ if environ is None else environ
+    try:
+        release = resolve_release(env.get("KVSIM_TRTLLM_RELEASE"))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     profile = _profile_from_env(env)
     llm_args = cli_llm_args(args)
+    warnings: list[str] = []
     if args.extra_llm_api_options:
         path = Path(args.extra_llm_api_options)
         if not path.is_file():
             raise ServeError(f"--extra_llm_api_options file {path} does not exist")
-        llm_args = merge_yaml(llm_args, yaml.safe_load(path.read_text()) or {}, str(path))
+        llm_args = merge_yaml(llm_args, yaml.safe_load(path.read_text()) or {}, str(path), release)
     backend = llm_args.get("backend", args.backend)
     kv = llm_args.get("kv_cache_config") or {}
     scheduler = llm_args.get("scheduler_config") or {}
@@ -154,11 +175,21 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
             raise ServeError(f"{args.model} is a TensorRT engine directory: serve it with --backend tensorrt")
         engine = load_engine_dir(model_path)
         if runtime_bs > engine.max_batch_size:
-            raise ServeError(f"max_batch_size [{runtime_bs}] is greater than build_config.max_batch_size "
-                             f"[{engine.max_batch_size}] in build_config")
+            if not release.clamps_runtime_limits:  # 1.1
+                raise ServeError(f"max_batch_size [{runtime_bs}] is greater than build_config.max_batch_size "
+                                 f"[{engine.max_batch_size}] in build_config")
+            # 1.2+: overridden with a warning; the message prints the engine value twice (it is formatted
+            # after the assignment), as TensorRT-LLM's does.
+            runtime_bs = engine.max_batch_size
+            warnings.append(f"max_batch_size [{runtime_bs}] is overridden by build_config.max_batch_size "
+                            f"[{engine.max_batch_size}] in build_config")
         if runtime_nt > engine.max_num_tokens:
-            raise ServeError(f"max_num_tokens [{runtime_nt}] is greater than build_config.max_num_tokens "
-                             f"[{engine.max_num_tokens}] in build_config")
+            if not release.clamps_runtime_limits:
+                raise ServeError(f"max_num_tokens [{runtime_nt}] is greater than build_config.max_num_tokens "
+                                 f"[{engine.max_num_tokens}] in build_config")
+            runtime_nt = engine.max_num_tokens
+            warnings.append(f"max_num_tokens [{runtime_nt}] is overridden by build_config.max_num_tokens "
+                            f"[{engine.max_num_tokens}] in build_config")
         config = EngineConfig(
             profile=engine.profile_on(profile), build_max_batch_size=engine.max_batch_size,
             build_max_num_tokens=engine.max_num_tokens, max_seq_len=engine.max_seq_len,
@@ -197,7 +228,8 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         profile_name=profile.name, speedup=_positive_float(env, "KVSIM_SPEEDUP", 1.0),
         startup_s=_positive_float(env, "KVSIM_STARTUP_SECONDS", 0.0, allow_zero=True),
         iter_perf_stats=bool(llm_args.get("enable_iter_perf_stats", backend == "tensorrt")),
-        return_perf_metrics=bool(llm_args.get("return_perf_metrics", False)))
+        return_perf_metrics=bool(llm_args.get("return_perf_metrics", False)),
+        version=release.version, release=release, warnings=tuple(warnings))
 
 
 def _with_model(profile: Profile, model) -> Profile:

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import TRTLLM_VERSION
+from .releases import ENV as RELEASE_ENV
+from .releases import resolve as resolve_release
 from .build_args import PLUGIN_ARGS, build_parser
 from .checkpoint import model_spec_from_config
 
@@ -135,12 +136,20 @@ def run_build(args) -> Path:
         time.sleep(seconds)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    engine = {"version": TRTLLM_VERSION, "pretrained_config": pretrained, "build_config": cfg,
+    engine = {"version": played_version(), "pretrained_config": pretrained, "build_config": cfg,
               "kvsim": {"simulated": True, "builtAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
     (out / "config.json").write_text(json.dumps(engine, indent=4) + "\n")
     for rank in range(world):
         (out / f"rank{rank}.engine").write_bytes(PLACEHOLDER)
     return out
+
+
+def played_version() -> str:
+    """The version of the release kvsim plays (KVSIM_TRTLLM_RELEASE), as the engine's config.json records it."""
+    try:
+        return resolve_release(os.environ.get(RELEASE_ENV)).version
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "paged_kv_cache"):
         _log("WARNING", "Option --paged_kv_cache is deprecated, use --kv_cache_type=paged/disabled instead.")
     started = time.time()
-    _log("INFO", f"TensorRT LLM version: {TRTLLM_VERSION} (kvsim simulated backend)")
     try:
+        _log("INFO", f"TensorRT LLM version: {played_version()} (kvsim simulated backend)")
         out = run_build(args)
     except BuildError as exc:
         _log("ERROR", str(exc))

@@ -1,0 +1,137 @@
+"""The contract check and the build Job's probe: the compare logic on recorded outputs, and the probe itself run
+against a stand-in ``tensorrt_llm`` package (the real image is not available here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvpilot.trtllm.contract import compare, report
+from kvpilot.trtllm.probe import probe_source, record_lines
+
+DATA = Path(__file__).parent / "data"
+RECORDED = json.loads((DATA / "trtllm-probe-1.2.0.json").read_text())
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"
+
+
+def diffs(probe: dict, image: str = "") -> dict[str, str]:
+    return {f.topic: f.message for f in compare(probe, image)[1] if not f.ok}
+
+
+def test_a_1_2_0_image_matches_its_row() -> None:
+    release, findings = compare(RECORDED, f"{IMAGE}:1.2.0")
+    assert release == "1.2.0" and all(f.ok for f in findings), [f.line() for f in findings]
+
+
+def test_a_patched_image_whose_trtllmargs_gained_the_field_is_reported() -> None:
+    patched = {**RECORDED, "trtLlmArgsHasPerfMetricsMaxRequests": True,
+               "trtLlmArgsFields": [*RECORDED["trtLlmArgsFields"], "perf_metrics_max_requests"]}
+    assert "present" in diffs(patched)["TrtLlmArgs.perf_metrics_max_requests"]
+
+
+def test_a_1_3_image_under_a_1_2_tag_is_reported_with_the_row_to_contribute() -> None:
+    newer = {**RECORDED, "version": "1.3.0rc7", "trtLlmArgsHasPerfMetricsMaxRequests": True,
+             "collectorPrefix": "trtllm_", "collectorNames": ["trtllm_time_to_first_token_seconds"],
+             "schedulerConfigFields": [*RECORDED["schedulerConfigFields"], "waiting_queue_policy"]}
+    found = diffs(newer, f"{IMAGE}:1.2.0")
+    assert "names release 1.2.0, the image reports 1.3.0rc7" in found["image tag"]
+    assert "trtllm_request_success_total" in found["collector"]  # the 1.3 row expects more names than seen
+    out, ok = report(newer, f"{IMAGE}:1.2.0")
+    assert not ok and "Row to contribute" in out and "waiting_queue_policy" in out
+
+
+def test_missing_facts_and_unknown_versions_are_findings_not_errors() -> None:
+    found = diffs({"probeError": "tensorrt_llm: libcuda.so.1: cannot open shared object file"})
+    assert "libcuda" in found["version"] and "not read" in found["collector"]
+    assert "no row" in diffs({**RECORDED, "version": "2.0.0"})["version"]
+    lacking = {**RECORDED, "serveOptions": ["--host", "--port"]}
+    assert "--extra_llm_api_options" in diffs(lacking)["trtllm-serve"]
+    torch_only = {**RECORDED, "trtLlmArgsFields": [*RECORDED["trtLlmArgsFields"], "enable_iter_perf_stats"]}
+    assert "enable_iter_perf_stats" in diffs(torch_only)["TrtLlmArgs"]
+    assert compare({"version": 12, "serveOptions": "x", "collectorNames": [1, None]})[0] == "conservative"
+
+
+@pytest.fixture
+def fake_tensorrt_llm(tmp_path: Path) -> Path:
+    """A stand-in package with the attributes the probe reads, as 1.2.0 lays them out."""
+    pkg = tmp_path / "site" / "tensorrt_llm"
+    for sub in ("llmapi", "metrics", "commands"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text('__version__ = "1.2.0"\n')
+    (pkg / "llmapi" / "llm_args.py").write_text(textwrap.dedent(f"""
+        class TrtLlmArgs: model_fields = dict.fromkeys({RECORDED['trtLlmArgsFields']!r})
+        class TorchLlmArgs: model_fields = dict.fromkeys({RECORDED['torchLlmArgsFields']!r})
+        class SchedulerConfig: model_fields = dict.fromkeys({RECORDED['schedulerConfigFields']!r})
+    """))
+    (pkg / "metrics" / "collector.py").write_text(textwrap.dedent("""
+        histogram_time_to_first_token = Histogram(name="time_to_first_token_seconds")
+        histogram_e2e = Histogram(name="e2e_request_latency_seconds")
+        counter_request_success = Counter(name="request_success")
+    """))
+    (pkg / "commands" / "serve.py").write_text(textwrap.dedent(f"""
+        class _P:
+            def __init__(self, *opts): self.opts = list(opts)
+        class _Cmd: params = [_P(o) for o in {RECORDED['serveOptions']!r}]
+        class _Group: commands = {{"serve": _Cmd()}}
+        main = _Group()
+    """))
+    return tmp_path / "site"
+
+
+def run_probe(site: Path, full: bool) -> dict:
+    proc = subprocess.run([sys.executable, "-c", probe_source(full)], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_probe_reads_an_image_and_its_output_matches_the_row(fake_tensorrt_llm: Path) -> None:
+    probe = run_probe(fake_tensorrt_llm, full=True)
+    assert probe["version"] == "1.2.0" and probe["trtLlmArgsHasPerfMetricsMaxRequests"] is False
+    assert probe["collectorPrefix"] == "" and "request_success_total" in probe["collectorNames"]
+    assert set(probe["serveOptions"]) == set(RECORDED["serveOptions"]) and "probeError" not in probe
+    release, findings = compare(probe, f"{IMAGE}:1.2.0")
+    assert release == "1.2.0"
+    assert {f.topic for f in findings if not f.ok} == {"collector"}  # the stand-in has 3 of the 5 names
+
+
+def test_the_build_job_records_the_probe_into_the_manifest(fake_tensorrt_llm: Path, tmp_path: Path) -> None:
+    manifest = tmp_path / "kvpilot-engine.json"
+    manifest.write_text(json.dumps({"fingerprint": "f"}) + "\n")
+    script = "set -euo pipefail\n" + "\n".join(record_lines(f'"{manifest}"')) + "\n"
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    env = {"PYTHONPATH": str(fake_tensorrt_llm), "PATH": f"{bindir}:/usr/bin:/bin"}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    recorded = json.loads(manifest.read_text())
+    assert recorded["fingerprint"] == "f" and recorded["trtllm"]["version"] == "1.2.0"
+    assert recorded["trtllm"]["trtLlmArgsHasPerfMetricsMaxRequests"] is False
+    assert "trtLlmArgsFields" not in recorded["trtllm"]  # the termination message stays small
+    # An image without tensorrt_llm: the build goes on, the manifest records why.
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PATH": env["PATH"]})
+    assert proc.returncode == 0 and "No module named" in json.loads(manifest.read_text())["trtllm"]["probeError"]
+
+
+def test_doctor_cli_exit_codes(tmp_path: Path) -> None:
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kvpilot.cli", "doctor", "trtllm", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    assert doctor(f"{IMAGE}:1.2.0", "--probe", str(DATA / "trtllm-probe-1.2.0.json")).returncode == 0
+    (tmp_path / "new.json").write_text(json.dumps({**RECORDED, "version": "1.4.0"}))
+    proc = doctor(f"{IMAGE}:1.4.0", "--probe", str(tmp_path / "new.json"))
+    assert proc.returncode == 1 and "Row to contribute" in proc.stdout
+    (tmp_path / "bad.json").write_bytes(b"\xff\xfe")
+    bad = doctor("--probe", str(tmp_path / "bad.json"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--probe" in bad.stderr
+    assert "import json" in doctor("--print-probe").stdout
