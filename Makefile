@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv test unit e2e demo cluster-build cluster-up cluster-down render bench lint crds clean
+.PHONY: help venv test unit e2e demo images cluster-build cluster-up cluster-down render bench lint crds clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -30,6 +30,9 @@ $(AIPERF_STAMP):
 	$(AIPERF_VENV)/bin/pip install -q 'aiperf>=0.13,<0.14'
 	@touch $@
 
+images: ## Build the operator and kvsim images with buildah (no Docker; cached by content hash outside the repo)
+	@hack/images/build.sh
+
 cluster-build: ## Build or reuse the control-plane binaries (cached outside the repo, keyed by version)
 	@hack/testenv/build.sh >/dev/null
 
@@ -39,7 +42,7 @@ cluster-up: venv cluster-build ## Start etcd, kube-apiserver, controller-manager
 cluster-down: ## Stop exactly what cluster-up started
 	@hack/testenv/cluster-down.sh
 
-test: venv $(AIPERF_STAMP) cluster-build ## Run every test: unit, chart, simulator, end-to-end on the local control plane
+test: venv $(AIPERF_STAMP) cluster-build images ## Run every test: unit, chart, simulator, end-to-end on the local control plane
 	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
 
 unit: venv ## Run the fast tests that need no cluster

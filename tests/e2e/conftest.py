@@ -1,9 +1,13 @@
-"""End-to-end fixtures: a real control plane, the chart installed with real Helm, the operator running as a
-local process under the chart's ServiceAccount (a token kubeconfig), so RBAC gaps fail tests."""
+"""End-to-end fixtures: a real control plane, the chart installed with real Helm, and the operator under the
+chart's ServiceAccount, so RBAC gaps fail tests. The operator runs from its real image under podman, as the
+chart's Deployment defines it (hack/operatorimage.py), when `make images` has built it; otherwise (no podman,
+or KVPILOT_E2E_OPERATOR=process) as a local process under a token kubeconfig. The summary says which ran,
+and how the local kubelet ran the kvsim pods (podman from the kvsim image, or local processes)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,7 @@ sys.path.insert(0, str(ROOT / "hack" / "testenv"))
 sys.path.insert(0, str(ROOT / "hack"))
 import closedloop  # noqa: E402
 import cluster  # noqa: E402
+import operatorimage  # noqa: E402
 
 OPERATOR_NS = closedloop.OPERATOR_NS
 
@@ -82,12 +87,42 @@ def chart(kube: Path) -> str:
     return OPERATOR_NS
 
 
-Operator = closedloop.OperatorProcess
+Operator = closedloop.OperatorProcess | operatorimage.OperatorContainer
+OPERATOR_IMAGE = f"ghcr.io/kvpilot/kvpilot:{closedloop.KVSIM_IMAGE.rsplit(':', 1)[1]}"
+RUNNERS: dict[str, str] = {}  # what ran, for the terminal summary
+
+
+def make_operator(logdir: Path) -> Operator:
+    """The operator image under podman when it is built (KVPILOT_E2E_OPERATOR=auto|image|process)."""
+    wanted = os.environ.get("KVPILOT_E2E_OPERATOR", "auto")
+    if wanted not in ("auto", "image", "process"):
+        raise pytest.UsageError(f"KVPILOT_E2E_OPERATOR={wanted!r}: must be auto, image or process")
+    if wanted == "image" or (wanted == "auto" and operatorimage.available(OPERATOR_IMAGE)):
+        RUNNERS["operator"] = f"image {OPERATOR_IMAGE} under podman (the chart's Deployment container)"
+        return operatorimage.OperatorContainer(logdir, OPERATOR_NS, kvsim_image=closedloop.KVSIM_IMAGE)
+    RUNNERS["operator"] = "local process (no podman or no operator image; `make images` builds it)"
+    return closedloop.OperatorProcess(logdir)
+
+
+def pod_runners(namespace: str) -> str:
+    """How the local kubelet ran a namespace's simulated pods: containerIDs are podman://... or process://..."""
+    out = kubectl("get", "pods", "-n", namespace, "-l", "serving.kvpilot.io/backend=simulated", "-o",
+                  "jsonpath={range .items[*]}{range .status.containerStatuses[*]}{.containerID}{'\\n'}{end}{end}",
+                  check=False)
+    kinds = [line.split("://", 1)[0] for line in out.split() if "://" in line]
+    return ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds))) or "none running now"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if RUNNERS:
+        terminalreporter.write_sep("-", "kvpilot e2e runners")
+        for what, how in RUNNERS.items():
+            terminalreporter.write_line(f"{what}: {how}")
 
 
 @pytest.fixture(scope="session")
 def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    op = Operator(tmp_path_factory.mktemp("operator"))
+    op = make_operator(tmp_path_factory.mktemp("operator"))
     op.start()
     yield op
     op.stop()
@@ -100,5 +135,6 @@ def ns(operator: Operator) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     closedloop.create_namespace(name)
     yield name
+    RUNNERS["kvsim pods (containers left in the last test namespace)"] = pod_runners(name)
     closedloop.delete_namespace(name)
     shutil.rmtree(cluster.testenv_dir() / "volumes" / name, ignore_errors=True)

@@ -30,6 +30,7 @@ class ProbeContext:
     env: Mapping[str, str]
     cwd: str
     rewrite: Callable[[str], str]  # container path -> local path, for exec probes
+    exec_prefix: tuple[str, ...] = ()  # `podman exec <name>` when the container is a real one
 
 
 def _port(value: int | str, ctx: ProbeContext) -> int:
@@ -61,7 +62,7 @@ def run_probe(spec: Mapping, ctx: ProbeContext) -> tuple[bool, str]:
             with socket.create_connection((tcp.get("host") or ctx.pod_ip, _port(tcp["port"], ctx)), timeout=timeout):
                 return True, "TCP connect succeeded"
         if "exec" in spec:
-            argv = [ctx.rewrite(a) for a in spec["exec"].get("command") or []]
+            argv = [*ctx.exec_prefix, *(ctx.rewrite(a) for a in spec["exec"].get("command") or [])]
             done = subprocess.run(
                 argv, cwd=ctx.cwd, env=dict(ctx.env), timeout=timeout, capture_output=True, check=False
             )
