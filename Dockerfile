@@ -46,11 +46,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
     PATH=/opt/kvpilot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The wheels are bind-mounted from the builder, so they never become a layer of this image. After the
-# install, pip, setuptools and wheel go too: nothing installs or builds at run time.
+# install, pip, setuptools and wheel go too (the venv's, and the public base's own): nothing installs or builds at run time.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/kvpilot \
  && /opt/kvpilot/bin/pip install --no-index --find-links=/wheels kvpilot \
  && /opt/kvpilot/bin/pip uninstall --yes setuptools wheel pip \
+ && { python3 -m pip uninstall --yes setuptools wheel pip 2>/dev/null || true; } \
  && kvpilot --help >/dev/null
 # A numeric uid:gid, so the kubelet can verify runAsNonRoot without /etc/passwd; the Helm chart runs
 # the pod as the same uid (podSecurityContext.runAsUser).
