@@ -52,7 +52,8 @@ else
   else
     if [[ ! -s "$TARBALL" ]]; then
       images_log "base: bootstrapping Debian $SUITE with $PACKAGES (mmdebstrap, about a minute)"
-      mmdebstrap --variant=minbase --include="$PACKAGES" "${DPKG_OPTS[@]}" --quiet "$SUITE" "$TARBALL.tmp" \
+      rm -f "$TARBALL.tmp"
+      mmdebstrap --variant=minbase --format=tar --include="$PACKAGES" "${DPKG_OPTS[@]}" --quiet "$SUITE" "$TARBALL.tmp" \
         >"$CACHE/logs/base.log" 2>&1 || { tail -n 20 "$CACHE/logs/base.log" >&2; images_die "mmdebstrap failed (see $CACHE/logs/base.log)"; }
       mv "$TARBALL.tmp" "$TARBALL"
       images_log "base: root filesystem $(du -h "$TARBALL" | cut -f1) cached as $TARBALL"

@@ -35,6 +35,10 @@ from .volumes import container_mounts, materialize
 log = logging.getLogger("localkubelet.worker")
 
 
+# `podman exec` needs a second or more on a loaded 2-core machine before the probe's command even starts.
+EXEC_PROBE_OVERHEAD_S = 10.0
+
+
 class ImageMissing(Exception):
     """The image is not in the local store (the kubelet's ErrImageNeverPull under pullPolicy Never)."""
 
@@ -325,7 +329,7 @@ class PodWorker(threading.Thread):
                                self.cfg.podman or "podman", os.fspath(self.cfg.state_dir))
             run: ContainerRun = PodmanRun(plan, log_path, pgid_file, self.pod_dir)
             ctx = ProbeContext(self.pod_ip, ports, dict(os.environ), os.fspath(self.pod_dir), lambda text: text,
-                               (plan.argv[0], "exec", plan.name))
+                               (plan.argv[0], "exec", plan.name), EXEC_PROBE_OVERHEAD_S)
             return run, ctx, f"podman://{plan.name}"
         launch = plan_launch(container, pod, mounts, self.cfg.base_env, self.cfg.shims, termination_log,
                              os.fspath(self.pod_dir / "rootfs"), self.kube.get)
