@@ -11,8 +11,7 @@
 #      KVPILOT_BASE_IMAGE=python:3.11-slim (or any image) skips the bootstrap and builds on that instead;
 #      the Dockerfiles' own default is the public python:3.11-slim users get.
 #   3. Each image is rebuilt only when a hash of its inputs (Dockerfile, build context files, base image,
-#      version) differs from the io.kvpilot.inputs label of the image already in the store; buildah's
-#      layer cache (--layers) makes a partial rebuild cheap too.
+#      version) differs from the io.kvpilot.inputs label of the image already in the store.
 #   Logs: ~/.cache/kvpilot/images/logs/<image>.log (progress lines are echoed here).
 #   Env: KVPILOT_IMAGES_CACHE (cache dir), KVPILOT_IMAGE_VERSION (tag; default: pyproject's version),
 #        KVPILOT_IMAGES_FORCE=1 (rebuild even when the inputs are unchanged).
@@ -97,7 +96,9 @@ build_image() {  # build_image NAME DOCKERFILE
   images_log "$name: building $tag from $dockerfile (inputs $hash; log: $log)"
   # runc (crun refuses the hybrid cgroup layout), rlimits lowered (no CAP_SYS_RESOURCE to raise them),
   # host network so pip reaches PyPI from the builder stage.
-  if ! buildah bud --layers --runtime "$IMAGES_RUNTIME" --network host \
+  # No --layers: buildah 1.28 (Debian bookworm) fails `RUN --mount=type=bind,from=<stage>` when that stage
+  # came from its layer cache ("couldn't find .../merged/wheels"); the inputs hash above is the cache.
+  if ! buildah bud --layers=false --runtime "$IMAGES_RUNTIME" --network host \
       --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 "${BUILD_VOLUMES[@]}" \
       --build-arg PYTHON_IMAGE="$BASE" --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
       --label io.kvpilot.inputs="$hash" --label io.kvpilot.base="$BASE" \
