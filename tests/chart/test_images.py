@@ -25,7 +25,7 @@ OPERATOR = f"ghcr.io/kvpilot/kvpilot:{VERSION}"
 KVSIM = f"ghcr.io/kvpilot/kvsim:{VERSION}"
 RUNTIME = "/usr/sbin/runc"  # crun refuses this machine's hybrid cgroups (hack/images/lib.sh)
 VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-BUILD_TOOLS = ("pip", "pip3", "gcc", "cc", "make", "git", "apt-get")
+BUILD_TOOLS = ("pip", "pip3", "gcc", "cc", "make", "git")  # apt-get is the base distribution's, as in python:3.11-slim
 
 
 @pytest.fixture(scope="module")
