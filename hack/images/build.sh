@@ -17,12 +17,13 @@
 #        KVPILOT_IMAGES_FORCE=1 (rebuild even when the inputs are unchanged).
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0
 fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
+(($# == 0)) || images_die "unknown argument '$1' (see --help)"
 T0=$SECONDS
 
 images_ensure_tools
