@@ -194,3 +194,20 @@ class OperatorContainer:
 
     def logs(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.logdir.glob("operator-*.log")))
+
+
+def make_operator(logdir: Path, namespace: str, kvsim_image: str, operator_image: str) -> tuple[Any, str]:
+    """The operator to test against, and what it is: the image under podman when it is built, else the local
+    process (closedloop.OperatorProcess). KVPILOT_E2E_OPERATOR=auto (default) | image | process."""
+    import os
+
+    import closedloop
+
+    wanted = os.environ.get("KVPILOT_E2E_OPERATOR", "auto")
+    if wanted not in ("auto", "image", "process"):
+        raise ValueError(f"KVPILOT_E2E_OPERATOR={wanted!r}: must be auto, image or process")
+    if wanted == "image" or (wanted == "auto" and available(operator_image)):
+        return (OperatorContainer(logdir, namespace, kvsim_image=kvsim_image),
+                f"image {operator_image} under podman (the chart's Deployment container)")
+    why = "KVPILOT_E2E_OPERATOR=process" if wanted == "process" else "no podman or no operator image; `make images`"
+    return closedloop.OperatorProcess(logdir), f"local process ({why})"

@@ -7,7 +7,6 @@ and how the local kubelet ran the kvsim pods (podman from the kvsim image, or lo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -94,14 +93,12 @@ RUNNERS: dict[str, str] = {}  # what ran, for the terminal summary
 
 def make_operator(logdir: Path) -> Operator:
     """The operator image under podman when it is built (KVPILOT_E2E_OPERATOR=auto|image|process)."""
-    wanted = os.environ.get("KVPILOT_E2E_OPERATOR", "auto")
-    if wanted not in ("auto", "image", "process"):
-        raise pytest.UsageError(f"KVPILOT_E2E_OPERATOR={wanted!r}: must be auto, image or process")
-    if wanted == "image" or (wanted == "auto" and operatorimage.available(OPERATOR_IMAGE)):
-        RUNNERS["operator"] = f"image {OPERATOR_IMAGE} under podman (the chart's Deployment container)"
-        return operatorimage.OperatorContainer(logdir, OPERATOR_NS, kvsim_image=closedloop.KVSIM_IMAGE)
-    RUNNERS["operator"] = "local process (no podman or no operator image; `make images` builds it)"
-    return closedloop.OperatorProcess(logdir)
+    try:
+        op, how = operatorimage.make_operator(logdir, OPERATOR_NS, closedloop.KVSIM_IMAGE, OPERATOR_IMAGE)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    RUNNERS["operator"] = how
+    return op  # type: ignore[no-any-return]
 
 
 def pod_runners(namespace: str) -> str:
