@@ -101,17 +101,28 @@ def make_operator(logdir: Path) -> Operator:
     return op  # type: ignore[no-any-return]
 
 
-def pod_runners(namespace: str) -> str:
-    """How the local kubelet ran a namespace's simulated pods: containerIDs are podman://... or process://..."""
-    out = kubectl("get", "pods", "-n", namespace, "-l", "serving.kvpilot.io/backend=simulated", "-o",
-                  "jsonpath={range .items[*]}{range .status.containerStatuses[*]}{.containerID}{'\\n'}{end}{end}",
-                  check=False)
-    kinds = [line.split("://", 1)[0] for line in out.split() if "://" in line]
-    return ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds))) or "none running now"
+KUBELET_LOG_START: dict[str, int] = {}
+
+
+def kubelet_log() -> Path:
+    return cluster.testenv_dir() / "logs" / "localkubelet.log"
+
+
+def container_runners() -> str:
+    """How the local kubelet started containers during this session (its log says `runner podman|process`)."""
+    start = KUBELET_LOG_START.get("offset")
+    if start is None or not kubelet_log().exists():
+        return "unknown (no local kubelet log)"
+    with kubelet_log().open("rb") as log:
+        log.seek(start)
+        text = log.read().decode("utf-8", "replace")
+    counts = {kind: text.count(f"(runner {kind}, image ") for kind in ("podman", "process")}
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if RUNNERS:
+        RUNNERS["simulated-pod containers started"] = container_runners()
         terminalreporter.write_sep("-", "kvpilot e2e runners")
         for what, how in RUNNERS.items():
             terminalreporter.write_line(f"{what}: {how}")
@@ -120,6 +131,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="session")
 def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     op = make_operator(tmp_path_factory.mktemp("operator"))
+    KUBELET_LOG_START["offset"] = kubelet_log().stat().st_size if kubelet_log().exists() else 0
     op.start()
     yield op
     op.stop()
@@ -132,6 +144,5 @@ def ns(operator: Operator) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     closedloop.create_namespace(name)
     yield name
-    RUNNERS["kvsim pods (containers left in the last test namespace)"] = pod_runners(name)
     closedloop.delete_namespace(name)
     shutil.rmtree(cluster.testenv_dir() / "volumes" / name, ignore_errors=True)
