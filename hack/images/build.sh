@@ -99,7 +99,8 @@ build_image() {  # build_image NAME DOCKERFILE
   # host network so pip reaches PyPI from the builder stage.
   # No --layers: buildah 1.28 (Debian bookworm) fails `RUN --mount=type=bind,from=<stage>` when that stage
   # came from its layer cache ("couldn't find .../merged/wheels"); the inputs hash above is the cache.
-  if ! buildah bud --layers=false --runtime "$IMAGES_RUNTIME" --network host \
+  # --force-rm: a failed build leaves no working container behind.
+  if ! buildah bud --layers=false --force-rm --runtime "$IMAGES_RUNTIME" --network host \
       --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 "${BUILD_VOLUMES[@]}" \
       --build-arg PYTHON_IMAGE="$BASE" --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
       --label io.kvpilot.inputs="$hash" --label io.kvpilot.base="$BASE" \
