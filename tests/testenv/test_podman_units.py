@@ -69,6 +69,7 @@ def test_security_context_maps_to_podman_flags() -> None:
     assert flag_values(flags, "--user") == ["10001:20"]  # container's group, pod's user
     assert flag_values(flags, "--group-add") == ["10001"]  # fsGroup
     assert "--read-only" in flags and "--cap-drop=ALL" in flags
+    assert "--read-only-tmpfs=false" in flags  # only the pod's volumes are writable, as under a kubelet
     assert flag_values(flags, "--security-opt") == ["no-new-privileges"]
 
 

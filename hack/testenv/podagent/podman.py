@@ -69,8 +69,8 @@ def security_flags(container: Mapping, pod: Mapping) -> list[str]:
     for group in [pod_sc.get("fsGroup"), *(pod_sc.get("supplementalGroups") or [])]:
         if group is not None:
             flags += ["--group-add", str(int(group))]
-    if sc.get("readOnlyRootFilesystem"):
-        flags.append("--read-only")
+    if sc.get("readOnlyRootFilesystem"):  # without podman's extra tmpfs on /tmp, /var/tmp, /run: as a kubelet
+        flags += ["--read-only", "--read-only-tmpfs=false"]
     if sc.get("allowPrivilegeEscalation") is False:
         flags += ["--security-opt", "no-new-privileges"]
     caps = sc.get("capabilities") or {}
