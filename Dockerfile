@@ -3,10 +3,14 @@
 #
 # Two stages so that the image that runs in the cluster holds no build backend, no source tree and no
 # pip cache: the builder turns the repository into wheels (ours plus every dependency), the final
-# stage installs them offline and removes the installers.
+# stage installs them offline into a virtualenv and removes the installers.
 #
 #   docker build -t ghcr.io/kvpilot/kvpilot:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
 #
+# PYTHON_IMAGE is any image with CPython 3.11 as `python3` and its venv module: users get the public
+# python:3.11-slim; CI (`make images`, hack/images/build.sh) passes a base bootstrapped from Debian's own
+# packages, because no image registry is reachable there. The virtualenv (not the system site-packages)
+# is what makes one Dockerfile work on both: Debian's python3 is "externally managed" (PEP 668).
 # Pin PYTHON_IMAGE by digest in release builds (python:3.11-slim@sha256:...) so a rebuild is reproducible.
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -20,7 +24,8 @@ COPY operator/ operator/
 COPY simulator/ simulator/
 # One wheel for the repository (packages kvpilot and kvsim) plus a wheel of every runtime dependency,
 # resolved here once; the final stage installs exactly these files.
-RUN pip wheel --wheel-dir /wheels .
+RUN python3 -m venv /build \
+ && /build/bin/pip wheel --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
@@ -38,12 +43,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HOME=/tmp
+    HOME=/tmp \
+    PATH=/opt/kvpilot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The wheels are bind-mounted from the builder, so they never become a layer of this image. After the
-# install, pip, setuptools and wheel go too: nothing installs or builds at run time.
+# install, pip, setuptools and wheel go too (the venv's, and the public base's own): nothing installs or builds at run time.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels kvpilot \
- && pip uninstall --yes setuptools wheel pip \
+    python3 -m venv /opt/kvpilot \
+ && /opt/kvpilot/bin/pip install --no-index --find-links=/wheels kvpilot \
+ && /opt/kvpilot/bin/pip uninstall --yes setuptools wheel pip \
+ && { python3 -m pip uninstall --yes setuptools wheel pip 2>/dev/null || true; } \
  && kvpilot --help >/dev/null
 # A numeric uid:gid, so the kubelet can verify runAsNonRoot without /etc/passwd; the Helm chart runs
 # the pod as the same uid (podSecurityContext.runAsUser).

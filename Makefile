@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv test unit e2e demo cluster-build cluster-up cluster-down render bench lint crds clean e2e-tools
+.PHONY: help venv test unit e2e demo images cluster-build cluster-up cluster-down render bench lint crds clean e2e-tools
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -30,6 +30,9 @@ $(AIPERF_STAMP):
 	$(AIPERF_VENV)/bin/pip install -q 'aiperf>=0.13,<0.14'
 	@touch $@
 
+images: ## Build the operator and kvsim images with buildah (no Docker; cached by content hash outside the repo)
+	@hack/images/build.sh
+
 cluster-build: ## Build or reuse the control-plane binaries (cached outside the repo, keyed by version)
 	@hack/testenv/build.sh >/dev/null
 
@@ -42,13 +45,13 @@ cluster-down: ## Stop exactly what cluster-up started
 e2e-tools: ## Install the real tools the tests run, from Debian when missing: prometheus + promtool, lua5.1
 	@hack/testenv/apt-tools.sh
 
-test: venv $(AIPERF_STAMP) cluster-build e2e-tools ## Run every test: unit, chart, simulator, end-to-end on the local control plane
+test: venv $(AIPERF_STAMP) cluster-build e2e-tools images ## Run every test: unit, chart, simulator, end-to-end on the local control plane
 	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
 
 unit: venv e2e-tools ## Run the fast tests that need no cluster
 	$(BIN)/pytest -q tests -m 'not e2e'
 
-demo: venv cluster-build ## Closed loop on a local cluster: build -> serve (kvsim) -> load -> retune
+demo: venv cluster-build images ## Closed loop on a local cluster: build -> serve (kvsim) -> load -> retune
 	$(BIN)/python hack/demo.py
 
 render: venv ## Render the objects for every example (like helm template)

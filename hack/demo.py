@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import closedloop as C  # noqa: E402
+import operatorimage  # noqa: E402
 
 NS, NAME = "kvpilot-demo", "llama-sim"
 SLO_TTFT_MS = 1000
@@ -59,9 +60,10 @@ def main() -> int:
     step("Installing the Helm chart (CRD, RBAC, ServiceAccount) and starting the operator as that account")
     C.install_chart()
     logdir = Path(tempfile.mkdtemp(prefix="kvpilot-demo-"))
-    op = C.OperatorProcess(logdir)
+    op, how = operatorimage.make_operator(logdir, C.OPERATOR_NS, C.KVSIM_IMAGE,
+                                          f"ghcr.io/kvpilot/kvpilot:{C.KVSIM_IMAGE.rsplit(':', 1)[1]}")
     op.start()
-    print(f"operator running (logs: {op.log_path})")
+    print(f"operator running as {how} (logs: {op.log_path})")
     try:
         step(f"Applying InferenceEngine {NS}/{NAME}: simulated Llama-3.1-8B FP8 on H100, runtime max_batch_size 4")
         C.delete_namespace(NS)

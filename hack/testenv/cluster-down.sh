@@ -36,5 +36,13 @@ if [[ -d "$T/run/pod-pgids" ]]; then
     rm -f "$f"
   done
 fi
+# Pod containers (podman runner) of this cluster that outlived its kubelet: labelled with its state dir.
+if command -v podman >/dev/null; then
+  mapfile -t leftover < <(podman ps -aq --filter "label=io.kvpilot.testenv=$(cd "$T" && pwd -P)" 2>/dev/null || true)
+  if ((${#leftover[@]})); then
+    testenv_log "removing ${#leftover[@]} leftover pod container(s)"
+    podman rm -f --time 0 "${leftover[@]}" >/dev/null 2>&1 || true
+  fi
+fi
 rm -rf "$T/etcd" "$T/run"
 testenv_log "cluster down"

@@ -58,7 +58,7 @@ wait_for() {  # wait_for NAME URL [uptools args...]
   testenv_log "  $name healthy after ${waited}s"
 }
 start_local_kubelet() {
-  testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods as local processes)"
+  testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods: images under podman, else local processes; LOCALKUBELET_RUNNER)"
   rm -f "$T/run/localkubelet.ready"
   spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T" --pod-cidr="$POD_CIDR"
   for _ in $(seq 1 $((WAIT_S * 4))); do

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """Local kubelet for the kvpilot test cluster: runs pods labelled serving.kvpilot.io/backend=simulated,
-once scheduled onto a (kwok) node, as local processes bound to their own 127.2.x.y pod IP.
+once scheduled onto a (kwok) node, bound to their own 127.2.x.y pod IP.
+
+Two runners (--runner, or LOCALKUBELET_RUNNER):
+  podman   each container runs from its image in the local store (make images builds the kvsim image),
+           under podman with host networking: the image's programs, user and filesystem, the pod's
+           command/args/env/volumes/securityContext/probes. Nothing is pulled.
+  process  each container's command runs on this host (fast; no podman needed): `trtllm-build` /
+           `trtllm-serve` run as `kvsim trtllm-build` / `kvsim trtllm-serve` through shims first on PATH,
+           followed by the venv's bin (python3, kvsim) and the host's PATH.
+  auto     (default) podman for a container whose image is in the store when podman is installed, else process.
+Which one ran shows in the log and in each containerStatus's containerID (podman://... or process://...).
 
 Started by hack/testenv/cluster-up.sh (log: .testenv/logs/localkubelet.log, container output:
 .testenv/logs/pods/<namespace>/<pod>/<container>.log). Needs the project venv (kubernetes client).
-Images are not pulled: `trtllm-build` / `trtllm-serve` run as `kvsim trtllm-build` / `kvsim trtllm-serve`
-through shims first on PATH, followed by the venv's bin (python3, kvsim) and the host's PATH.
 
     .venv/bin/python hack/testenv/localkubelet.py --kubeconfig .testenv/kubeconfig --state-dir .testenv
 """
@@ -27,6 +35,7 @@ sys.path.insert(0, os.fspath(Path(__file__).resolve().parent))
 from podagent import SIMULATED_SELECTOR
 from podagent.agent import Agent
 from podagent.kube import Kube
+from podagent.podman import podman_binary
 from podagent.worker import AgentConfig
 
 log = logging.getLogger("localkubelet")
@@ -79,6 +88,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--shim", action="append", default=None, help="NAME=COMMAND, replaces the defaults")
     parser.add_argument("--backoff-initial", type=float, default=2.0, help="first CrashLoopBackOff delay (s)")
     parser.add_argument("--backoff-max", type=float, default=40.0, help="CrashLoopBackOff cap (s)")
+    parser.add_argument("--runner", choices=("auto", "podman", "process"),
+                        default=os.environ.get("LOCALKUBELET_RUNNER", "auto"),
+                        help="how containers run: from their image under podman, as local processes, or auto")
     parser.add_argument("--log-level", default=os.environ.get("LOCALKUBELET_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -93,12 +105,19 @@ def main(argv: list[str]) -> int:
     venv_bin = Path(sys.executable).parent
     shim_dir = state_dir / "run" / "shims"
     shims = write_shims(shim_dir, args.shim or list(DEFAULT_SHIMS), venv_bin)
+    podman = podman_binary() if args.runner != "process" else None
+    if args.runner == "podman" and podman is None:
+        raise SystemExit("--runner podman: podman and runc must be installed (make images installs them)")
+    log.info("runner: %s", f"podman ({podman}) for images in the local store, else process" if podman and args.runner == "auto"
+             else f"podman ({podman})" if podman else "process (local processes, no images)")
     cfg = AgentConfig(
         state_dir=state_dir,
         base_env=base_environment(shim_dir, venv_bin),
         shims=shims,
         backoff_initial_s=args.backoff_initial,
         backoff_max_s=args.backoff_max,
+        podman=podman,
+        require_image=args.runner == "podman",
     )
     agent = Agent(Kube(args.kubeconfig), cfg, args.pod_cidr, args.selector)
     stop = threading.Event()

@@ -1,5 +1,8 @@
-"""End-to-end fixtures: a real control plane, the chart installed with real Helm, the operator running as a
-local process under the chart's ServiceAccount (a token kubeconfig), so RBAC gaps fail tests."""
+"""End-to-end fixtures: a real control plane, the chart installed with real Helm, and the operator under the
+chart's ServiceAccount, so RBAC gaps fail tests. The operator runs from its real image under podman, as the
+chart's Deployment defines it (hack/operatorimage.py), when `make images` has built it; otherwise (no podman,
+or KVPILOT_E2E_OPERATOR=process) as a local process under a token kubeconfig. The summary says which ran,
+and how the local kubelet ran the kvsim pods (podman from the kvsim image, or local processes)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ sys.path.insert(0, str(ROOT / "hack" / "testenv"))
 sys.path.insert(0, str(ROOT / "hack"))
 import closedloop  # noqa: E402
 import cluster  # noqa: E402
+import operatorimage  # noqa: E402
 
 OPERATOR_NS = closedloop.OPERATOR_NS
 
@@ -82,12 +86,52 @@ def chart(kube: Path) -> str:
     return OPERATOR_NS
 
 
-Operator = closedloop.OperatorProcess
+Operator = closedloop.OperatorProcess | operatorimage.OperatorContainer
+OPERATOR_IMAGE = f"ghcr.io/kvpilot/kvpilot:{closedloop.KVSIM_IMAGE.rsplit(':', 1)[1]}"
+RUNNERS: dict[str, str] = {}  # what ran, for the terminal summary
+
+
+def make_operator(logdir: Path) -> Operator:
+    """The operator image under podman when it is built (KVPILOT_E2E_OPERATOR=auto|image|process)."""
+    try:
+        op, how = operatorimage.make_operator(logdir, OPERATOR_NS, closedloop.KVSIM_IMAGE, OPERATOR_IMAGE)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    RUNNERS["operator"] = how
+    return op  # type: ignore[no-any-return]
+
+
+KUBELET_LOG_START: dict[str, int] = {}
+
+
+def kubelet_log() -> Path:
+    return cluster.testenv_dir() / "logs" / "localkubelet.log"
+
+
+def container_runners() -> str:
+    """How the local kubelet started containers during this session (its log says `runner podman|process`)."""
+    start = KUBELET_LOG_START.get("offset")
+    if start is None or not kubelet_log().exists():
+        return "unknown (no local kubelet log)"
+    with kubelet_log().open("rb") as log:
+        log.seek(start)
+        text = log.read().decode("utf-8", "replace")
+    counts = {kind: text.count(f"(runner {kind}, image ") for kind in ("podman", "process")}
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if RUNNERS:
+        RUNNERS["simulated-pod containers started"] = container_runners()
+        terminalreporter.write_sep("-", "kvpilot e2e runners")
+        for what, how in RUNNERS.items():
+            terminalreporter.write_line(f"{what}: {how}")
 
 
 @pytest.fixture(scope="session")
 def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    op = Operator(tmp_path_factory.mktemp("operator"))
+    op = make_operator(tmp_path_factory.mktemp("operator"))
+    KUBELET_LOG_START["offset"] = kubelet_log().stat().st_size if kubelet_log().exists() else 0
     op.start()
     yield op
     op.stop()

@@ -30,29 +30,35 @@ def pre_stop_action(container: Mapping) -> tuple[str, object] | None:
     return None
 
 
-def _run(name: str, action: tuple[str, object], deadline: float, env: Mapping[str, str] | None) -> None:
+def _run(name: str, action: tuple[str, object], deadline: float, env: Mapping[str, str] | None,
+         exec_prefix: Sequence[str] = ()) -> None:
     kind, what = action
     budget = max(0.0, deadline - time.monotonic())
     if kind == "sleep":
         time.sleep(min(float(what), budget))  # type: ignore[arg-type]
         return
     try:
-        subprocess.run(list(what), timeout=budget, env=dict(env) if env else None,  # type: ignore[call-overload]
+        argv = [*exec_prefix, *what]  # type: ignore[misc]
+        subprocess.run(argv, timeout=budget, env=dict(env) if env else None,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("preStop hook of container %s: %s", name, exc)
 
 
 def run_pre_stop_hooks(containers: Sequence[Mapping], grace_s: float,
-                       env: Mapping[str, str] | None = None) -> float:
-    """Run the hooks of ``containers`` in parallel within ``grace_s``; returns the grace left."""
+                       env: Mapping[str, str] | None = None,
+                       exec_prefixes: Mapping[str, Sequence[str]] | None = None) -> float:
+    """Run the hooks of ``containers`` in parallel within ``grace_s``; returns the grace left. An exec hook runs
+    inside its container (``exec_prefixes[name]``, e.g. ``podman exec <id>``) where the container is a real one."""
     start = time.monotonic()
     deadline = start + grace_s
     threads = []
     for container in containers:
         action = pre_stop_action(container)
         if action is not None:
-            t = threading.Thread(target=_run, args=(container.get("name"), action, deadline, env), daemon=True)
+            prefix = (exec_prefixes or {}).get(str(container.get("name")), ())
+            t = threading.Thread(target=_run, args=(container.get("name"), action, deadline, env, prefix),
+                                 daemon=True)
             t.start()
             threads.append(t)
     for t in threads:

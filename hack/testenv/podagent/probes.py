@@ -30,6 +30,8 @@ class ProbeContext:
     env: Mapping[str, str]
     cwd: str
     rewrite: Callable[[str], str]  # container path -> local path, for exec probes
+    exec_prefix: tuple[str, ...] = ()  # `podman exec <name>` when the container is a real one
+    exec_overhead_s: float = 0.0  # added to an exec probe's timeout: what `podman exec` itself takes
 
 
 def _port(value: int | str, ctx: ProbeContext) -> int:
@@ -61,9 +63,10 @@ def run_probe(spec: Mapping, ctx: ProbeContext) -> tuple[bool, str]:
             with socket.create_connection((tcp.get("host") or ctx.pod_ip, _port(tcp["port"], ctx)), timeout=timeout):
                 return True, "TCP connect succeeded"
         if "exec" in spec:
-            argv = [ctx.rewrite(a) for a in spec["exec"].get("command") or []]
+            argv = [*ctx.exec_prefix, *(ctx.rewrite(a) for a in spec["exec"].get("command") or [])]
             done = subprocess.run(
-                argv, cwd=ctx.cwd, env=dict(ctx.env), timeout=timeout, capture_output=True, check=False
+                argv, cwd=ctx.cwd, env=dict(ctx.env), timeout=timeout + ctx.exec_overhead_s, capture_output=True,
+                check=False,
             )
             return done.returncode == 0, f"exec probe exited {done.returncode}: {done.stdout[-200:]!r}"
     except (OSError, ValueError, subprocess.TimeoutExpired, http.client.HTTPException) as exc:

@@ -39,7 +39,7 @@ class ContainerRun:
         self.pgid_file = pgid_file
         log_path.parent.mkdir(parents=True, exist_ok=True)
         Path(plan.termination_log).parent.mkdir(parents=True, exist_ok=True)
-        Path(plan.termination_log).unlink(missing_ok=True)  # a fresh message file per run, like the kubelet
+        self._reset_termination_log()
         Path(plan.cwd).mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
             self._log_offset = out.tell()
@@ -59,6 +59,10 @@ class ContainerRun:
         self.started_mono = time.monotonic()
         pgid_file.parent.mkdir(parents=True, exist_ok=True)
         pgid_file.write_text(str(self.pgid))
+
+    def _reset_termination_log(self) -> None:
+        """A fresh message file per run, like the kubelet."""
+        Path(self.plan.termination_log).unlink(missing_ok=True)
 
     def poll(self) -> int | None:
         """The exit code once the main process has exited (its group is then killed), else None."""

@@ -21,14 +21,16 @@ class ContainerStatus:
     restart_count: int = 0
     ready: bool = False
     started: bool = False
+    container_id: str = ""  # "podman://<name>" or "process://<pgid>": which runner ran it
+    image_id: str = ""
 
     def to_api(self) -> dict:
         """The containerStatuses / initContainerStatuses entry."""
         return {
             "name": self.name,
             "image": self.image,
-            "imageID": "",
-            "containerID": "",
+            "imageID": self.image_id,
+            "containerID": self.container_id,
             "state": self.state,
             "lastState": self.last_state,
             "ready": self.ready,

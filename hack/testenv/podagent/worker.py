@@ -29,10 +29,19 @@ from .probes import (
     run_probe,
     trackers_for,
 )
+from .podman import PodmanRun, apply_fs_group, image_present, mount_modes, plan_podman
 from .process import ContainerRun, rfc3339_now
 from .volumes import container_mounts, materialize
 
 log = logging.getLogger("localkubelet.worker")
+
+
+# `podman exec` needs a second or more on a loaded 2-core machine before the probe's command even starts.
+EXEC_PROBE_OVERHEAD_S = 10.0
+
+
+class ImageMissing(Exception):
+    """The image is not in the local store (the kubelet's ErrImageNeverPull under pullPolicy Never)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,10 @@ class AgentConfig:
     backoff_initial_s: float = 2.0
     backoff_max_s: float = 40.0
     tick_s: float = 0.25
+    # The podman executable when containers run from their images (runner "podman" or "auto"); None runs
+    # every container as a local process. require_image: a missing image is ErrImageNeverPull, not a fallback.
+    podman: str | None = None
+    require_image: bool = False
 
 
 class PodWorker(threading.Thread):
@@ -171,7 +184,8 @@ class PodWorker(threading.Thread):
         (so a Job controller accounts it), then delete it with grace period 0."""
         grace = float(meta.get("deletionGracePeriodSeconds", 30))
         running = [c for c in self.pod["spec"].get("containers", []) if c.get("name") in self.runs]
-        grace = run_pre_stop_hooks(running, grace)  # e.g. a serving pod's drain delay, before SIGTERM
+        prefixes = {name: ctx.exec_prefix for name, ctx in self.probe_ctx.items()}
+        grace = run_pre_stop_hooks(running, grace, exec_prefixes=prefixes)  # e.g. a serving pod's drain delay
         codes = self._terminate(grace)
         now = rfc3339_now()
         for name, code in codes.items():
@@ -196,6 +210,8 @@ class PodWorker(threading.Thread):
         if self.stage == "setup":
             try:
                 self.volume_paths = materialize(self._pod_as_assigned(), self.pod_dir, self.cfg.state_dir / "volumes", self.kube.get)
+                if self.cfg.podman:
+                    apply_fs_group(self.pod, self.volume_paths)
                 self.stage, self.setup_error = "init", ""
             except ConfigError as exc:
                 self.setup_error = str(exc)
@@ -294,24 +310,47 @@ class PodWorker(threading.Thread):
             term["message"] = message
         return term
 
+    def _uses_podman(self, container: dict) -> bool:
+        """Whether this container runs from its image under podman (else as a local process)."""
+        if not self.cfg.podman:
+            return False
+        image = container.get("image", "")
+        if image and image_present(self.cfg.podman, image):
+            return True
+        if self.cfg.require_image:
+            raise ImageMissing(f"image {image!r} is not in the local store and is never pulled here (make images)")
+        return False
+
+    def _launch(self, container: dict, name: str) -> tuple[ContainerRun, ProbeContext, str]:
+        """Start one run with the runner that applies; returns the run, its probe context and its containerID."""
+        mounts = container_mounts(container, self.volume_paths)
+        pod = self._pod_as_assigned()
+        ports = {p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name")}
+        log_path = self.log_dir / f"{name}.log"
+        pgid_file = self.cfg.state_dir / "run" / "pod-pgids" / f"{self.uid}_{name}"
+        termination_log = os.fspath(self.pod_dir / "termination" / name)
+        if self._uses_podman(container):
+            plan = plan_podman(container, pod, mount_modes(container, mounts), termination_log, self.kube.get,
+                               self.cfg.podman or "podman", os.fspath(self.cfg.state_dir))
+            run: ContainerRun = PodmanRun(plan, log_path, pgid_file, self.pod_dir)
+            ctx = ProbeContext(self.pod_ip, ports, dict(os.environ), os.fspath(self.pod_dir), lambda text: text,
+                               (plan.argv[0], "exec", plan.name), EXEC_PROBE_OVERHEAD_S)
+            return run, ctx, f"podman://{plan.name}"
+        launch = plan_launch(container, pod, mounts, self.cfg.base_env, self.cfg.shims, termination_log,
+                             os.fspath(self.pod_dir / "rootfs"), self.kube.get)
+        run = ContainerRun(launch, log_path, pgid_file)
+        ctx = ProbeContext(self.pod_ip, ports, launch.env, launch.cwd, path_rewriter(mounts))
+        return run, ctx, f"process://{run.pgid}"
+
     def _start(self, container: dict, cs: st.ContainerStatus, now: float) -> None:
         """Spawn one container run; a spec it cannot satisfy becomes a waiting reason, like the kubelet's."""
         name = container["name"]
         try:
-            mounts = container_mounts(container, self.volume_paths)
-            plan = plan_launch(
-                container,
-                self._pod_as_assigned(),
-                mounts,
-                self.cfg.base_env,
-                self.cfg.shims,
-                os.fspath(self.pod_dir / "termination" / name),
-                os.fspath(self.pod_dir / "rootfs"),
-                self.kube.get,
-            )
-            run = ContainerRun(
-                plan, self.log_dir / f"{name}.log", self.cfg.state_dir / "run" / "pod-pgids" / f"{self.uid}_{name}"
-            )
+            run, ctx, container_id = self._launch(container, name)
+        except ImageMissing as exc:
+            cs.state = {"waiting": {"reason": "ErrImageNeverPull", "message": str(exc)}}
+            self.next_start[name] = now + 5
+            return
         except ConfigError as exc:
             cs.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             self.next_start[name] = now + 2
@@ -328,12 +367,15 @@ class PodWorker(threading.Thread):
             return
         self.runs[name] = run
         cs.state = {"running": {"startedAt": run.started_at}}
-        ports = {p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name")}
-        self.probe_ctx[name] = ProbeContext(self.pod_ip, ports, plan.env, plan.cwd, path_rewriter(mounts))
+        cs.container_id = container_id
+        cs.image_id = container.get("image", "") if container_id.startswith("podman://") else ""
+        self.probe_ctx[name] = ctx
         self.trackers[name] = trackers_for(container, run.started_mono)
         cs.started = STARTUP not in self.trackers[name]
         cs.ready = cs.started and READINESS not in self.trackers[name]
-        log.info("%s: started container %s: %s", self.key, name, " ".join(plan.argv))
+        runner = container_id.split(":", 1)[0]
+        log.info("%s: started container %s (runner %s, image %s): %s", self.key, name, runner,
+                 container.get("image", ""), " ".join(run.plan.argv))
 
     def _probe(self, container: dict, cs: st.ContainerStatus, run: ContainerRun, now: float) -> None:
         """Run the due probes; a failed startup/liveness probe restarts the container."""
