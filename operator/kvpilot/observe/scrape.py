@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,7 +23,6 @@ import aiohttp
 from kvpilot import telemetry
 from kvpilot.desired.observed import KvWindow, PodState
 from kvpilot.observe.window import summarize
-from kvpilot.trtllm.surface import metric_spellings
 from kvpilot.trtllm.metrics import (
     IterationSample,
     LatencySnapshot,
