@@ -102,6 +102,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpilot",
@@ -118,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--health-port", type=int, default=8081, help="Port of the /healthz liveness endpoint (0 disables).")
     run.add_argument("--kvsim-image", default=DEFAULT_KVSIM_IMAGE, help="Image of the simulated backend.")
     run.add_argument("--resync-seconds", type=float, default=30.0, help="Reconcile at least this often.")
+    run.add_argument("--concurrent-reconciles", type=_positive_int, default=16,
+                     help="Reconciles running at once; engines with pending changes go before resyncs.")
+    run.add_argument("--api-pool-size", type=_positive_int, default=16,
+                     help="Threads (and HTTP connections) for API-server calls.")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain", help="Log output format.")
     run.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=cmd_run)

@@ -19,15 +19,28 @@ import aiohttp
 
 from kvpilot import telemetry
 from kvpilot.api.validate import InvalidEngineError
-from kvpilot.desired import labels as L
+from kvpilot.k8s.cache import CLAIM_LABEL, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.k8s.api import Api
-from kvpilot.k8s.errors import ApiError
+from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
+from kvpilot.logfilter import install as install_repeat_filter
 from kvpilot.observe.scrape import EngineSampler, query_prometheus
-from kvpilot.reconcile import engine_from_body, reconcile
+from kvpilot.reconcile import ApplyFailed, engine_from_body, reconcile
+from kvpilot.workqueue import CHANGE, RESYNC, PrioritySlots
 
 log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
+# RBAC denials and rejected objects do not heal by retrying: wait longer (the status already says why).
+PERMANENT_BACKOFF_SECONDS = (30, 120, 300, 600)
+DEFAULT_CONCURRENT_RECONCILES = 16
+DEFAULT_CONCURRENT_SCRAPES = 64
+
+
+def backoff_seconds(exc: BaseException, failures: int) -> int:
+    """How long to wait before retrying after the ``failures``-th failure in a row (0-based)."""
+    cause = exc.cause if isinstance(exc, ApplyFailed) else exc
+    table = PERMANENT_BACKOFF_SECONDS if isinstance(cause, (Forbidden, Invalid)) else ERROR_BACKOFF_SECONDS
+    return table[min(failures, len(table) - 1)]
 
 
 @dataclass
@@ -53,12 +66,17 @@ class EngineLoop:
 class EngineLoops:
     """The registry of loops, fed by kopf events."""
 
-    def __init__(self, api: Api, settings: Settings, resync_seconds: float):
+    def __init__(self, api: Api, settings: Settings, resync_seconds: float,
+                 concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES,
+                 concurrent_scrapes: int = DEFAULT_CONCURRENT_SCRAPES):
         self.api = api
         self.settings = settings
         self.resync_seconds = resync_seconds
         self.loops: dict[tuple[str, str], EngineLoop] = {}
         self._session: aiohttp.ClientSession | None = None
+        self.slots = PrioritySlots(concurrent_reconciles)
+        self.scrape_slots = asyncio.Semaphore(concurrent_scrapes)
+        install_repeat_filter(("kvpilot.observe.scrape", __name__))
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -88,13 +106,38 @@ class EngineLoops:
             loop.wake.set()
 
     def wake_owners(self, child: dict[str, Any]) -> None:
-        """A child changed: wake every InferenceEngine that owns it (a shared build Job has several)."""
+        """A child changed: wake the InferenceEngines it concerns (its owners; a shared build Job has several,
+        which all need its outcome). The caller wakes only on a change the cache saw, not on bookkeeping."""
         meta = child.get("metadata") or {}
-        names = {ref.get("name", "") for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "InferenceEngine"}
-        names.add((meta.get("labels") or {}).get(L.ENGINE_LABEL, ""))  # pods are owned by ReplicaSets
-        for name in names - {""}:
+        for name in owners_of(child):
             loop = self.loops.get((meta.get("namespace", ""), name))
             if loop:
+                loop.wake.set()
+
+    def child_changed(self, kind: str, body: dict[str, Any]) -> None:
+        """A watch listed or changed a child: cache it, and wake whom it concerns if it really changed."""
+        if self.api.cache.upsert(kind, body):
+            self._wake_for(kind, body)
+
+    def child_deleted(self, kind: str, body: dict[str, Any]) -> None:
+        """A child is gone (by hand, or by the garbage collector): the next pass of its owner restores it."""
+        if self.api.cache.delete(kind, body):
+            self._wake_for(kind, body)
+
+    def _wake_for(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if kind == "PersistentVolumeClaim":
+            self.wake_claim_users(meta.get("namespace", ""), meta.get("name", ""))
+        elif kind == "ConfigMap" and labels.get(COMPONENT_LABEL) == INDEX_COMPONENT:
+            self.wake_claim_users(meta.get("namespace", ""), labels.get(CLAIM_LABEL, ""))
+        else:
+            self.wake_owners(body)
+
+    def wake_claim_users(self, namespace: str, claim: str) -> None:
+        """A cache claim or an engine-index entry changed: wake the engines of that namespace that use it."""
+        for (ns, _name), loop in self.loops.items():
+            if ns == namespace and loop.parsed is not None and loop.parsed[1].spec.engine_cache is not None:
                 loop.wake.set()
 
     async def stop_all(self) -> None:
@@ -140,14 +183,17 @@ class EngineLoops:
                 sampling = engine.spec.autotune.enabled and bool(pods)
                 next_sample = (next_sample or now) if sampling else None
                 if next_sample is not None and now >= next_sample:
-                    await self._sample(loop, engine.spec, pods)
+                    async with self.scrape_slots:  # 1,000 pods sampled concurrently, but not all at once
+                        await self._sample(loop, engine.spec, pods)
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
                 if now >= next_reconcile or loop.wake.is_set():
-                    loop.wake.clear()
-                    loop.generation = engine.meta.generation
-                    kv = await self._window(loop, engine)
-                    p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
-                                                  self.settings, kv)
+                    async with self.slots.hold(CHANGE if loop.wake.is_set() else RESYNC):
+                        loop.wake.clear()
+                        engine = loop.engine()  # the latest body: it may have changed while queued
+                        loop.generation = engine.meta.generation
+                        kv = await self._window(loop, engine)
+                        p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
+                                                      self.settings, kv)
                     before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
                     loop.body = {**loop.body, "status": p.status}
                     loop.wrote_status = True
@@ -162,7 +208,9 @@ class EngineLoops:
                 log.error("%s", exc)
                 next_reconcile, next_sample = time.monotonic() + self.resync_seconds, None
             except (ApiError, aiohttp.ClientError) as exc:
-                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
+                if isinstance(exc, ApplyFailed) and exc.status is not None:  # written: keep it as ours
+                    loop.body, loop.wrote_status = {**loop.body, "status": exc.status}, True
+                delay = backoff_seconds(exc, failures)
                 failures += 1
                 telemetry.RECONCILES.labels(result="error").inc()
                 log.warning("Reconcile of InferenceEngine %s/%s failed (retry in %ss): %s", *loop.key, delay, exc)
