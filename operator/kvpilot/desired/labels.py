@@ -74,11 +74,6 @@ def build_job_name(fingerprint: str, claim: str | None, claim_uid: str = "") -> 
     return f"kvpilot-build-{digest[:10]}"
 
 
-def engine_index_name(claim: str) -> str:
-    """The record of which fingerprints a cache volume holds (one ConfigMap per claim)."""
-    return f"kvpilot-engines-{claim}"[:253]
-
-
 def engine_index_entry_name(claim: str, fingerprint: str) -> str:
     """One engine-index ConfigMap per (claim, fingerprint): small, written once, read from the watch cache."""
     digest = hashlib.sha256(f"{fingerprint}/{claim}".encode()).hexdigest()

@@ -40,23 +40,6 @@ def cache_claim(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any] |
     return claim
 
 
-def engine_index(namespace: str, claim: str) -> dict[str, Any]:
-    """The index ConfigMap itself (created empty; entries are merged in one key per fingerprint).
-
-    It has no owner: it describes the volume, which outlives any one InferenceEngine.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": L.engine_index_name(claim),
-            "namespace": namespace,
-            "labels": {**L.MANAGED_BY, L.COMPONENT_LABEL: "engine-index", "serving.kvpilot.io/claim": claim},
-            "annotations": {"serving.kvpilot.io/description": f"Engines published on the claim {claim}"},
-        },
-    }
-
-
 INDEX_MANIFEST_KEY = "manifest.json"
 INDEX_CLAIM_UID_KEY = "claimUID"
 
