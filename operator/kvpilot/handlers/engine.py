@@ -45,7 +45,7 @@ def _cache_child(kind: str) -> Callable[..., Any]:
     """An index handler: kopf calls it for every listed or changed object of ``kind``, and starts no other
     handler (so no engine loop) before every indexed kind has been listed once: the cache is primed first.
     It returns None, so kopf itself keeps no copy."""
-    def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # async: on the loop, not a thread
         memo.loops.child_changed(kind, dict(body))
     index.__name__ = f"kvpilot_{kind.lower()}s"
     return index
