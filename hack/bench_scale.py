@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         result["restartWrites"] = {k: v for k, v in calls.items() if not k.startswith(("get ", "list "))}
         result["restartWritesTotal"] = sum(v for k, v in result["restartWrites"].items()
                                            if not k.endswith("InferenceEngine/status"))
+        result["cachedObjects"] = {k.split('"')[1]: v for k, v in op.metric_values().items()
+                                   if k.startswith("kvpilot_cached_objects{")}
         rss2, _cpu = op.proc_stats()
         result["operatorPeakRssMB"] = max(rss, rss2)
 

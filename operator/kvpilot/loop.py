@@ -118,11 +118,13 @@ class EngineLoops:
         """A watch listed or changed a child: cache it, and wake whom it concerns if it really changed."""
         if self.api.cache.upsert(kind, body):
             self._wake_for(kind, body)
+        telemetry.CACHED_OBJECTS.labels(kind).set(self.api.cache.count(kind))
 
     def child_deleted(self, kind: str, body: dict[str, Any]) -> None:
         """A child is gone (by hand, or by the garbage collector): the next pass of its owner restores it."""
         if self.api.cache.delete(kind, body):
             self._wake_for(kind, body)
+        telemetry.CACHED_OBJECTS.labels(kind).set(self.api.cache.count(kind))
 
     def _wake_for(self, kind: str, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}

@@ -97,16 +97,14 @@ class ChildCache:
         self._by_engine: dict[tuple[str, str, str], set[str]] = defaultdict(set)  # (kind, ns, engine) -> names
         self._pods_by_job: dict[tuple[str, str], set[str]] = defaultdict(set)  # (ns, job) -> pod names
         self._index_by_claim: dict[tuple[str, str], set[str]] = defaultdict(set)  # (ns, claim) -> CM names
+        self._counts: dict[str, int] = defaultdict(int)
 
     def __len__(self) -> int:
         return len(self._objects)
 
-    def counts(self) -> dict[str, int]:
-        """Objects cached per kind (the operator's metrics report them: the cache's memory footprint)."""
-        out: dict[str, int] = defaultdict(int)
-        for kind, _ns, _name in self._objects:
-            out[kind] += 1
-        return dict(out)
+    def count(self, kind: str) -> int:
+        """Objects cached of one kind (the operator's metrics report them: the cache's memory footprint)."""
+        return self._counts.get(kind, 0)
 
     def upsert(self, kind: str, body: dict[str, Any]) -> bool:
         """Store the object; True when something other than server bookkeeping changed (worth a wake-up)."""
@@ -118,6 +116,8 @@ class ChildCache:
             return False  # a late event (e.g. the initial listing after a watch event): keep the newer one
         if old is not None:
             self._unindex(key, old)
+        else:
+            self._counts[kind] += 1
         self._objects[key] = obj
         self._index(key, obj)
         return old is None or _fingerprint(old) != _fingerprint(obj)
@@ -128,6 +128,7 @@ class ChildCache:
         old = self._objects.pop(key, None)
         if old is not None:
             self._unindex(key, old)
+            self._counts[kind] -= 1
         return old is not None
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
