@@ -1,8 +1,9 @@
 """Rate-limited warnings: the first of a kind is logged, repeats at most once per window with a count.
 
 A pod whose metrics cannot be read fails every 5 s; at 1,000 engines that was 27,000 WARNING lines in
-nine minutes, burying everything else. This filter keys a record by its message template and its first
-argument (the pod or the engine), so each distinct problem still shows up at once.
+nine minutes, burying everything else. This filter keys a record by its message template and its arguments
+but the last (the pod, or the engine; the last is the error text, which varies), so each distinct problem
+still shows up at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class RepeatFilter(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         args = record.args if isinstance(record.args, tuple) else ()
-        key = (str(record.msg), str(args[0]) if args else "")
+        key = (str(record.msg), repr(args[:-1]))
         now = self.clock()
         last = self._last.get(key)
         if last is not None and now - last[0] < self.window:

@@ -19,8 +19,9 @@ import aiohttp
 
 from kvpilot import telemetry
 from kvpilot.api.validate import InvalidEngineError
-from kvpilot.k8s.cache import CLAIM_LABEL, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
+from kvpilot.k8s.cache import COMPONENT_LABEL, INDEX_COMPONENT, owners_of
 from kvpilot.desired.plan import Settings, requeue_after
+from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
 from kvpilot.logfilter import install as install_repeat_filter
@@ -53,6 +54,8 @@ class EngineLoop:
     sampler: EngineSampler = field(default_factory=EngineSampler)
     parsed: tuple[str, Any] | None = None  # ("uid/generation", InferenceEngine) of the last parse
     wrote_status: bool = False
+    fingerprint: str = ""  # of the engine it wants (the last plan's): index entries wake only its users
+    claim: str | None = None  # its cache claim: claim events wake only its users
 
     def engine(self) -> Any:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
@@ -132,14 +135,18 @@ class EngineLoops:
         if kind == "PersistentVolumeClaim":
             self.wake_claim_users(meta.get("namespace", ""), meta.get("name", ""))
         elif kind == "ConfigMap" and labels.get(COMPONENT_LABEL) == INDEX_COMPONENT:
-            self.wake_claim_users(meta.get("namespace", ""), labels.get(CLAIM_LABEL, ""))
+            self.wake_claim_users(meta.get("namespace", ""), (body.get("data") or {}).get("claim", ""),
+                                  (body.get("data") or {}).get("fingerprint", ""))
         else:
             self.wake_owners(body)
 
-    def wake_claim_users(self, namespace: str, claim: str) -> None:
-        """A cache claim or an engine-index entry changed: wake the engines of that namespace that use it."""
+    def wake_claim_users(self, namespace: str, claim: str, fingerprint: str | None = None) -> None:
+        """A cache claim or an engine-index entry changed: wake the engines of that namespace that use the
+        claim (and, for an entry, want that engine); an engine not yet reconciled is woken anyway."""
         for (ns, _name), loop in self.loops.items():
-            if ns == namespace and loop.parsed is not None and loop.parsed[1].spec.engine_cache is not None:
+            if ns != namespace or (loop.claim is not None and loop.claim != claim):
+                continue
+            if fingerprint is None or not loop.fingerprint or loop.fingerprint == fingerprint:
                 loop.wake.set()
 
     async def stop_all(self) -> None:
@@ -199,6 +206,7 @@ class EngineLoops:
                     before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
                     loop.body = {**loop.body, "status": p.status}
                     loop.wrote_status = True
+                    loop.fingerprint, loop.claim = p.fingerprint, cache_claim_name(engine.meta, engine.spec)
                     if p.status["batching"]["maxBatchSize"] != before:  # the old pods' numbers no longer apply
                         loop.sampler.reset()
                     pods = list(observed.pods)
