@@ -16,7 +16,6 @@ import functools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 
 from kubernetes import client as k8s_client
