@@ -64,8 +64,8 @@ for _kind in CHILD_KINDS:
     _labels = MANAGED if _kind.managed_only else None
     kopf.index(_kind.group, _kind.version, _kind.plural, labels=_labels, id=f"cache-{_kind.kind}")(
         _cache_child(_kind.kind))
-    kopf.on.event(_kind.group, _kind.version, _kind.plural, labels=_labels, id=f"forget-{_kind.kind}")(
-        _forget_child(_kind.kind))
+    kopf.on.event(_kind.group, _kind.version, _kind.plural, labels=_labels, id=f"forget-{_kind.kind}",
+                  when=lambda event, **_: event.get("type") == "DELETED")(_forget_child(_kind.kind))
 
 
 def memo_for(settings: Settings, resync_seconds: float, concurrent_reconciles: int = 16,
