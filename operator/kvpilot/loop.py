@@ -99,6 +99,7 @@ class EngineLoops:
         loop = self.loops.get(key)
         if loop is None:
             loop = self.loops[key] = EngineLoop(key=key, body=body)
+            loop.wake.set()  # a new engine is a pending change: it goes before the resyncs of the others
             loop.task = asyncio.create_task(self._run(loop), name=f"kvpilot:{key[0]}/{key[1]}")
             return
         # The operator is the only writer of status, so once it has written one, a watch event can only carry
