@@ -88,7 +88,8 @@ class EngineLoops:
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         """Called for every watch event of an InferenceEngine."""
-        meta = body.get("metadata") or {}
+        meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+        body = {**body, "metadata": meta}  # kept per engine: managedFields are half of it and never read
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             loop = self.loops.pop(key, None)
