@@ -19,7 +19,8 @@ import aiohttp
 
 from kvpilot import telemetry
 from kvpilot.api.validate import InvalidEngineError
-from kvpilot.k8s.cache import COMPONENT_LABEL, INDEX_COMPONENT, owners_of
+from kvpilot.k8s.cache import CHILD_KINDS, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
+from kvpilot.k8s.informer import Informer
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
@@ -78,6 +79,10 @@ class EngineLoops:
         self.loops: dict[tuple[str, str], EngineLoop] = {}
         self._session: aiohttp.ClientSession | None = None
         self.slots = PrioritySlots(concurrent_reconciles)
+        self.synced = asyncio.Event()  # every child kind listed once: the cache can answer
+        self.synced.set()  # until informers are started (tests feed the cache by hand)
+        self._informers: list[Informer] = []
+        self._unsynced: set[tuple[str, str | None]] = set()
         self.scrape_slots = asyncio.Semaphore(concurrent_scrapes)
         install_repeat_filter(("kvpilot.observe.scrape", __name__))
 
@@ -119,6 +124,36 @@ class EngineLoops:
             if loop:
                 loop.wake.set()
 
+    def start_informers(self, namespaces: list[str]) -> None:
+        """List and watch every child kind (in each namespace, or cluster-wide) into the cache."""
+        loop = asyncio.get_running_loop()
+        self.synced.clear()
+        for kind in CHILD_KINDS:
+            for ns in namespaces or [None]:
+                self._unsynced.add((kind.kind, ns))
+
+                def on_list(kind_name: str, items: list[dict[str, Any]], ns: str | None = ns) -> None:
+                    self.children_listed(kind_name, items, ns)
+
+                inf = Informer(self.api.api_client, kind, ns, loop, on_list, self.child_event)
+                self._informers.append(inf)
+                inf.start()
+
+    def children_listed(self, kind: str, items: list[dict[str, Any]], namespace: str | None) -> None:
+        for body in self.api.cache.replace(kind, items, namespace):
+            self._wake_for(kind, body)
+        telemetry.CACHED_OBJECTS.labels(kind).set(self.api.cache.count(kind))
+        self._unsynced.discard((kind, namespace))
+        if not self._unsynced and not self.synced.is_set():
+            log.info("Watch cache filled: %s", {k.kind: self.api.cache.count(k.kind) for k in CHILD_KINDS})
+            self.synced.set()
+
+    def child_event(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
+        if event_type == "DELETED":
+            self.child_deleted(kind, body)
+        else:
+            self.child_changed(kind, body)
+
     def child_changed(self, kind: str, body: dict[str, Any]) -> None:
         """A watch listed or changed a child: cache it, and wake whom it concerns if it really changed."""
         if self.api.cache.upsert(kind, body):
@@ -152,6 +187,8 @@ class EngineLoops:
                 loop.wake.set()
 
     async def stop_all(self) -> None:
+        for inf in self._informers:
+            inf.stop()
         tasks = [loop.task for loop in self.loops.values() if loop.task]
         for task in tasks:
             task.cancel()
@@ -187,6 +224,7 @@ class EngineLoops:
         next_reconcile = 0.0
         next_sample: float | None = None  # None: not sampling (autotune off, no pods, or an invalid spec)
         pods: list[Any] = []
+        await self.synced.wait()  # never plan from a cache that has not been filled: it would re-create all
         while True:
             now = time.monotonic()
             try:

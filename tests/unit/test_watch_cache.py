@@ -147,3 +147,16 @@ def test_a_repeated_warning_is_logged_once_per_window_with_a_count() -> None:
     now[0] = 301
     again = rec("p1")
     assert f.filter(again) and "9 repeats" in again.getMessage()
+
+
+def test_a_fresh_list_drops_what_was_deleted_while_nobody_watched() -> None:
+    cache = ChildCache()
+    cache.upsert("Pod", pod("p1", "10"))
+    cache.upsert("Pod", pod("p2", "10"))
+    other = pod("p3", "10")
+    other["metadata"]["namespace"] = "other"
+    cache.upsert("Pod", other)
+    changed = cache.replace("Pod", [pod("p1", "10"), pod("p4", "11")], namespace="ns")
+    assert sorted(o["metadata"]["name"] for o in changed) == ["p2", "p4"]  # p1 unchanged, p2 gone, p4 new
+    assert cache.get("Pod", "ns", "p2") is None and cache.get("Pod", "other", "p3") is not None
+    assert cache.count("Pod") == 3

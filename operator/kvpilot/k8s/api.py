@@ -50,6 +50,7 @@ class Api:
 
     def __init__(self, api_client: k8s_client.ApiClient | None = None, pool_size: int = DEFAULT_POOL_SIZE):
         self._api_client = api_client or load_client_config(pool_size)
+        self.api_client = self._api_client  # the informers read through the same client (auth, TLS)
         self._dyn: DynamicClient | None = None
         self._dyn_lock = threading.Lock()
         self._resources: dict[tuple[str, str], Any] = {}

@@ -131,6 +131,23 @@ class ChildCache:
             self._counts[kind] -= 1
         return old is not None
 
+    def replace(self, kind: str, items: list[dict[str, Any]], namespace: str | None = None) -> list[dict[str, Any]]:
+        """A fresh list of ``kind`` (in ``namespace``, or everywhere): store every item and drop what is no
+        longer there (deleted while no watch was open). Returns the objects that changed, to wake owners."""
+        changed, seen = [], set()
+        for item in items:
+            meta = item.get("metadata") or {}
+            seen.add((meta.get("namespace", ""), meta.get("name", "")))
+            if self.upsert(kind, item):
+                changed.append(item)
+        gone = [key for key in self._objects
+                if key[0] == kind and (namespace is None or key[1] == namespace) and key[1:] not in seen]
+        for key in gone:
+            old = self._objects[key]
+            self.delete(kind, old)
+            changed.append(old)
+        return changed
+
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get((kind, namespace, name))
 
