@@ -54,11 +54,16 @@ class Informer:
         return f"{base}{ns}/{self.kind.plural}"
 
     def _get(self, query: list[tuple[str, Any]], timeout: tuple[float, float]) -> Any:
+        """A GET whose body is read by the caller (a watch is a stream): the raw urllib3 response."""
         if self.kind.managed_only:
             query = [*query, ("labelSelector", MANAGED_SELECTOR)]
-        return self.api_client.call_api(
-            self.path, "GET", query_params=query, header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout)[0]
+        method, url, headers, _body, _post = self.api_client.param_serialize(
+            "GET", self.path, query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        resp = self.api_client.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        if resp.status != 200:
+            raise RuntimeError(f"GET {self.path}: HTTP {resp.status}: {resp.read()[:300]!r}")
+        return resp.response
 
     def _list(self) -> str:
         items: list[dict[str, Any]] = []
