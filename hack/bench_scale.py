@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         for start in range(0, n, 250):
             cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs[start:start + 250]),
                             timeout_s=600)
-        result["applySeconds"] = round(time.monotonic() - t0, 1)
+        result["applySeconds"] = round(time.monotonic() - t0, 1)  # kubectl apply + admission (CEL) of N engines
+        applied = time.monotonic()
         ok = 0
         while time.monotonic() - t0 < args.timeout_seconds:
             ok, total = engines_available()
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout_s = time.monotonic() - t0
         api1 = request_counts()
         result["allAvailableSeconds"] = round(rollout_s, 1) if ok >= n else None
+        result["allAvailableAfterLastApplySeconds"] = round(time.monotonic() - applied, 1) if ok >= n else None
         result["availableAtEnd"] = ok
         rss, cpu = op.proc_stats()
         result["rolloutOperatorCpuSeconds"] = cpu
@@ -314,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     rows = [
         ("engines", n),
-        ("all Available after apply (s)", result.get("allAvailableSeconds")),
+        ("all Available after the first apply (s)", result.get("allAvailableSeconds")),
+        ("  of which kubectl apply itself (s)", result.get("applySeconds")),
         ("operator CPU during rollout (s)", result.get("rolloutOperatorCpuSeconds")),
         ("operator peak RSS (MB)", result.get("operatorPeakRssMB")),
         ("API requests/min while idle (operator, excl. status patches)", result.get("idleApiRequestsPerMinute")),
