@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv test unit e2e demo images cluster-build cluster-up cluster-down render bench lint crds clean e2e-tools
+.PHONY: help venv test unit e2e demo images cluster-build cluster-up cluster-down render bench bench-scale lint crds clean e2e-tools
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -63,10 +63,15 @@ lint: venv ## Static checks (ruff)
 bench: venv ## Run the benchmarks and print their figures
 	$(BIN)/python -m tests.bench
 
+ENGINES ?= 1000
+bench-scale: venv cluster-build ## N engines on one operator, own local cluster: make bench-scale ENGINES=1000
+	$(BIN)/python hack/bench_scale.py --engines $(ENGINES)
+
 crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api/schema.py
 	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml
 	cp crds/serving.kvpilot.io_inferenceengines.yaml charts/kvpilot/files/crds/
 
 clean: ## Remove the virtualenv and local cluster state (not the binary cache)
 	-hack/testenv/cluster-down.sh
-	rm -rf $(VENV) $(AIPERF_VENV) .testenv
+	-KVPILOT_TESTENV_DIR=$(CURDIR)/.testenv-bench hack/testenv/cluster-down.sh
+	rm -rf $(VENV) $(AIPERF_VENV) .testenv .testenv-bench

@@ -11,9 +11,13 @@
 #   Timeouts: TESTENV_WAIT_S (default 180) per component. A second, independent cluster needs its own
 #   KVPILOT_TESTENV_DIR and pod ranges: TESTENV_POD_CIDR (local kubelet, default 127.2.0.0/16) and
 #   TESTENV_KWOK_CIDR (kwok's fake pod IPs, default 127.1.0.0/16).
+#   TESTENV_KCM_QPS: the controller-manager's client QPS (default its own, 20; the scale benchmark raises it
+#   so that creating 1,000 ReplicaSets and pods measures the operator, not the controllers' throttle), and
+#   TESTENV_KCM_CONTROLLERS (default '*'; the benchmark turns off the endpoint controllers, which retry
+#   loopback pod IPs forever and would drown the operator's own traffic in the API server's counters).
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0
 fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -180,10 +184,10 @@ testenv_log "starting kube-controller-manager and kube-scheduler"
 spawn kube-controller-manager "$B/kube-controller-manager" --kubeconfig="$KC" \
   --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
   --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --leader-elect=false \
-  --controllers='*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller' \
+  --controllers="${TESTENV_KCM_CONTROLLERS:-*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller}" \
   --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
   --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key" \
-  --node-monitor-period=5s --profiling=false
+  --node-monitor-period=5s --profiling=false ${TESTENV_KCM_QPS:+--kube-api-qps=$TESTENV_KCM_QPS --kube-api-burst=$((TESTENV_KCM_QPS * 2))}
 spawn kube-scheduler "$B/kube-scheduler" --kubeconfig="$KC" \
   --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
   --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --leader-elect=false --profiling=false

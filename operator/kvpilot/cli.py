@@ -187,6 +187,16 @@ def cmd_doctor_trtllm(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpilot",
@@ -206,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resolve", action="append", default=[], metavar="HOST:PORT:ADDRESS",
                      help="Pin an autotune.metrics.url host to an address, as curl's --resolve does (repeatable); "
                           "a pinned address is trusted even if loopback or link-local.")
+    run.add_argument("--concurrent-reconciles", type=_positive_int, default=16,
+                     help="Reconciles running at once; engines with pending changes go before resyncs.")
+    run.add_argument("--api-pool-size", type=_positive_int, default=16,
+                     help="Threads (and HTTP connections) for API-server calls.")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain", help="Log output format.")
     run.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=cmd_run)

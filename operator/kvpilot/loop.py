@@ -19,17 +19,32 @@ import aiohttp
 
 from kvpilot import telemetry
 from kvpilot.api.validate import InvalidEngineError
-from kvpilot.desired import labels as L
+from kvpilot.k8s.cache import CHILD_KINDS, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
+from kvpilot.k8s.informer import Informer
 from kvpilot.desired.plan import Settings, requeue_after
+from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
-from kvpilot.k8s.errors import ApiError
+from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
+from kvpilot.logfilter import install as install_repeat_filter
 from kvpilot.observe.prometheus import query_prometheus
 from kvpilot.observe.scrape import EngineFacts, EngineSampler, is_warm
-from kvpilot.reconcile import engine_from_body, reconcile
+from kvpilot.reconcile import ApplyFailed, engine_from_body, reconcile
 from kvpilot.trtllm.metrics import MetricsRejected
+from kvpilot.workqueue import CHANGE, RESYNC, PrioritySlots
 
 log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
+# RBAC denials and rejected objects do not heal by retrying: wait longer (the status already says why).
+PERMANENT_BACKOFF_SECONDS = (30, 120, 300, 600)
+DEFAULT_CONCURRENT_RECONCILES = 16
+DEFAULT_CONCURRENT_SCRAPES = 64
+
+
+def backoff_seconds(exc: BaseException, failures: int) -> int:
+    """How long to wait before retrying after the ``failures``-th failure in a row (0-based)."""
+    cause = exc.cause if isinstance(exc, ApplyFailed) else exc
+    table = PERMANENT_BACKOFF_SECONDS if isinstance(cause, (Forbidden, Invalid)) else ERROR_BACKOFF_SECONDS
+    return table[min(failures, len(table) - 1)]
 
 
 @dataclass
@@ -42,6 +57,8 @@ class EngineLoop:
     sampler: EngineSampler = field(default_factory=EngineSampler)
     parsed: tuple[str, Any] | None = None  # ("uid/generation", InferenceEngine) of the last parse
     wrote_status: bool = False
+    fingerprint: str = ""  # of the engine it wants (the last plan's): index entries wake only its users
+    claim: str | None = None  # its cache claim: claim events wake only its users
 
     def engine(self) -> Any:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
@@ -55,12 +72,21 @@ class EngineLoop:
 class EngineLoops:
     """The registry of loops, fed by kopf events."""
 
-    def __init__(self, api: Api, settings: Settings, resync_seconds: float):
+    def __init__(self, api: Api, settings: Settings, resync_seconds: float,
+                 concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES,
+                 concurrent_scrapes: int = DEFAULT_CONCURRENT_SCRAPES):
         self.api = api
         self.settings = settings
         self.resync_seconds = resync_seconds
         self.loops: dict[tuple[str, str], EngineLoop] = {}
         self._session: aiohttp.ClientSession | None = None
+        self.slots = PrioritySlots(concurrent_reconciles)
+        self.synced = asyncio.Event()  # every child kind listed once: the cache can answer
+        self.synced.set()  # until informers are started (tests feed the cache by hand)
+        self._informers: list[Informer] = []
+        self._unsynced: set[tuple[str, str | None]] = set()
+        self.scrape_slots = asyncio.Semaphore(concurrent_scrapes)
+        install_repeat_filter(("kvpilot.observe.scrape", __name__))
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -69,7 +95,8 @@ class EngineLoops:
 
     def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
         """Called for every watch event of an InferenceEngine."""
-        meta = body.get("metadata") or {}
+        meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+        body = {**body, "metadata": meta}  # kept per engine: managedFields are half of it and never read
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             loop = self.loops.pop(key, None)
@@ -80,6 +107,7 @@ class EngineLoops:
         loop = self.loops.get(key)
         if loop is None:
             loop = self.loops[key] = EngineLoop(key=key, body=body)
+            loop.wake.set()  # a new engine is a pending change: it goes before the resyncs of the others
             loop.task = asyncio.create_task(self._run(loop), name=f"kvpilot:{key[0]}/{key[1]}")
             return
         # The operator is the only writer of status, so once it has written one, a watch event can only carry
@@ -90,16 +118,79 @@ class EngineLoops:
             loop.wake.set()
 
     def wake_owners(self, child: dict[str, Any]) -> None:
-        """A child changed: wake every InferenceEngine that owns it (a shared build Job has several)."""
+        """A child changed: wake the InferenceEngines it concerns (its owners; a shared build Job has several,
+        which all need its outcome). The caller wakes only on a change the cache saw, not on bookkeeping."""
         meta = child.get("metadata") or {}
-        names = {ref.get("name", "") for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "InferenceEngine"}
-        names.add((meta.get("labels") or {}).get(L.ENGINE_LABEL, ""))  # pods are owned by ReplicaSets
-        for name in names - {""}:
+        for name in owners_of(child):
             loop = self.loops.get((meta.get("namespace", ""), name))
             if loop:
                 loop.wake.set()
 
+    def start_informers(self, namespaces: list[str]) -> None:
+        """List and watch every child kind (in each namespace, or cluster-wide) into the cache."""
+        loop = asyncio.get_running_loop()
+        self.synced.clear()
+        for kind in CHILD_KINDS:
+            for ns in namespaces or [None]:
+                self._unsynced.add((kind.kind, ns))
+
+                def on_list(kind_name: str, items: list[dict[str, Any]], ns: str | None = ns) -> None:
+                    self.children_listed(kind_name, items, ns)
+
+                inf = Informer(self.api.api_client, kind, ns, loop, on_list, self.child_event)
+                self._informers.append(inf)
+                inf.start()
+
+    def children_listed(self, kind: str, items: list[dict[str, Any]], namespace: str | None) -> None:
+        for body in self.api.cache.replace(kind, items, namespace):
+            self._wake_for(kind, body)
+        telemetry.CACHED_OBJECTS.labels(kind).set(self.api.cache.count(kind))
+        self._unsynced.discard((kind, namespace))
+        if not self._unsynced and not self.synced.is_set():
+            log.info("Watch cache filled: %s", {k.kind: self.api.cache.count(k.kind) for k in CHILD_KINDS})
+            self.synced.set()
+
+    def child_event(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
+        if event_type == "DELETED":
+            self.child_deleted(kind, body)
+        else:
+            self.child_changed(kind, body)
+
+    def child_changed(self, kind: str, body: dict[str, Any]) -> None:
+        """A watch listed or changed a child: cache it, and wake whom it concerns if it really changed."""
+        if self.api.cache.upsert(kind, body):
+            self._wake_for(kind, body)
+        telemetry.CACHED_OBJECTS.labels(kind).set(self.api.cache.count(kind))
+
+    def child_deleted(self, kind: str, body: dict[str, Any]) -> None:
+        """A child is gone (by hand, or by the garbage collector): the next pass of its owner restores it."""
+        if self.api.cache.delete(kind, body):
+            self._wake_for(kind, body)
+        telemetry.CACHED_OBJECTS.labels(kind).set(self.api.cache.count(kind))
+
+    def _wake_for(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if kind == "PersistentVolumeClaim":
+            self.wake_claim_users(meta.get("namespace", ""), meta.get("name", ""))
+        elif kind == "ConfigMap" and labels.get(COMPONENT_LABEL) == INDEX_COMPONENT:
+            self.wake_claim_users(meta.get("namespace", ""), (body.get("data") or {}).get("claim", ""),
+                                  (body.get("data") or {}).get("fingerprint", ""))
+        else:
+            self.wake_owners(body)
+
+    def wake_claim_users(self, namespace: str, claim: str, fingerprint: str | None = None) -> None:
+        """A cache claim or an engine-index entry changed: wake the engines of that namespace that use the
+        claim (and, for an entry, want that engine); an engine not yet reconciled is woken anyway."""
+        for (ns, _name), loop in self.loops.items():
+            if ns != namespace or (loop.claim is not None and loop.claim != claim):
+                continue
+            if fingerprint is None or not loop.fingerprint or loop.fingerprint == fingerprint:
+                loop.wake.set()
+
     async def stop_all(self) -> None:
+        for inf in self._informers:
+            inf.stop()
         tasks = [loop.task for loop in self.loops.values() if loop.task]
         for task in tasks:
             task.cancel()
@@ -145,6 +236,7 @@ class EngineLoops:
         next_reconcile = 0.0
         next_sample: float | None = None  # None: not sampling (autotune off, no pods, or an invalid spec)
         pods: list[Any] = []
+        await self.synced.wait()  # never plan from a cache that has not been filled: it would re-create all
         while True:
             now = time.monotonic()
             try:
@@ -156,18 +248,22 @@ class EngineLoops:
                     # failure must not postpone the reconcile either (issue 13).
                     next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
                     try:
-                        await self._sample(loop, engine.spec, pods)
+                        async with self.scrape_slots:  # 1,000 pods sampled concurrently, but not all at once
+                            await self._sample(loop, engine.spec, pods)
                     except Exception:  # noqa: BLE001 — one engine's sampling bug costs one sample
                         log.exception("Sampling the metrics of InferenceEngine %s/%s failed", *loop.key)
                 if now >= next_reconcile or loop.wake.is_set():
-                    loop.wake.clear()
-                    loop.generation = engine.meta.generation
-                    kv = await self._window(loop, engine, pods)
-                    p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
-                                                  self.settings, kv)
+                    async with self.slots.hold(CHANGE if loop.wake.is_set() else RESYNC):
+                        loop.wake.clear()
+                        engine = loop.engine()  # the latest body: it may have changed while queued
+                        loop.generation = engine.meta.generation
+                        kv = await self._window(loop, engine, pods)
+                        p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
+                                                      self.settings, kv)
                     before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
                     loop.body = {**loop.body, "status": p.status}
                     loop.wrote_status = True
+                    loop.fingerprint, loop.claim = p.fingerprint, cache_claim_name(engine.meta, engine.spec)
                     if p.status["batching"]["maxBatchSize"] != before:  # the old pods' numbers no longer apply
                         loop.sampler.reset()
                     pods = list(observed.pods)
@@ -179,7 +275,9 @@ class EngineLoops:
                 log.error("%s", exc)
                 next_reconcile, next_sample = time.monotonic() + self.resync_seconds, None
             except (ApiError, aiohttp.ClientError) as exc:
-                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
+                if isinstance(exc, ApplyFailed) and exc.status is not None:  # written: keep it as ours
+                    loop.body, loop.wrote_status = {**loop.body, "status": exc.status}, True
+                delay = backoff_seconds(exc, failures)
                 failures += 1
                 telemetry.RECONCILES.labels(result="error").inc()
                 log.warning("Reconcile of InferenceEngine %s/%s failed (retry in %ss): %s", *loop.key, delay, exc)

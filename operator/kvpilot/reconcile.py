@@ -6,9 +6,10 @@ on a timer, so it must be idempotent: applying an unchanged plan changes nothing
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,9 +20,10 @@ from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import KvWindow, Observed
 from kvpilot.desired.plan import Plan, Settings, plan
-from kvpilot.desired.storage import engine_index
+from kvpilot.desired.events import events_between
+from kvpilot.desired.storage import engine_index_entry
 from kvpilot.k8s.api import Api
-from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
+from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions, rfc3339
 from kvpilot.k8s.errors import ApiError, Conflict
 from kvpilot.observe.cluster import observe_engine
 
@@ -46,30 +48,55 @@ def engine_from_body(body: dict[str, Any]) -> InferenceEngine:
     return InferenceEngine(meta=ref, spec=parse_spec(defaulted["spec"]))
 
 
+# Build Jobs being created right now, by (namespace, name): engines sharing a fingerprint join the first
+# engine's create instead of racing it (which cost 500 409s and 900 adopt patches at 1,000 engines).
+_creating: dict[tuple[str, str], asyncio.Future[None]] = {}
+
+
 async def _ensure_build_job(api: Api, engine: InferenceEngine, job: dict[str, Any]) -> bool:
     """Create the Job, or join it as an owner if another engine with the same inputs created it first."""
-    try:
-        await api.create(job)
-        return True
-    except Conflict:
-        await _adopt_job(api, engine, job["metadata"]["name"])
+    key = (job["metadata"]["namespace"], job["metadata"]["name"])
+    pending = _creating.get(key)
+    if pending is not None:
+        await asyncio.shield(pending)
+        await _adopt_job(api, engine, key[1])
         return False
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _creating[key] = done
+    try:
+        api.cache.upsert("Job", await api.create(job))
+        return True
+    except Conflict:  # created before this operator started, and not yet in its cache
+        await _adopt_job(api, engine, key[1])
+        return False
+    finally:
+        done.set_result(None)
+        del _creating[key]
 
 
 async def _adopt_job(api: Api, engine: InferenceEngine, name: str) -> None:
     ref = L.owner_reference(engine.meta, controller=False)
     # ownerReferences merge by uid under a strategic-merge patch: this adds one owner, keeps the others.
-    await api.strategic_patch("batch/v1", "Job", name, engine.meta.namespace, {"metadata": {"ownerReferences": [ref]}})
+    out = await api.strategic_patch("batch/v1", "Job", name, engine.meta.namespace,
+                                    {"metadata": {"ownerReferences": [ref]}})
+    api.cache.upsert("Job", out)
 
 
-async def _record_engine(api: Api, namespace: str, claim: str, fingerprint: str, manifest: dict[str, Any]) -> None:
-    index = engine_index(namespace, claim)
-    try:
-        await api.create(index)
-    except Conflict:
-        pass
-    patch = {"data": {fingerprint: json.dumps(manifest, sort_keys=True)}}
-    await api.merge_patch("v1", "ConfigMap", index["metadata"]["name"], namespace, patch)
+async def _record_engine(
+    api: Api, namespace: str, claim: str, claim_uid: str, fingerprint: str, manifest: dict[str, Any]
+) -> None:
+    """Publish one engine: its own index ConfigMap, applied (idempotent: no create race, no 409)."""
+    await api.apply_owned(engine_index_entry(namespace, claim, claim_uid, fingerprint, manifest))
+
+
+def stamp_transitions(old: dict[str, Any], new: dict[str, Any], when: datetime) -> dict[str, Any]:
+    """Stamp the conditions that moved with the time the status is written, not the time the pass began
+    (applies in between took up to 38 s at 1,000 engines)."""
+    before = {c["type"]: c.get("lastTransitionTime") for c in old.get("conditions") or []}
+    stamp = rfc3339(when)
+    conds = [{**c, "lastTransitionTime": stamp} if c.get("lastTransitionTime") != before.get(c["type"]) else c
+             for c in new.get("conditions") or []]
+    return {**new, "conditions": conds}
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -89,45 +116,71 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return patch
 
 
+class ApplyFailed(ApiError):
+    """Some writes of a pass failed; status already says which (Degraded/ApplyFailed). ``cause`` is the first
+    failure, whose type (Forbidden, Invalid, Transient) decides how long the loop backs off."""
+
+    def __init__(self, failures: list[tuple[str, ApiError]], status: dict[str, Any] | None = None):
+        self.failures = failures
+        self.status = status  # the status written (with the Degraded condition)
+        self.cause = failures[0][1]
+        super().__init__("; ".join(f"{what}: {exc}" for what, exc in failures))
+
+
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
     now: datetime | None = None,
 ) -> tuple[Plan, Observed]:
-    """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed."""
+    """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed.
+
+    Reads come from the watch cache; a child is written only when it differs from the plan on what kvpilot
+    owns. Every failed write reaches status (Degraded, naming the object and the reason) before the pass
+    raises, whatever write failed."""
     started = time.monotonic()
-    observed = await observe_engine(api, engine, status, settings, kv)
+    observed = observe_engine(api.cache, engine, status, settings, kv)
     p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
-    failed: list[tuple[dict[str, Any], ApiError]] = []
+    ns = engine.meta.namespace
+    failed: list[tuple[str, ApiError]] = []
     for obj in p.apply:
         try:
-            await api.apply(obj)
+            await api.apply_owned(obj)
         except ApiError as exc:  # say so in status (a rendering bug, an immutable field), then retry later
-            failed.append((obj, exc))
-    if failed:
-        obj, exc = failed[0]
-        what = f"{obj['kind']} {obj['metadata']['name']}"
-        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {exc}")
-        p.status["conditions"] = merge_conditions(p.status["conditions"], [cond], engine.meta.generation,
-                                                  now or datetime.now(timezone.utc))
-    if p.build_job is not None:
-        if await _ensure_build_job(api, engine, p.build_job):
-            telemetry.BUILDS.labels(outcome="started").inc()
-    elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
-        await _adopt_job(api, engine, observed.job.name)
-    if p.index_entry is not None:
+            failed.append((f"{obj['kind']} {obj['metadata']['name']}", exc))
+    job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
+    try:
+        if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
+            if await _ensure_build_job(api, engine, p.build_job):
+                telemetry.BUILDS.labels(outcome="started").inc()
+        elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
+            await _adopt_job(api, engine, observed.job.name)
+    except ApiError as exc:
+        failed.append((f"Job {job_name}", exc))
+    if p.index_entry is not None and observed.claim_uid:
         claim, fp, manifest = p.index_entry
-        await _record_engine(api, engine.meta.namespace, claim, fp, manifest)
-        telemetry.record_build_finished(manifest, observed.job)
+        try:
+            await _record_engine(api, ns, claim, observed.claim_uid, fp, manifest)
+            telemetry.record_build_finished(manifest, observed.job)
+        except ApiError as exc:
+            failed.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}", exc))
+    new_status = p.status
+    if failed:
+        what, exc = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {exc}{more}")
+        new_status = {**new_status, "conditions": merge_conditions(
+            new_status["conditions"], [cond], engine.meta.generation, now or datetime.now(timezone.utc))}
+    new_status = stamp_transitions(status, new_status, now or datetime.now(timezone.utc))
+    p = replace(p, status=new_status)
     patch = status_patch(status, p.status)
     if patch:
-        await api.patch_engine_status(engine.meta.name, engine.meta.namespace, patch)
-    involved = {"metadata": {"name": engine.meta.name, "namespace": engine.meta.namespace, "uid": engine.meta.uid}}
-    for event in p.events:
+        await api.patch_engine_status(engine.meta.name, ns, patch)
+    involved = {"metadata": {"name": engine.meta.name, "namespace": ns, "uid": engine.meta.uid}}
+    for event in events_between(status, p.status) if failed else p.events:
         try:
             await api.post_event(involved, event.type, event.reason, event.message)
         except Exception as exc:  # noqa: BLE001 — an event lost must not fail the reconcile
             log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name, exc)
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
     if failed:
-        raise failed[0][1]
+        raise ApplyFailed(failed, p.status)
     return p, observed

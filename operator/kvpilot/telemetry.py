@@ -84,3 +84,10 @@ def forget(namespace: str, name: str) -> None:
     for labels in list(DECISIONS._metrics):  # the per-engine series of the decisions counter
         if labels[:2] == (namespace, name):
             DECISIONS.remove(*labels)
+
+# Scale: what the operator asks of the API server, and what its watch cache holds (issue 12).
+API_REQUESTS = Counter("kvpilot_api_requests_total", "API-server requests the operator made, by verb and resource.",
+                       ["verb", "resource"])
+APPLIES_SKIPPED = Counter("kvpilot_applies_skipped_total",
+                          "Applies skipped because the cached child already holds what kvpilot owns.", ["kind"])
+CACHED_OBJECTS = Gauge("kvpilot_cached_objects", "Children held in the operator's watch cache, by kind.", ["kind"])

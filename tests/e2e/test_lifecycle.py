@@ -50,8 +50,11 @@ def test_engine_builds_rolls_out_and_becomes_available(ns: str) -> None:
     assert pod["status"]["phase"] == "Running" and pod["spec"]["nodeName"].startswith("gpu-h100")
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1"
-    index = get("configmap", "kvpilot-engines-engines", ns)
-    assert index and status["engine"]["fingerprint"] in index["data"]
+    index = json.loads(kubectl("get", "configmaps", "-n", ns, "-l", "app.kubernetes.io/component=engine-index",
+                               "-o", "json"))["items"]  # one ConfigMap per published fingerprint
+    assert [cm["data"]["fingerprint"] for cm in index] == [status["engine"]["fingerprint"]]
+    claim = get("pvc", "engines", ns)
+    assert claim and index[0]["data"]["claimUID"] == claim["metadata"]["uid"]
     row = kubectl("get", "ie", "llama", "-n", ns, "--no-headers").split()
     assert row[1:4] == ["True", "tensorrt", "64/512"]
     events = kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.kind=InferenceEngine")

@@ -22,6 +22,7 @@ def build_job(
     image: str,
     claim: str,
     ceiling: int,
+    claim_uid: str = "",
 ) -> dict[str, Any]:
     b = spec.build
     labels = {
@@ -66,7 +67,7 @@ def build_job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": L.build_job_name(fingerprint, claim),
+            "name": L.build_job_name(fingerprint, claim, claim_uid),
             "namespace": owner.namespace,
             "labels": labels,
             "annotations": {

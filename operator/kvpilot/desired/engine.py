@@ -57,7 +57,8 @@ def decide_build(
     ceiling, fp = target_fingerprint(spec, observed.status, image)
     previous = observed.status.get("build") or {}
     same = previous.get("fingerprint") == fp
-    base = {"fingerprint": fp, "job": L.build_job_name(fp, claim), "observedGeneration": generation}
+    base = {"fingerprint": fp, "job": L.build_job_name(fp, claim, observed.claim_uid),
+            "observedGeneration": generation}
 
     def decision(**kw: Any) -> BuildDecision:
         return BuildDecision(fingerprint=fp, ceiling=ceiling, image=image, **kw)

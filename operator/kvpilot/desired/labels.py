@@ -63,16 +63,21 @@ def config_map_name(name: str) -> str:
     return f"{name}-llm-api"
 
 
-def build_job_name(fingerprint: str, claim: str | None) -> str:
+def build_job_name(fingerprint: str, claim: str | None, claim_uid: str = "") -> str:
     """Named by fingerprint and cache claim, not by InferenceEngine: engines with the same build inputs that
-    cache on the same claim share one Job (an engine on another claim needs its own copy built there)."""
-    digest = hashlib.sha256(f"{fingerprint}/{claim or ''}".encode()).hexdigest()
+    cache on the same claim share one Job (an engine on another claim needs its own copy built there).
+
+    The claim's UID, once known, is part of the name: a claim deleted and re-created under the same name is
+    empty, and the Job that filled its predecessor must not stand for a build on it."""
+    key = f"{fingerprint}/{claim or ''}" + (f"/{claim_uid}" if claim_uid else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return f"kvpilot-build-{digest[:10]}"
 
 
-def engine_index_name(claim: str) -> str:
-    """The record of which fingerprints a cache volume holds (one ConfigMap per claim)."""
-    return f"kvpilot-engines-{claim}"[:253]
+def engine_index_entry_name(claim: str, fingerprint: str) -> str:
+    """One engine-index ConfigMap per (claim, fingerprint): small, written once, read from the watch cache."""
+    digest = hashlib.sha256(f"{fingerprint}/{claim}".encode()).hexdigest()
+    return f"kvpilot-engine-{digest[:16]}"
 
 
 def created_claim_name(name: str) -> str:

@@ -112,6 +112,7 @@ class Observed:
     deployment: DeploymentState | None = None
     pods: tuple[PodState, ...] = ()
     claim_phase: str | None = None  # the cache claim's phase, None when absent
+    claim_uid: str = ""  # the cache claim's UID once observed: names its build Job, validates index entries
     kv: KvWindow | None = None
     startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
 

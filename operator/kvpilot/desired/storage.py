@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvpilot.api.models import InferenceEngineSpec, ObjectRef
@@ -51,18 +52,34 @@ def cache_claim(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any] |
     return claim
 
 
-def engine_index(namespace: str, claim: str) -> dict[str, Any]:
-    """The index ConfigMap itself (created empty; entries are merged in one key per fingerprint).
+INDEX_MANIFEST_KEY = "manifest.json"
+INDEX_CLAIM_UID_KEY = "claimUID"
 
-    It has no owner: it describes the volume, which outlives any one InferenceEngine.
+
+def engine_index_entry(
+    namespace: str, claim: str, claim_uid: str, fingerprint: str, manifest: dict[str, Any]
+) -> dict[str, Any]:
+    """One published engine: a ConfigMap per (claim, fingerprint), replacing the one ConfigMap per claim that
+    grew with every fingerprint and was read whole on every pass.
+
+    It records the claim's UID: an entry made for a claim that was since deleted and re-created (empty) under
+    the same name does not count as a cache hit. It has no owner: it describes the volume, which outlives any
+    one InferenceEngine.
     """
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": L.engine_index_name(claim),
+            "name": L.engine_index_entry_name(claim, fingerprint),
             "namespace": namespace,
-            "labels": {**L.MANAGED_BY, L.COMPONENT_LABEL: "engine-index", "serving.kvpilot.io/claim": claim},
-            "annotations": {"serving.kvpilot.io/description": f"Engines published on the claim {claim}"},
+            "labels": {**L.MANAGED_BY, L.COMPONENT_LABEL: "engine-index", "serving.kvpilot.io/claim": claim[:63],
+                       L.FINGERPRINT_LABEL: fingerprint[:63]},
+            "annotations": {"serving.kvpilot.io/description": f"Engine {fingerprint[:10]} published on claim {claim}"},
+        },
+        "data": {
+            "fingerprint": fingerprint,
+            "claim": claim,
+            INDEX_CLAIM_UID_KEY: claim_uid,
+            INDEX_MANIFEST_KEY: json.dumps(manifest, sort_keys=True),
         },
     }

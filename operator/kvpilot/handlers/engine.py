@@ -12,7 +12,6 @@ from kvpilot.desired.plan import Settings
 from kvpilot.k8s.api import Api
 from kvpilot.loop import EngineLoops
 
-MANAGED = {"app.kubernetes.io/managed-by": "kvpilot"}
 log = logging.getLogger(__name__)
 
 
@@ -20,12 +19,13 @@ log = logging.getLogger(__name__)
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # kvpilot posts its own, specific Events; kopf's per-handler chatter would bury them.
     settings.posting.level = logging.WARNING
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # "Handler succeeded" per watch event
     settings.watching.server_timeout = 60
-    # Filter children on the server: without it every pod, Job and Deployment of the cluster is streamed
-    # to the operator and dropped client-side.
-    for resource in (("", "pods"), ("batch", "jobs"), ("apps", "deployments")):
-        settings.watching.label_selectors[resource] = "app.kubernetes.io/managed-by=kvpilot"
-    memo.loops = EngineLoops(Api(), memo.settings, memo.resync_seconds)
+    api = Api(pool_size=memo.api_pool_size)
+    memo.loops = EngineLoops(api, memo.settings, memo.resync_seconds, memo.concurrent_reconciles)
+    # Children are read from a watch cache of kvpilot's own (k8s/informer.py), filtered on the server by label
+    # (claims excepted: a user's claim has none); kopf watches only the InferenceEngines.
+    memo.loops.start_informers(list(memo.namespaces))
 
 
 @kopf.on.cleanup()
@@ -38,12 +38,7 @@ async def on_engine_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Mem
     memo.loops.observe(event.get("type"), dict(body))
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.loops.wake_owners(dict(body))
-
-
-def memo_for(settings: Settings, resync_seconds: float) -> kopf.Memo:
-    return kopf.Memo(settings=settings, resync_seconds=resync_seconds)
+def memo_for(settings: Settings, resync_seconds: float, concurrent_reconciles: int = 16,
+             api_pool_size: int = 16, namespaces: list[str] | None = None) -> kopf.Memo:
+    return kopf.Memo(settings=settings, resync_seconds=resync_seconds, concurrent_reconciles=concurrent_reconciles,
+                     api_pool_size=api_pool_size, namespaces=namespaces or [])

@@ -2,58 +2,89 @@
 
 Everything goes through the official Python client's DynamicClient (one field manager, ``kvpilot``).
 Client exceptions are converted once, here (``errors.py``); nothing above this module sees an
-``ApiException``. Calls are synchronous and run in a thread so the kopf event loop never blocks.
+``ApiException``. Calls are synchronous and run on a sized thread pool of the operator's own (not the
+default executor, which has min(32, cpus + 4) threads shared with everything else), with an HTTP connection
+pool of the same size, so the kopf event loop never blocks and 1,000 engines do not queue behind 6 threads.
+
+Reads of children come from ``self.cache`` (fed by watches), not from here: see ``k8s/cache.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from datetime import datetime, timezone
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 
-from kvpilot import API_VERSION, KIND
+from kvpilot import API_VERSION, KIND, telemetry
+from kvpilot.k8s.cache import ChildCache
+from kvpilot.k8s.drift import needs_apply, with_applied_hash
+from kvpilot.k8s.events import EventRecorder
 from kvpilot.k8s.errors import NotFound, convert
 
+log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpilot"
+DEFAULT_POOL_SIZE = 16
 T = TypeVar("T")
 
 
-def load_client_config() -> k8s_client.ApiClient:
+def load_client_config(pool_size: int = DEFAULT_POOL_SIZE) -> k8s_client.ApiClient:
     """In-cluster config in a pod, else the current kubeconfig (``kvpilot run`` on a laptop)."""
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
         k8s_config.load_kube_config()
-    return k8s_client.ApiClient()
+    conf = k8s_client.Configuration.get_default_copy()
+    conf.connection_pool_maxsize = pool_size  # one connection per worker thread, kept alive
+    return k8s_client.ApiClient(conf)
 
 
 class Api:
     """Typed-enough access to the handful of kinds kvpilot reads and writes."""
 
-    def __init__(self, api_client: k8s_client.ApiClient | None = None):
-        self._api_client = api_client or load_client_config()
+    def __init__(self, api_client: k8s_client.ApiClient | None = None, pool_size: int = DEFAULT_POOL_SIZE):
+        self._api_client = api_client or load_client_config(pool_size)
+        self.api_client = self._api_client  # the informers read through the same client (auth, TLS)
         self._dyn: DynamicClient | None = None
+        self._dyn_lock = threading.Lock()
+        self._resources: dict[tuple[str, str], Any] = {}
+        self._pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="kvpilot-api")
+        self.cache = ChildCache()
+        self.events = EventRecorder(self)
 
     @property
     def dyn(self) -> DynamicClient:
-        if self._dyn is None:  # discovery is slow: do it once, lazily
-            self._dyn = DynamicClient(self._api_client)
+        # Discovery is slow and several worker threads reach here at start: create the client exactly once.
+        if self._dyn is None:
+            with self._dyn_lock:
+                if self._dyn is None:
+                    self._dyn = DynamicClient(self._api_client)
         return self._dyn
 
     def _resource(self, api_version: str, kind: str) -> Any:
         """Discovery (cached after the first call); called inside ``_run``'s thread, never on the loop."""
-        return self.dyn.resources.get(api_version=api_version, kind=kind)
+        key = (api_version, kind)
+        res = self._resources.get(key)
+        if res is None:
+            res = self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
+        return res
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, verb: str = "", resource: str = "") -> T:
+        if verb:
+            telemetry.API_REQUESTS.labels(verb, resource).inc()
         try:
-            return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+            return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
         except Exception as exc:  # noqa: BLE001 — converted to domain errors in one place
             raise convert(exc) from exc
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply under kvpilot's field manager; conflicts are forced (we own these objects)."""
@@ -61,26 +92,43 @@ class Api:
             lambda: self.dyn.server_side_apply(
                 self._resource(obj["apiVersion"], obj["kind"]), body=obj, namespace=obj["metadata"].get("namespace"),
                 field_manager=FIELD_MANAGER, force_conflicts=True,
-            )
+            ), verb="apply", resource=obj["kind"],
         )
         return out.to_dict()  # type: ignore[no-any-return]
 
+    async def apply_owned(self, obj: dict[str, Any]) -> bool:
+        """Apply ``obj`` only when the cached child differs from it on what kvpilot owns (or is absent);
+        True when it was written. The response goes into the cache at once, so the next pass does not
+        write again while the watch event is still on its way."""
+        why = needs_apply(obj, self.cache.get(obj["kind"], obj["metadata"].get("namespace", ""),
+                                              obj["metadata"]["name"]))
+        if why is None:
+            telemetry.APPLIES_SKIPPED.labels(obj["kind"]).inc()
+            return False
+        if why.startswith("edited"):
+            log.info("Restoring %s %s/%s: %s", obj["kind"], obj["metadata"].get("namespace"),
+                     obj["metadata"]["name"], why)
+        self.cache.upsert(obj["kind"], await self.apply(with_applied_hash(obj)))
+        return True
+
     async def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:
-            out = await self._run(lambda: self._resource(api_version, kind).get(name=name, namespace=namespace))
+            out = await self._run(lambda: self._resource(api_version, kind).get(name=name, namespace=namespace),
+                                  verb="get", resource=kind)
         except NotFound:
             return None
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         out = await self._run(
-            lambda: self._resource(api_version, kind).get(namespace=namespace, label_selector=selector))
+            lambda: self._resource(api_version, kind).get(namespace=namespace, label_selector=selector),
+            verb="list", resource=kind)
         return [item.to_dict() for item in out.items]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         out = await self._run(
             lambda: self._resource(obj["apiVersion"], obj["kind"]).create(
-                body=obj, namespace=obj["metadata"].get("namespace")))
+                body=obj, namespace=obj["metadata"].get("namespace")), verb="create", resource=obj["kind"])
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def merge_patch(
@@ -93,7 +141,7 @@ class Api:
                 res = res.subresources[subresource]
             return res.patch(body=patch, name=name, namespace=namespace, content_type="application/merge-patch+json")
 
-        out = await self._run(call)
+        out = await self._run(call, verb="patch", resource=kind + (f"/{subresource}" if subresource else ""))
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def strategic_patch(
@@ -101,7 +149,8 @@ class Api:
     ) -> dict[str, Any]:
         out = await self._run(
             lambda: self._resource(api_version, kind).patch(
-                body=patch, name=name, namespace=namespace, content_type="application/strategic-merge-patch+json"))
+                body=patch, name=name, namespace=namespace, content_type="application/strategic-merge-patch+json"),
+            verb="patch", resource=kind)
         return out.to_dict()  # type: ignore[no-any-return]
 
     async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
@@ -111,25 +160,6 @@ class Api:
     async def post_event(
         self, involved: dict[str, Any], type_: str, reason: str, message: str
     ) -> None:
-        """A core/v1 Event on the InferenceEngine (what `kubectl describe ie` shows)."""
-        now = datetime.now(timezone.utc)
-        meta = involved["metadata"]
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
-                "namespace": meta["namespace"], "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "kvpilot"},
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "count": 1,
-            "reportingComponent": "kvpilot",
-            "reportingInstance": "kvpilot",
-        }
-        await self.create(event)
+        """A core/v1 Event on the InferenceEngine (what `kubectl describe ie` shows); a repeat of the same
+        event is counted on the existing one, as the Kubernetes event recorder does."""
+        await self.events.record(involved, type_, reason, message)

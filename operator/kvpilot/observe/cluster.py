@@ -1,4 +1,4 @@
-"""Reads what one reconcile needs from the API server into an ``Observed``."""
+"""Reads what one reconcile needs from the watch cache (``k8s/cache.py``) into an ``Observed``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from kvpilot.desired.observed import (
 )
 from kvpilot.desired.plan import Settings
 from kvpilot.desired.pod_parts import image_for
-from kvpilot.desired.storage import cache_claim_name
-from kvpilot.k8s.api import Api
+from kvpilot.desired.storage import INDEX_CLAIM_UID_KEY, INDEX_MANIFEST_KEY, cache_claim_name
+from kvpilot.k8s.cache import ChildCache
 
 
 def termination_message(pods: list[dict[str, Any]]) -> str:
@@ -33,39 +33,56 @@ def termination_message(pods: list[dict[str, Any]]) -> str:
     return ""
 
 
-def parse_index(config_map: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def parse_index(entries: list[dict[str, Any]], claim: str, claim_uid: str) -> dict[str, dict[str, Any]]:
+    """The engines published on ``claim``, from its engine-index ConfigMaps (one per fingerprint).
+
+    An entry counts only if it was recorded for this very claim (same UID): a claim deleted and re-created
+    under the same name is empty, and trusting its predecessor's entries would start pods on a missing engine.
+    """
     out = {}
-    for fp, text in ((config_map or {}).get("data") or {}).items():
+    for cm in entries:
+        data = cm.get("data") or {}
+        if data.get("claim") != claim or not claim_uid or data.get(INDEX_CLAIM_UID_KEY) != claim_uid:
+            continue
         try:
-            out[fp] = json.loads(text)
+            manifest = json.loads(data.get(INDEX_MANIFEST_KEY) or "")
         except ValueError:
             continue  # a hand-edited entry: ignore it rather than fail every reconcile
+        if isinstance(manifest, dict) and data.get("fingerprint"):
+            out[str(data["fingerprint"])] = manifest
     return out
 
 
-async def observe_engine(
-    api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None
+def observe_engine(
+    cache: ChildCache, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None
 ) -> Observed:
+    """Everything one reconcile reads, from the watch cache: no API call (the cache is primed before the
+    first reconcile and kept current by the watches, so a deletion or an edit is seen like any change)."""
     spec, meta = engine.spec, engine.meta
     ns = meta.namespace
     claim = cache_claim_name(meta, spec)
     index: dict[str, dict[str, Any]] = {}
     claim_phase = None
+    claim_uid = ""
     if claim:
-        pvc = await api.get("v1", "PersistentVolumeClaim", claim, ns)
-        claim_phase = ((pvc or {}).get("status") or {}).get("phase", "Pending") if pvc else None
-        index = parse_index(await api.get("v1", "ConfigMap", L.engine_index_name(claim), ns))
+        pvc = cache.get("PersistentVolumeClaim", ns, claim)
+        if pvc is not None:
+            claim_phase = (pvc.get("status") or {}).get("phase", "Pending")
+            claim_uid = pvc["metadata"].get("uid", "")
+        index = parse_index(cache.index_entries(ns, claim), claim, claim_uid)
     job = None
     if spec.builds_engine:
         image = image_for(spec, settings.kvsim_image, settings.default_image)
         _ceiling, fp = target_fingerprint(spec, status, image)
-        job_obj = await api.get("batch/v1", "Job", L.build_job_name(fp, claim), ns)
+        job_obj = cache.get("Job", ns, L.build_job_name(fp, claim, claim_uid))
         if job_obj is not None:
-            pods = await api.list("v1", "Pod", ns, f"job-name={job_obj['metadata']['name']}")
+            pods = cache.pods_of_job(ns, job_obj["metadata"]["name"])
             waiting = [m for p in pods if (m := pod_state(p).unschedulable_message)]
             job = job_state(job_obj, termination_message(pods), waiting[0] if waiting else None)
-    dep = await api.get("apps/v1", "Deployment", L.deployment_name(meta.name), ns)
-    pods = await api.list("v1", "Pod", ns, L.selector_string(meta.name))
+    dep = cache.get("Deployment", ns, L.deployment_name(meta.name))
+    selector = L.server_selector(meta.name)
+    pods = [p for p in cache.owned("Pod", ns, meta.name)
+            if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
     pod_states = tuple(pod_state(p) for p in pods)
     return Observed(
         status=status,
@@ -74,6 +91,7 @@ async def observe_engine(
         deployment=deployment_state(dep) if dep else None,
         pods=pod_states,
         claim_phase=claim_phase,
+        claim_uid=claim_uid,
         kv=kv,
         startup_seconds=startup_seconds(pod_states),
     )

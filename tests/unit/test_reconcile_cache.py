@@ -1,0 +1,182 @@
+"""The reconcile pass against a fake API boundary: reads come from the watch cache, writes happen only on a
+diff, a hand edit or deletion is restored, a re-created claim is not a cache hit, and every failed write
+reaches status before the pass raises (issues 12 and 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from kvpilot import loop as loop_module
+from kvpilot.desired import labels as L
+from kvpilot.desired.plan import Settings
+from kvpilot.k8s.api import Api
+from kvpilot.k8s.errors import ApiError, Forbidden, Invalid, Transient
+from kvpilot.reconcile import ApplyFailed, reconcile
+from tests.unit.helpers import engine
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+S = Settings()
+
+
+class FakeApi(Api):
+    """The real ``Api`` (its cache, ``apply_owned``) with the wire replaced: writes are recorded and echoed
+    back the way the API server answers them (a resourceVersion, a uid)."""
+
+    def __init__(self) -> None:
+        super().__init__(api_client=object(), pool_size=1)  # type: ignore[arg-type]
+        self.writes: list[tuple[str, str, str]] = []
+        self.fail: dict[tuple[str, str], ApiError] = {}  # (verb, kind) -> error to raise
+        self._rv = itertools.count(100)
+
+    def _echo(self, obj: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(obj)
+        out["metadata"].setdefault("uid", f"uid-{out['metadata']['name']}")
+        out["metadata"]["resourceVersion"] = str(next(self._rv))
+        return out
+
+    def _write(self, verb: str, kind: str, name: str) -> None:
+        self.writes.append((verb, kind, name))
+        if (verb, kind) in self.fail:
+            raise self.fail[(verb, kind)]
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self._write("apply", obj["kind"], obj["metadata"]["name"])
+        return self._echo(obj)
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self._write("create", obj["kind"], obj["metadata"].get("name", ""))
+        return self._echo(obj)
+
+    async def strategic_patch(self, api_version: str, kind: str, name: str, namespace: str,
+                              patch: dict[str, Any]) -> dict[str, Any]:
+        self._write("patch", kind, name)
+        live = copy.deepcopy(self.cache.get(kind, namespace, name) or {"kind": kind, "metadata": {"name": name}})
+        refs = live["metadata"].setdefault("ownerReferences", [])
+        refs += [r for r in patch["metadata"]["ownerReferences"] if r["uid"] not in {x["uid"] for x in refs}]
+        return self._echo(live)
+
+    async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
+        self._write("patch", "InferenceEngine/status", name)
+
+    async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.writes.append(("create", "Event", reason))
+
+
+def claim(uid: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "engines", "namespace": "ns", "uid": uid, "resourceVersion": "1"},
+            "spec": {}, "status": {"phase": "Bound"}}
+
+
+def succeed(api: FakeApi, job_name: str) -> None:
+    job = copy.deepcopy(api.cache.get("Job", "ns", job_name))
+    job["metadata"]["resourceVersion"] = "900"
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}],
+                     "startTime": "2026-11-29T12:00:00Z", "completionTime": "2026-11-29T12:05:00Z"}
+    api.cache.upsert("Job", job)
+
+
+def run(api: FakeApi, e: Any, status: dict[str, Any]) -> dict[str, Any]:
+    p, _observed = asyncio.run(reconcile(api, e, status, S, None, NOW))
+    return p.status
+
+
+def serve(api: FakeApi) -> tuple[Any, dict[str, Any]]:
+    """An engine taken to serving: build Job created, succeeded, index recorded, Deployment applied."""
+    e = engine()
+    api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    status = run(api, e, {})
+    job = status["build"]["job"]
+    assert ("create", "Job", job) in api.writes
+    succeed(api, job)
+    status = run(api, e, status)
+    return e, status
+
+
+def test_an_unchanged_pass_writes_nothing() -> None:
+    api = FakeApi()
+    e, status = serve(api)
+    assert ("apply", "Deployment", "e1") in api.writes and status["build"]["state"] == "Succeeded"
+    status = run(api, e, status)  # sees the Deployment it applied: conditions move once
+    api.writes.clear()
+    for _ in range(3):
+        status = run(api, e, status)
+    assert api.writes == []
+
+
+def test_a_child_edited_or_deleted_out_of_band_is_restored() -> None:
+    api = FakeApi()
+    e, status = serve(api)
+    status = run(api, e, status)
+    api.writes.clear()
+    dep = copy.deepcopy(api.cache.get("Deployment", "ns", "e1"))
+    dep["spec"]["replicas"] = 7  # kubectl scale / edit: the hash annotation is unchanged
+    dep["metadata"]["resourceVersion"] = "5000"
+    api.cache.upsert("Deployment", dep)
+    api.cache.delete("Service", {"metadata": {"name": "e1", "namespace": "ns"}})
+    run(api, e, status)
+    assert sorted(api.writes) == [("apply", "Deployment", "e1"), ("apply", "Service", "e1")]
+
+
+def test_an_entry_of_a_recreated_claim_is_no_cache_hit() -> None:
+    api = FakeApi()
+    e, status = serve(api)
+    status = run(api, e, status)
+    assert len(api.cache.index_entries("ns", "engines")) == 1
+    api.cache.upsert("PersistentVolumeClaim", {**claim("claim-2"), "metadata": {**claim("claim-2")["metadata"],
+                                                                                "resourceVersion": "7000"}})
+    api.writes.clear()
+    other = engine(name="e2", uid="uid-2")  # same build inputs, same claim name: would have been a CacheHit
+    new = run(api, other, {})
+    assert new["build"]["state"] == "Building"
+    assert new["build"]["job"] == L.build_job_name(new["build"]["fingerprint"], "engines", "claim-2")
+    assert new["build"]["job"] != status["build"]["job"]
+    assert ("create", "Job", new["build"]["job"]) in api.writes
+
+
+def test_engines_sharing_a_fingerprint_create_one_job_and_no_conflicts() -> None:
+    api = FakeApi()
+    api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    engines = [engine(name=f"e{i}", uid=f"u{i}") for i in range(5)]
+
+    async def all_at_once() -> None:
+        await asyncio.gather(*(reconcile(api, e, {}, S, None, NOW) for e in engines))
+
+    asyncio.run(all_at_once())
+    jobs = [w for w in api.writes if w[1] == "Job"]
+    assert [w[0] for w in jobs].count("create") == 1
+    assert [w[0] for w in jobs].count("patch") == 4  # each other engine joins as an owner, once
+
+
+@pytest.mark.parametrize("verb,kind", [("apply", "Deployment"), ("create", "Job"), ("apply", "ConfigMap")])
+def test_every_failed_write_reaches_status_before_the_pass_raises(verb: str, kind: str) -> None:
+    api = FakeApi()
+    e = engine()
+    api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    status = run(api, e, {})
+    if kind != "Job":
+        succeed(api, status["build"]["job"])
+    else:
+        api.cache.delete("Job", {"metadata": {"name": status["build"]["job"], "namespace": "ns"}})
+    api.fail[(verb, kind)] = Invalid("HTTP 422: spec.template: Invalid value")
+    api.writes.clear()
+    with pytest.raises(ApplyFailed) as info:
+        asyncio.run(reconcile(api, e, status, S, None, NOW))
+    assert ("patch", "InferenceEngine/status", "e1") in api.writes
+    degraded = {c["type"]: c for c in info.value.status["conditions"]}["Degraded"]
+    assert degraded["status"] == "True" and degraded["reason"] == "ApplyFailed"
+    assert kind in degraded["message"] and "Invalid value" in degraded["message"]
+
+
+def test_errors_a_retry_cannot_fix_back_off_longer() -> None:
+    for failures in range(4):
+        permanent = loop_module.backoff_seconds(ApplyFailed([("Job x", Forbidden("HTTP 403"))]), failures)
+        invalid = loop_module.backoff_seconds(Invalid("HTTP 422"), failures)
+        transient = loop_module.backoff_seconds(ApplyFailed([("Job x", Transient("HTTP 500"))]), failures)
+        assert permanent > transient and invalid > transient
