@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..memory import plan_memory
 
     plan = plan_memory(cfg.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
-                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens)
+                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
+                       runtime_max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len)
     _log(f"kvsim simulated backend: profile {settings.profile_name} ({cfg.profile.name}), backend {settings.backend}, "
          f"speedup x{settings.speedup:g}")
     _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")
