@@ -39,6 +39,18 @@ PROACTIVE_MIN_OCCUPANCY = 0.10  # below this the latency model has too little da
 MAX_LOWER_FACTOR = 0.5
 MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
+PROACTIVE_RAISES = False  # raising a limit that does not bind yet ("Headroom") is off: it is not do-no-harm
+REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
+MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
+
+
+@dataclass(frozen=True)
+class AppliedChange:
+    """One applied change of the runtime limit (status.autotune.history)."""
+
+    at: datetime
+    from_value: int
+    to_value: int
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,12 @@ class TunerInput:
     replicas: int = 1  # serving pods; a change restarts each of them in turn
     restart_seconds: float = 120.0  # measured start-to-Ready time of a pod (the cost of a change)
     build_seconds: float = 1200.0  # how long an engine build takes (the last one, when known)
+    # Applied changes, newest first (from status.autotune.history): no A->B->A within a planning horizon.
+    recent_changes: tuple[AppliedChange, ...] = ()
+    # Pods that should be reporting (the serving replicas); a window from fewer is partial. 0: unknown.
+    expected_pods: int = 0
+    # The rollout strategy in force: with surge (maxSurge >= 1, maxUnavailable 0) capacity never drops.
+    surge: bool = False
 
 
 @dataclass(frozen=True)
@@ -235,6 +253,10 @@ def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
     load = max(w.mean_active / max(1, cur), _load(inp, w))
     absorbable = (n - 1) / n
     idle = _hold(inp, "NoPressure", f"Requests are admitted in time; load {load:.0%} of capacity; {util}")
+    if not PROACTIVE_RAISES:
+        # Do no harm: a limit that does not bind costs nothing, and a restart does. Measured on the suite
+        # (docs/tuner-suite.md), raising ahead of need never paid for its restart.
+        return idle
     if n < 2 or load < PROACTIVE_MIN_OCCUPANCY or load > PROACTIVE_MAX_LOAD * absorbable:
         return idle
     target_u = inp.spec.target_kv_cache_utilization_percent / 100
@@ -263,7 +285,11 @@ def decide(inp: TunerInput) -> Decision:
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
         return _hold(inp, "InsufficientData", "Not enough warm metrics in the window")
+    if inp.expected_pods and w.pods < inp.expected_pods:
+        return _hold(inp, "PartialSignals", f"Only {w.pods} of {inp.expected_pods} pods gave warm metrics "
+                     f"(warming up or scrapes failing); a partial view is no reason to restart")
     decision = _decide_from_signals(inp, w, lo, hi)
+    decision = _no_harm(inp, w, decision)
     if inp.last_applied_at is not None and decision.changes:
         elapsed = (inp.now - inp.last_applied_at).total_seconds()
         # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
@@ -343,3 +369,40 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
                         f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)
     return _move(inp, wanted, "QueueWithHeadroom", f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
                  f"{verdict}")
+
+
+def _no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
+    """The guarantees every change must pass, whatever proposed it.
+
+    * no A->B->A within a planning horizon: a change never returns to (or past) a value the limit left less
+      than a horizon ago;
+    * a lower right after a raise needs stronger evidence than the raise had: paused requests, or a large
+      share of TPOT misses (a p95 over the objective alone is not enough);
+    * a raise must promise real capacity (the fitted step latency says decode throughput grows by
+      MIN_CAPACITY_GAIN at least): when the iteration time grows as fast as the batch, a larger batch only
+      makes every token slower.
+    """
+    if decision.action not in ("Raise", "Lower"):
+        return decision
+    horizon = PLANNING_HORIZON_SECONDS
+    for change in inp.recent_changes:
+        if (inp.now - change.at).total_seconds() >= horizon:
+            break
+        raised = change.to_value > change.from_value
+        back = decision.target <= change.from_value if raised else decision.target >= change.from_value
+        if back and decision.action == ("Lower" if raised else "Raise"):
+            return _hold(inp, "WouldOscillate", f"{decision.message}; but the limit left {change.from_value} less "
+                         f"than {horizon:.0f}s ago: no A->B->A within a planning horizon")
+    last = inp.recent_changes[0] if inp.recent_changes else None
+    if (decision.action == "Lower" and last is not None and last.to_value > last.from_value
+            and (inp.now - last.at).total_seconds() < horizon):
+        strong = w.paused > 0 or (w.tpot_miss_fraction or 0.0) >= REVERSAL_MIN_TPOT_MISSES
+        if not strong:
+            return _hold(inp, "RecentRaise", f"{decision.message}; a lower right after a raise needs stronger "
+                         f"evidence (paused requests or >= {REVERSAL_MIN_TPOT_MISSES:.0%} TPOT misses)")
+    if decision.action == "Raise" and decision.reason != "OutOfBounds":
+        gain = _capacity_gain(w, inp.current, decision.target)
+        if gain < MIN_CAPACITY_GAIN:
+            return _hold(inp, "NoCapacityGain", f"{decision.message}; but the fitted step latency predicts only "
+                         f"x{gain:.2f} decode throughput at {decision.target}: not worth a restart")
+    return decision

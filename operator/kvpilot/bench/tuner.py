@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 import sys
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
+from kvsim.config import CapacityPolicy
 from kvsim.workload import load_workload
 
 from kvpilot.api.crd import spec_openapi
@@ -55,9 +57,12 @@ def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: floa
             "finished": finished, "requests": total}
 
 
-def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: bool = False) -> EngineConfig:
+def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: bool = False,
+                  policy: str = "GuaranteedNoEvict") -> EngineConfig:
+    capacity = CapacityPolicy.MAX_UTILIZATION if policy == "MaxUtilization" else CapacityPolicy.GUARANTEED_NO_EVICT
     return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=runtime,
-                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner)
+                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner,
+                        capacity_policy=capacity)
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
@@ -70,7 +75,8 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
     return goodput(fleet.records, len(requests), slo, duration_s)
 
 
-def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int) -> InferenceEngine:
+def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
+                 policy: str = "GuaranteedNoEvict", autotune_max: int | None = None) -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults."""
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
@@ -78,10 +84,10 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
             "model": {"source": "pvc://models/bench", "architecture": "llama"},
             "runtime": {"backend": "simulated", "simulation": {"profile": profile}},
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
-            "batching": {"maxBatchSize": min(start, ceiling)},
+            "batching": {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy},
             "engineCache": {"claimName": "engines"},
             "serving": {"replicas": replicas},
-            "autotune": {"mode": "Auto", "maxBatchSize": ceiling,
+            "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling,
                          "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
         },
     }
@@ -127,13 +133,20 @@ def _share_over(values: list[float], limit: float) -> float | None:
 
 
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
-                  slo: Slo, horizon_s: float, duration_s: float, start: int = 64) -> dict[str, Any]:
-    engine = tuned_engine(profile, ceiling, slo, start, replicas)
+                  slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
+                  autotune_max: int | None = None, series: bool = False) -> dict[str, Any]:
+    """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
+    interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions)."""
+    engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max)
     interval = float(engine.spec.autotune.interval_seconds)
     status: dict[str, Any] = {}
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
-    fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size), replicas, restart_s)
+    fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
+                  restart_s)
+    points: list[dict[str, Any]] = []
+    decision_cpu: list[float] = []
+    arrived_before = 0
     ready_at = {r.name: 0.0 for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
     while True:
@@ -154,17 +167,36 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo)
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s)
+            started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
+            decision_cpu.append(time.process_time() - started)
             status = p.status
             want = status["batching"]["maxBatchSize"]
             if _target(fleet) != want:
-                fleet.roll_to(engine_config(profile, ceiling, want))
+                fleet.roll_to(engine_config(profile, ceiling, want, policy=policy))
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"]})
+            if series:
+                points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo))
+            arrived_before = i
     result = goodput(fleet.records, len(requests), slo, duration_s)
     result.update({"changes": changes, "final": _target(fleet), "history": history,
-                   "restarts": sum(r.restarts for r in fleet.replicas)})
+                   "restarts": sum(r.restarts for r in fleet.replicas),
+                   "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),
+                                     "max": 1e3 * max(decision_cpu, default=0.0), "decisions": len(decision_cpu)}})
+    if series:
+        result["series"] = points
     return result
+
+
+def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | None, slo: Slo) -> dict[str, Any]:
+    """One time-series point of a tuned run (what the docs' plots show)."""
+    met = None
+    if w is not None and w.ttft_miss_fraction is not None:
+        met = max(0.0, 1.0 - w.ttft_miss_fraction - (w.tpot_miss_fraction or 0.0))
+    return {"t": round(t), "offered": arrivals / interval, "limit": limit,
+            "kv": None if w is None else w.peak_utilization, "ttftP95": None if w is None else w.ttft_p95_ms,
+            "tpotP95": None if w is None else w.tpot_p95_ms, "attainment": met}
 
 
 def _target(fleet: Fleet) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
-from kvpilot.autotune.policy import Decision, TunerInput, decide
+from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
 from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
@@ -91,8 +91,25 @@ def _tune(
             replicas=spec.serving.replicas,
             restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
             build_seconds=_last_build_seconds(observed.status) or DEFAULT_BUILD_SECONDS,
+            recent_changes=_recent_changes(observed.status, now),
+            expected_pods=spec.serving.replicas,
+            surge=spec.serving.rollout.max_surge >= 1 and spec.serving.rollout.max_unavailable == 0,
         )
     )
+
+
+def _recent_changes(status: dict[str, Any], now: datetime) -> tuple[AppliedChange, ...]:
+    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
+    out = []
+    for record in (status.get("autotune") or {}).get("history") or []:
+        if not record.get("applied") or record.get("action") not in ("Raise", "Lower"):
+            continue
+        try:
+            at = datetime.strptime(record["at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+            out.append(AppliedChange(at, int(record["fromBatchSize"]), int(record["toBatchSize"])))
+        except (KeyError, TypeError, ValueError):
+            continue  # a hand-edited or older record: ignored, not fatal
+    return tuple(out)
 
 
 def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:

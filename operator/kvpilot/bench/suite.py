@@ -1,0 +1,253 @@
+"""``kvpilot bench tuner --suite``: the autotuner against doing nothing, the best static value and hindsight.
+
+Each case is a workload on a profile with SLOs. Per case the suite runs the static sweep (every value in
+``SWEEP`` within the tuner's bounds, with no restart), takes the oracle static (the best of the sweep), builds
+the hindsight-best schedule (the best static value of each phase, one change at each phase boundary, paying
+the rolling restart; never worse than the oracle, which is the schedule that never changes) and runs the
+operator's tuner in the loop (``run_autotuned``). The cases cover where the knob does not matter as well as
+where it does, and the table says which is which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsim import Request
+from kvsim.workload import parse_workload
+
+from kvpilot.bench.fleet import Fleet
+from kvpilot.bench.tuner import Slo, engine_config, goodput, run_autotuned, run_static
+
+SWEEP = (32, 64, 128, 256, 512, 1024)
+CEILING = 1024
+START = 64
+
+
+def _lognormal(mean: int, median: int, high: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"distribution": "lognormal", "mean": mean, "median": median}
+    if high:
+        out["max"] = high
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    profile: str
+    covers: str  # which part of the coverage the case stands for
+    phases: tuple[tuple[float, float], ...]  # (seconds, requests per second)
+    prompt: tuple[int, int]  # lognormal (mean, median)
+    output: tuple[int, int]
+    max_tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    replicas: int = 2
+    restart_s: float = 90.0
+    policy: str = "GuaranteedNoEvict"
+    process: str = "poisson"
+    cv: float = 1.0
+    seed: int = 7
+    prompt_cap: int | None = None
+    steady: bool = True  # one phase: at most one change after settling is allowed
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def requests(self) -> list[Request]:
+        doc = {
+            "name": self.name, "seed": self.seed, "maxTokens": self.max_tokens,
+            "inputTokens": _lognormal(*self.prompt, self.prompt_cap),
+            "outputTokens": _lognormal(*self.output),
+            "arrivals": [{"durationSeconds": d, "ratePerSecond": r, "process": self.process, "cv": self.cv}
+                         for d, r in self.phases],
+        }
+        return parse_workload(doc, f"suite case {self.name}").requests()
+
+    @property
+    def duration_s(self) -> float:
+        return sum(d for d, _ in self.phases)
+
+    @property
+    def boundaries(self) -> list[float]:
+        out, t = [], 0.0
+        for d, _ in self.phases[:-1]:
+            t += d
+            out.append(t)
+        return out
+
+
+CASES: tuple[Case, ...] = (
+    Case("light-chat", "llama-3.1-8b-fp8-h100", "light load: nothing to change",
+         ((1200, 4.0),), (600, 400), (250, 180), 1024, 2000, 50),
+    Case("light-a100", "llama-3.1-8b-bf16-a100", "light load on A100",
+         ((1200, 2.0),), (800, 500), (300, 220), 1024, 3000, 60),
+    Case("tight-tpot-overload", "llama-3.1-8b-fp8-h100", "overload with a tight TPOT objective (interior optimum)",
+         ((1200, 40.0),), (600, 400), (250, 180), 1024, 3000, 14),
+    Case("short-highrate", "llama-3.1-8b-fp8-h100", "high-rate short requests where 64 is too low",
+         ((1200, 120.0),), (150, 120), (100, 80), 256, 2000, 60),
+    Case("short-highrate-h200", "llama-3.1-8b-fp8-h200", "high-rate short requests on H200",
+         ((1200, 150.0),), (150, 120), (100, 80), 256, 2000, 60),
+    Case("longctx-maxutil-l4", "llama-3.1-8b-fp8-l4", "long context, KV-scarce 24 GB, MaxUtilization (pausing)",
+         ((1200, 1.2),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
+    Case("longctx-maxutil-l40s", "llama-3.1-8b-fp8-l40s", "long context, KV-scarce 48 GB, MaxUtilization",
+         ((1200, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
+    Case("phase-shift", "llama-3.1-8b-fp8-h100", "phase shift: light long prompts, then a flood of short ones",
+         ((600, 3.0), (1200, 120.0)), (200, 150), (100, 80), 256, 2000, 60, steady=False),
+    Case("burst", "llama-3.1-8b-bf16-a100", "bursty arrivals (gamma, cv 3)",
+         ((1200, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
+    Case("70b-tp2-4to12", "llama-3.1-70b-fp8-h100-tp2", "issue case: 70B TP2, 4 then 12 req/s",
+         ((600, 4.0), (1200, 12.0)), (700, 500), (300, 220), 1024, 3000, 40, steady=False),
+    Case("70b-tp2-steady", "llama-3.1-70b-fp8-h100-tp2", "70B tensor-parallel, steady",
+         ((1200, 6.0),), (700, 500), (300, 220), 1024, 3000, 40),
+    Case("ramp-a100", "llama-3.1-8b-bf16-a100", "issue case: held-out ramp on A100",
+         ((300, 2.0), (300, 5.0), (300, 10.0), (300, 16.0), (300, 22.0)), (700, 500), (300, 220), 1024, 3000, 60,
+         steady=False),
+    Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
+         ((1200, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
+)
+
+
+def _phase_goodput(records: list, case: Case, start: float, end: float) -> int:
+    slo = Slo(case.ttft_ms, case.tpot_ms)
+    return sum(
+        1 for r in records
+        if start <= r.arrival_s < end and r.finish_s is not None and r.ttft_s is not None
+        and r.ttft_s * 1e3 <= slo.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= slo.tpot_ms)
+    )
+
+
+def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: float) -> tuple[dict, list]:
+    fleet = Fleet(engine_config(case.profile, CEILING, mbs, policy=case.policy), case.replicas, restart_s=0.0)
+    for req in requests:
+        fleet.advance(req.arrival_s)
+        fleet.submit(req)
+    fleet.advance(horizon)
+    return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s), fleet.records
+
+
+def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict:
+    """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
+    fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
+                  case.restart_s)
+    boundaries = case.boundaries
+    b = 0
+    for req in requests:
+        while b < len(boundaries) and req.arrival_s >= boundaries[b]:
+            _advance_through_rollout(fleet, boundaries[b])
+            if schedule[b + 1] != schedule[b]:
+                fleet.roll_to(engine_config(case.profile, CEILING, schedule[b + 1], policy=case.policy))
+            b += 1
+        _advance_through_rollout(fleet, req.arrival_s)
+        fleet.submit(req)
+    _advance_through_rollout(fleet, horizon)
+    return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
+
+
+def _advance_through_rollout(fleet: Fleet, t: float) -> None:
+    while fleet.next_transition() < t:
+        fleet.advance(fleet.next_transition())
+    fleet.advance(t)
+
+
+def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
+    started = time.process_time()
+    requests = case.requests()
+    horizon = case.duration_s + 120.0
+    sweep, per_phase = {}, {}
+    edges = [0.0] + case.boundaries + [case.duration_s]
+    for mbs in SWEEP:
+        result, records = _run_static_records(requests, case, mbs, horizon)
+        sweep[mbs] = result["goodput"]
+        per_phase[mbs] = [_phase_goodput(records, case, edges[k], edges[k + 1]) for k in range(len(edges) - 1)]
+    oracle = max(sweep, key=lambda m: (sweep[m], -abs(math.log(m / START))))
+    hindsight = {"schedule": [oracle], "goodput": sweep[oracle]}
+    if case.boundaries:
+        schedule = [max(SWEEP, key=lambda m, k=k: (per_phase[m][k], -abs(math.log(m / oracle))))
+                    for k in range(len(edges) - 1)]
+        if len(set(schedule)) > 1:
+            scheduled = _run_schedule(requests, case, schedule, horizon)
+            if scheduled["goodput"] > hindsight["goodput"]:
+                hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
+    tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
+                          Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,
+                          policy=case.policy, autotune_max=CEILING, series=series)
+    a, o, s, h = tuned["goodput"], sweep[oracle], sweep[START], hindsight["goodput"]
+    out = {
+        "case": case.name, "profile": case.profile, "covers": case.covers, "policy": case.policy,
+        "requests": len(requests), "sweep": {str(k): v for k, v in sweep.items()},
+        "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
+        "hindsight": hindsight, "autotuned": tuned,
+        "ratios": {"overStart": a / s if s else math.nan, "overOracle": a / o if o else math.nan,
+                   "hindsightOverOracle": h / o if o else math.nan},
+        "knobMatters": (max(sweep.values()) - min(sweep.values())) > 0.03 * max(sweep.values()),
+        "cpuSeconds": time.process_time() - started,
+    }
+    out["criteria"] = criteria(out, case)
+    log(f"{case.name:22s} start {s:7.3f} oracle {o:7.3f}@{oracle:<4d} hindsight {h:7.3f} tuned {a:7.3f} "
+        f"changes {tuned['changes']} final {tuned['final']} ({out['cpuSeconds']:.0f}s)")
+    return out
+
+
+def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
+    """The issue's done-when figures for one case."""
+    r = row["ratios"]
+    history = [h["to"] for h in row["autotuned"]["history"]]
+    values = [START] + history
+    oscillates = any(values[k] == values[k + 2] for k in range(len(values) - 2))
+    return {
+        "neverLose": r["overStart"] >= 0.98,
+        "nearOracle": r["overOracle"] >= 0.97,
+        "winsWhereHindsightDoes": r["hindsightOverOracle"] < 1.1 or r["overOracle"] >= 1.05,
+        "steadyChanges": not case.steady or len(history) <= 2,
+        "noOscillation": not oscillates,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| case | profile | start 64 | oracle (value) | hindsight | autotuned | /start | /oracle | changes "
+            "| final | knob matters | criteria |")
+    lines = [head, "|" + "---|" * 12]
+    for row in rows:
+        a = row["autotuned"]
+        ok = all(row["criteria"].values())
+        failed = ", ".join(k for k, v in row["criteria"].items() if not v)
+        lines.append(
+            f"| {row['case']} | {row['profile']} | {row['start']['goodput']:.3f} | "
+            f"{row['oracle']['goodput']:.3f} ({row['oracle']['maxBatchSize']}) | {row['hindsight']['goodput']:.3f} | "
+            f"{a['goodput']:.3f} | {row['ratios']['overStart']:.3f} | {row['ratios']['overOracle']:.3f} | "
+            f"{a['changes']} | {a['final']} | {'yes' if row['knobMatters'] else 'no'} | "
+            f"{'pass' if ok else 'FAIL: ' + failed} |")
+    return "\n".join(lines)
+
+
+def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False) -> dict[str, Any]:
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
+    started = time.perf_counter()
+    cpu = time.process_time()
+    cases = [c for c in CASES if not only or c.name in only]
+    rows = [run_case(c, series=series, log=log) for c in cases]
+    decision = [r["autotuned"]["decisionCpuMs"] for r in rows]
+    out = {
+        "cases": rows,
+        "wallSeconds": time.perf_counter() - started, "cpuSeconds": time.process_time() - cpu,
+        "decisionCpuMs": {"mean": sum(d["mean"] * d["decisions"] for d in decision)
+                          / max(1, sum(d["decisions"] for d in decision)),
+                          "max": max((d["max"] for d in decision), default=0.0)},
+        "allPass": all(all(r["criteria"].values()) for r in rows),
+    }
+    return out
+
+
+def main(as_json: bool, only: list[str] | None = None) -> int:
+    out = run_suite(as_json, only)
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(table(out["cases"]))
+        print(f"suite: {out['cpuSeconds']:.0f} CPU-s ({out['wallSeconds']:.0f}s wall); decision CPU "
+              f"{out['decisionCpuMs']['mean']:.2f} ms mean, {out['decisionCpuMs']['max']:.1f} ms max; "
+              f"all criteria {'hold' if out['allPass'] else 'do NOT all hold'}")
+    return 0
