@@ -81,32 +81,32 @@ class Case:
 
 CASES: tuple[Case, ...] = (
     Case("light-chat", "llama-3.1-8b-fp8-h100", "light load: nothing to change",
-         ((1200, 4.0),), (600, 400), (250, 180), 1024, 2000, 50),
+         ((900, 4.0),), (600, 400), (250, 180), 1024, 2000, 50),
     Case("light-a100", "llama-3.1-8b-bf16-a100", "light load on A100",
-         ((1200, 2.0),), (800, 500), (300, 220), 1024, 3000, 60),
-    Case("tight-tpot-overload", "llama-3.1-8b-fp8-h100", "overload with a tight TPOT objective (interior optimum)",
-         ((1200, 40.0),), (600, 400), (250, 180), 1024, 3000, 14),
-    Case("short-highrate", "llama-3.1-8b-fp8-h100", "high-rate short requests where 64 is too low",
-         ((1200, 120.0),), (150, 120), (100, 80), 256, 2000, 60),
-    Case("short-highrate-h200", "llama-3.1-8b-fp8-h200", "high-rate short requests on H200",
-         ((1200, 150.0),), (150, 120), (100, 80), 256, 2000, 60),
+         ((900, 2.0),), (800, 500), (300, 220), 1024, 3000, 60),
+    Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
+         ((900, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
+    Case("tight-tpot-overload", "llama-3.1-8b-bf16-a100", "overload with a tight TPOT objective (interior optimum)",
+         ((900, 12.0),), (600, 400), (250, 180), 1024, 3000, 20),
+    Case("short-highrate-l40s", "llama-3.1-8b-fp8-l40s", "high-rate short prompts where 64 is too low",
+         ((900, 36.0),), (150, 120), (250, 200), 512, 2000, 60),
+    Case("short-highrate-a100", "llama-3.1-8b-bf16-a100", "high-rate short prompts on A100",
+         ((900, 30.0),), (150, 120), (300, 220), 512, 2000, 60),
     Case("longctx-maxutil-l4", "llama-3.1-8b-fp8-l4", "long context, KV-scarce 24 GB, MaxUtilization (pausing)",
-         ((1200, 1.2),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
+         ((900, 1.2),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
     Case("longctx-maxutil-l40s", "llama-3.1-8b-fp8-l40s", "long context, KV-scarce 48 GB, MaxUtilization",
-         ((1200, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
-    Case("phase-shift", "llama-3.1-8b-fp8-h100", "phase shift: light long prompts, then a flood of short ones",
-         ((600, 3.0), (1200, 120.0)), (200, 150), (100, 80), 256, 2000, 60, steady=False),
-    Case("burst", "llama-3.1-8b-bf16-a100", "bursty arrivals (gamma, cv 3)",
-         ((1200, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
+         ((900, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
+    Case("phase-shift-l40s", "llama-3.1-8b-fp8-l40s", "phase shift: light long prompts, then a flood of short ones",
+         ((600, 2.0), (900, 36.0)), (200, 150), (250, 200), 512, 2000, 60, steady=False),
+    Case("burst-a100", "llama-3.1-8b-bf16-a100", "bursty arrivals (gamma, cv 3)",
+         ((900, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
     Case("70b-tp2-4to12", "llama-3.1-70b-fp8-h100-tp2", "issue case: 70B TP2, 4 then 12 req/s",
          ((600, 4.0), (1200, 12.0)), (700, 500), (300, 220), 1024, 3000, 40, steady=False),
     Case("70b-tp2-steady", "llama-3.1-70b-fp8-h100-tp2", "70B tensor-parallel, steady",
-         ((1200, 6.0),), (700, 500), (300, 220), 1024, 3000, 40),
+         ((900, 6.0),), (700, 500), (300, 220), 1024, 3000, 40),
     Case("ramp-a100", "llama-3.1-8b-bf16-a100", "issue case: held-out ramp on A100",
-         ((300, 2.0), (300, 5.0), (300, 10.0), (300, 16.0), (300, 22.0)), (700, 500), (300, 220), 1024, 3000, 60,
+         ((300, 2.0), (300, 6.0), (300, 12.0), (300, 20.0), (300, 28.0)), (700, 500), (300, 220), 1024, 3000, 60,
          steady=False),
-    Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
-         ((1200, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
 )
 
 
@@ -242,7 +242,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
 
 
 def main(as_json: bool, only: list[str] | None = None) -> int:
-    out = run_suite(as_json, only)
+    out = run_suite(as_json, only, series=as_json)
     if as_json:
         print(json.dumps(out, indent=2))
     else:
