@@ -195,10 +195,11 @@ def test_a_lower_right_after_a_raise_needs_stronger_evidence() -> None:
     raised = (AppliedChange(NOW - timedelta(minutes=20), 64, 256),)
     slo = replace(SPEC, slo=SloSpec(None, 50))
     weak = replace(window(util=0.5, active=256, queued=5, tpot=80), tpot_miss_fraction=0.08)
-    d = decide(inp(current=256, spec=slo, recent_changes=raised, w=weak))
+    # surge rollouts make the restart cheap, so only the reversal rule stands in the way
+    d = decide(inp(current=256, spec=slo, recent_changes=raised, w=weak, surge=True))
     assert (d.action, d.reason) == ("Hold", "RecentRaise"), d.message
     strong = replace(weak, tpot_miss_fraction=0.4)
-    d = decide(inp(current=256, spec=slo, recent_changes=raised, w=strong))
+    d = decide(inp(current=256, spec=slo, recent_changes=raised, w=strong, surge=True))
     assert d.action == "Lower" and d.target > 64, d.message
 
 
@@ -214,3 +215,16 @@ def test_a_limit_that_does_not_bind_is_never_raised_ahead_of_need() -> None:
                 completion_rate=5.0, mean_generation=30)
     d = decide(inp(current=64, replicas=8, spec=SLO_SPEC, w=w))
     assert (d.action, d.reason) == ("Hold", "NoPressure"), d.message
+
+
+def test_a_tpot_lower_must_pay_for_its_restart() -> None:
+    slo = replace(SPEC, slo=SloSpec(None, 50))
+    few = replace(window(util=0.5, active=64, queued=5, tpot=60), tpot_miss_fraction=0.08)
+    d = decide(inp(spec=slo, w=few, replicas=2, restart_seconds=90))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+    # the same misses with a surge rollout (capacity never drops) are worth a lower
+    d = decide(inp(spec=slo, w=few, replicas=2, restart_seconds=90, surge=True))
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+    many = replace(few, tpot_miss_fraction=0.6)
+    d = decide(inp(spec=slo, w=many, replicas=2, restart_seconds=90))
+    assert d.action == "Lower", d.message

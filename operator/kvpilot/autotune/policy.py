@@ -41,6 +41,7 @@ MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
 PROACTIVE_RAISES = False  # raising a limit that does not bind yet ("Headroom") is off: it is not do-no-harm
 REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
+LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
 
 
@@ -188,6 +189,30 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int,
     return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
 
 
+def restart_cost_seconds(inp: TunerInput, load: float) -> float:
+    """Seconds of the fleet's traffic a rolling restart makes miss (a fluid model; the rollout in force).
+
+    With surge (a new pod is Ready before an old one stops) capacity never drops: only the requests cut off
+    or slowed by the switch count, about a tenth of a restart per pod. Without surge, each of the N pods is
+    down ``restart_seconds`` in turn; the others carry (N-1)/N of the capacity, so the share of traffic over
+    that misses while one pod is down, and about as long again while the backlog drains."""
+    n = max(1, inp.replicas)
+    per_pod = inp.restart_seconds
+    if inp.surge:
+        return 0.1 * per_pod * n
+    excess = max(0.0, load - (n - 1) / n) / max(load, 1e-9)
+    return n * per_pod * (excess * 2.0 + 0.1)
+
+
+def _lower_pays(inp: TunerInput, w: KvWindow, misses: float) -> tuple[bool, str]:
+    """A protective lower is worth it when the misses it may fix over the horizon (prudently, half of them)
+    exceed LOWER_MARGIN times what the restart costs."""
+    load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
+    cost = restart_cost_seconds(inp, load)
+    benefit = 0.5 * misses * PLANNING_HORIZON_SECONDS
+    return benefit > LOWER_MARGIN * cost, f"misses fixed {benefit:.0f}s vs restart {cost:.0f}s of traffic"
+
+
 def _protect(inp: TunerInput, w: KvWindow, target: int, reason: str, why: str) -> Decision:
     """A protective lower, unless the new limit would still be above every batch the pods ran."""
     if target >= w.peak_active:
@@ -324,7 +349,11 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     if broken:
         objective = inp.spec.slo.time_per_output_token_millis or 1  # type: ignore[union-attr]
         scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
-        return _protect(inp, w, math.floor(cur * scale), "TpotObjectiveBroken", broken)
+        misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
+        worth, verdict = _lower_pays(inp, w, misses)
+        if not worth:
+            return _hold(inp, "NotWorthARestart", f"{broken}; lowering would cost more than it saves ({verdict})")
+        return _protect(inp, w, math.floor(cur * scale), "TpotObjectiveBroken", f"{broken}; {verdict}")
 
     # Too small: requests wait (or miss TTFT) while the batch is full and the pool has room.
     pressure = _pressure(inp, w)
