@@ -110,6 +110,9 @@ class Observed:
     claim_phase: str | None = None  # the cache claim's phase, None when absent
     kv: KvWindow | None = None
     startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
+    # Whether a GPU of the serving pods' product is free for one surge pod (None: not observed). Read by
+    # desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
+    spare_gpu: bool | None = None
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

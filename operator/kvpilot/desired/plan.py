@@ -14,6 +14,7 @@ from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.desired.rollout import rolling_update, surge_in_force
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
 from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
@@ -62,10 +63,12 @@ class Plan:
 
 
 def _serving_children(
-    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int
+    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int,
+    spare_gpu: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch)
-    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm)
+    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm,
+                             rolling_update(engine.spec.serving.rollout, spare_gpu))
     return cm, dep
 
 
@@ -93,7 +96,7 @@ def _tune(
             build_seconds=_last_build_seconds(observed.status) or DEFAULT_BUILD_SECONDS,
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
-            surge=spec.serving.rollout.max_surge >= 1 and spec.serving.rollout.max_unavailable == 0,
+            surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
         )
     )
 
@@ -142,7 +145,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     batch, reason, message = value_in_force(spec, previous_batching, ceiling)
 
     can_serve = served is not None or not spec.builds_engine
-    cm, dep = _serving_children(engine, served, serve_image, claim, batch) if can_serve else ({}, {})
+    cm, dep = _serving_children(engine, served, serve_image, claim, batch, observed.spare_gpu) if can_serve else ({}, {})
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
@@ -157,7 +160,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         batch = decision.target
         reason = "AutotuneRaised" if decision.action == "Raise" else "AutotuneLowered"
         message = decision.message
-        cm, dep = _serving_children(engine, served, serve_image, claim, batch)
+        cm, dep = _serving_children(engine, served, serve_image, claim, batch, observed.spare_gpu)
         conds, rolling = compute_conditions(
             spec, build, obs, claim, serving_fp, can_serve, str(batch), serving.config_hash(cm)
         )
