@@ -15,10 +15,13 @@ rolling out. It reads the signals TensorRT-LLM actually gives:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from kvpilot.api.models import AutotuneSpec
+from kvpilot.autotune.whatif import Engine as WhatIfEngine
+from kvpilot.autotune.whatif import candidates as what_if_candidates
+from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.desired.observed import KvWindow
 
 HYSTERESIS = 0.05  # utilization band around the target where the tuner does not move
@@ -76,6 +79,9 @@ class TunerInput:
     expected_pods: int = 0
     # The rollout strategy in force: with surge (maxSurge >= 1, maxUnavailable 0) capacity never drops.
     surge: bool = False
+    # The engine model for a what-if simulation of a proposed change (kvsim; autotune/whatif.py). None: the
+    # rules alone decide (a real engine whose model and GPU have no kvsim profile).
+    what_if: WhatIfEngine | None = None
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,14 @@ def decide(inp: TunerInput) -> Decision:
                      f"(warming up or scrapes failing); a partial view is no reason to restart")
     decision = _decide_from_signals(inp, w, lo, hi)
     decision = _no_harm(inp, w, decision)
+    if decision.action in ("Raise", "Lower") and inp.what_if is not None:
+        options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
+                   if _no_harm(inp, w, replace(decision, target=c)).changes]
+        best, why = what_if_verdict(inp.what_if, w, inp.current, options)
+        if best is None and why != "no traffic fit":
+            return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
+        if best is not None:
+            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     if inp.last_applied_at is not None and decision.changes:
         elapsed = (inp.now - inp.last_applied_at).total_seconds()
         # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,

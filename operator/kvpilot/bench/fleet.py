@@ -26,6 +26,8 @@ class Replica:
     next_config: EngineConfig | None = None
     restarts: int = 0
     held: list[RequestRecord] = field(default_factory=list)
+    replaces: Replica | None = None  # surge: the old replica this new one takes over from once Ready
+    retire: bool = False  # surge: an old replica draining out of the fleet
 
     def load(self) -> int:
         """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
@@ -38,8 +40,10 @@ class Fleet:
     queue does; the rest waits at the balancer and is dropped (a miss) after ``client_timeout_s``."""
 
     def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
-                 queue_factor: float = 2.0, client_timeout_s: float = 60.0):
+                 queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False):
+        """``surge``: roll with maxSurge 1, maxUnavailable 0 (a new pod becomes Ready before an old one drains)."""
         self.restart_s = restart_s
+        self.surge = surge
         self.queue_factor = queue_factor
         self.client_timeout_s = client_timeout_s
         self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
@@ -97,7 +101,7 @@ class Fleet:
         return any(r.state != "up" or r.next_config is not None for r in self.replicas)
 
     def roll_to(self, config: EngineConfig) -> None:
-        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1)."""
+        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1; or with surge)."""
         for r in self.replicas:
             if r.config != config:
                 r.next_config = config
@@ -109,14 +113,31 @@ class Fleet:
     def _start_next_restart(self) -> None:
         if any(r.state != "up" for r in self.replicas):
             return
+        if self.surge:
+            for r in self.replicas:
+                if r.next_config is not None:
+                    new = Replica(r.name + "'", r.next_config, Engine(r.next_config, epoch_s=r.engine.epoch_s),
+                                  state="down", until_s=self.now + self.restart_s, restarts=r.restarts + 1, replaces=r)
+                    self.replicas.append(new)
+                    return
+            return
         for r in self.replicas:
             if r.next_config is not None:
                 r.state, r.until_s = "draining", self.now + GRACE_SECONDS
                 return
 
     def _transitions(self) -> None:
-        for r in self.replicas:
-            if r.state == "draining" and (r.load() == 0 or self.now >= r.until_s):
+        for r in list(self.replicas):
+            if r.retire and (r.load() == 0 or self.now >= r.until_s):
+                self.lost += [x for x in r.held if x.finish_s is None]
+                self.replicas.remove(r)
+                self._start_next_restart()
+            elif r.replaces is not None and r.state == "down" and self.now >= r.until_s:
+                old, r.replaces = r.replaces, None
+                r.engine.advance_to(self.now)
+                r.state = "up"
+                old.state, old.until_s, old.next_config, old.retire = "draining", self.now + GRACE_SECONDS, None, True
+            elif r.state == "draining" and (r.load() == 0 or self.now >= r.until_s):
                 self.lost += [x for x in r.held if x.finish_s is None]  # cut off by the restart
                 r.held = []
                 r.state, r.until_s = "down", self.now + self.restart_s

@@ -54,6 +54,7 @@ class Case:
     seed: int = 7
     prompt_cap: int | None = None
     steady: bool = True  # one phase: at most one change after settling is allowed
+    surge: bool = False  # roll with maxSurge 1 / maxUnavailable 0 (a spare GPU exists)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def requests(self) -> list[Request]:
@@ -87,17 +88,17 @@ CASES: tuple[Case, ...] = (
     Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
          ((900, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
     Case("tight-tpot-overload", "llama-3.1-8b-bf16-a100", "overload with a tight TPOT objective (interior optimum)",
-         ((900, 12.0),), (600, 400), (250, 180), 1024, 3000, 20),
-    Case("short-highrate-l40s", "llama-3.1-8b-fp8-l40s", "high-rate short prompts where 64 is too low",
-         ((900, 36.0),), (150, 120), (250, 200), 512, 2000, 60),
-    Case("short-highrate-a100", "llama-3.1-8b-bf16-a100", "high-rate short prompts on A100",
-         ((900, 30.0),), (150, 120), (300, 220), 512, 2000, 60),
+         ((600, 36.0),), (300, 200), (400, 300), 1024, 3000, 18),
+    Case("long-output-a100", "llama-3.1-8b-bf16-a100", "high rate, long outputs: 64 is too low",
+         ((600, 30.0),), (150, 120), (600, 450), 1024, 3000, 60),
+    Case("long-output-l40s-surge", "llama-3.1-8b-fp8-l40s", "64 too low on a 48 GB GPU, surge rollouts",
+         ((600, 36.0),), (150, 120), (600, 450), 1024, 3000, 60, surge=True),
     Case("longctx-maxutil-l4", "llama-3.1-8b-fp8-l4", "long context, KV-scarce 24 GB, MaxUtilization (pausing)",
-         ((900, 1.2),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
+         ((900, 0.4),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
     Case("longctx-maxutil-l40s", "llama-3.1-8b-fp8-l40s", "long context, KV-scarce 48 GB, MaxUtilization",
          ((900, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
-    Case("phase-shift-l40s", "llama-3.1-8b-fp8-l40s", "phase shift: light long prompts, then a flood of short ones",
-         ((600, 2.0), (900, 36.0)), (200, 150), (250, 200), 512, 2000, 60, steady=False),
+    Case("phase-shift-l40s", "llama-3.1-8b-fp8-l40s", "phase shift: light long prompts, then many long outputs",
+         ((600, 2.0), (600, 36.0)), (200, 150), (600, 450), 1024, 3000, 60, steady=False),
     Case("burst-a100", "llama-3.1-8b-bf16-a100", "bursty arrivals (gamma, cv 3)",
          ((900, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
     Case("70b-tp2-4to12", "llama-3.1-70b-fp8-h100-tp2", "issue case: 70B TP2, 4 then 12 req/s",
@@ -131,7 +132,7 @@ def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: 
 def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict:
     """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
     fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
-                  case.restart_s)
+                  case.restart_s, surge=case.surge)
     boundaries = case.boundaries
     b = 0
     for req in requests:
@@ -173,7 +174,7 @@ def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
                 hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
     tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
                           Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,
-                          policy=case.policy, autotune_max=CEILING, series=series)
+                          policy=case.policy, autotune_max=CEILING, series=series, surge=case.surge)
     a, o, s, h = tuned["goodput"], sweep[oracle], sweep[START], hindsight["goodput"]
     out = {
         "case": case.name, "profile": case.profile, "covers": case.covers, "policy": case.policy,

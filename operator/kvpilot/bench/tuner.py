@@ -76,7 +76,8 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
 
 
 def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
-                 policy: str = "GuaranteedNoEvict", autotune_max: int | None = None) -> InferenceEngine:
+                 policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
+                 surge: bool = False) -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults."""
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
@@ -86,7 +87,7 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
             "batching": {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy},
             "engineCache": {"claimName": "engines"},
-            "serving": {"replicas": replicas},
+            "serving": {"replicas": replicas, "rollout": {"strategy": "Surge" if surge else "NoSurge"}},
             "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling,
                          "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
         },
@@ -98,10 +99,13 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
 
 
 def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
-            slo: Slo) -> KvWindow | None:
+            slo: Slo, fleet_arrivals: int = 0) -> KvWindow | None:
     """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
     /prometheus/metrics histograms would show (here from the requests that finished in the window)."""
     samples, ttfts, tpots, completed = {}, [], [], 0
+    prompts: list[int] = []
+    outputs: list[int] = []
+    limits: list[int] = []
     for r in fleet.replicas:
         if r.state != "up":
             continue
@@ -113,12 +117,22 @@ def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, read
         ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
         tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
         completed += len(finished)
+        prompts += [x.prompt_tokens for x in finished]
+        outputs += [x.output_tokens for x in finished]
+        limits += [x.max_tokens for x in finished]
     window = summarize_window(samples, window_seconds=interval_s)
     if window is None:
         return None
     rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
+    arrivals = fleet_arrivals / interval_s / max(1, len(samples))
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
+                   arrival_rate=arrivals, prompt_mean=_mean(prompts), output_mean=_mean(outputs),
+                   max_tokens_mean=_mean(limits),
                    ttft_miss_fraction=_share_over(ttfts, slo.ttft_ms), tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
+
+
+def _mean(values: list[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _p95(values: list[float]) -> float | None:
@@ -134,16 +148,16 @@ def _share_over(values: list[float], limit: float) -> float | None:
 
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
                   slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
-                  autotune_max: int | None = None, series: bool = False) -> dict[str, Any]:
+                  autotune_max: int | None = None, series: bool = False, surge: bool = False) -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions)."""
-    engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max)
+    engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge)
     interval = float(engine.spec.autotune.interval_seconds)
     status: dict[str, Any] = {}
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
     fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
-                  restart_s)
+                  restart_s, surge=surge)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     arrived_before = 0
@@ -155,7 +169,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
         before = {r.name: r.state for r in fleet.replicas}
         fleet.advance(t)
         for r in fleet.replicas:
-            if before[r.name] != "up" and r.state == "up":
+            if before.get(r.name) != "up" and r.state == "up":
                 ready_at[r.name] = t
         if t >= horizon_s:
             break
@@ -164,7 +178,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             i += 1
         if t >= next_tick:
             next_tick += interval
-            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo)
+            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before)
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s)
             started = time.process_time()

@@ -98,6 +98,13 @@ class KvWindow:
     mean_generation: float = 0.0
     mean_unscheduled: float = 0.0  # active requests the capacity scheduler held back for lack of KV blocks
     blocks_per_request: float = 0.0  # the most KV blocks one active request held on average, in one sample
+    # The traffic, for the tuner's what-if simulation (autotune/whatif.py): requests received per second per
+    # pod and the mean prompt, output and max_tokens of the requests finished in the window (the request
+    # counters and token histograms of /prometheus/metrics). 0: unknown.
+    arrival_rate: float = 0.0
+    prompt_mean: float = 0.0
+    output_mean: float = 0.0
+    max_tokens_mean: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+import math
 from typing import Any
 
 from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_in_force
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
@@ -97,8 +99,23 @@ def _tune(
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
+            what_if=_what_if(spec, ceiling, observed),
         )
     )
+
+
+def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
+    """The kvsim model of the served engine, when one exists (the simulated backend names its profile)."""
+    sim = spec.runtime.simulation
+    if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
+        return None
+    slo = spec.autotune.slo
+    return WhatIfEngine(
+        profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
+        replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+        surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
+        ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
+        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf)
 
 
 def _recent_changes(status: dict[str, Any], now: datetime) -> tuple[AppliedChange, ...]:
