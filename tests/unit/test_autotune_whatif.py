@@ -20,7 +20,7 @@ def window(rate: float, prompt: float = 150, output: float = 600) -> KvWindow:
 
 def test_no_traffic_data_means_no_verdict() -> None:
     assert fit_traffic(replace(window(5.0), arrival_rate=0.0)) is None
-    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128]) == (None, "no traffic fit")
+    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit")
 
 
 def test_fit_is_the_fleet_rate() -> None:
@@ -29,7 +29,7 @@ def test_fit_is_the_fleet_rate() -> None:
 
 
 def test_light_traffic_gains_nothing_from_a_raise() -> None:
-    best, why = verdict(A100, window(0.5), 64, [128, 256])
+    best, why = verdict(A100, window(0.5), 64, [128, 256], 10.0, 1800.0)
     assert best is None, why
 
 
@@ -60,3 +60,8 @@ def test_candidates_follow_the_rules_direction_within_bounds() -> None:
     assert candidates(64, 96, 8, 1024) == [96, 128, 256, 512]
     assert candidates(64, 96, 8, 200) == [96, 128, 200]
     assert candidates(64, 48, 8, 1024) == [32, 48]
+
+
+def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
+    best, why = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
+    assert best in (128, 256), why

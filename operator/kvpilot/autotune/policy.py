@@ -324,7 +324,9 @@ def decide(inp: TunerInput) -> Decision:
     if decision.action in ("Raise", "Lower") and inp.what_if is not None:
         options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
                    if _no_harm(inp, w, replace(decision, target=c)).changes]
-        best, why = what_if_verdict(inp.what_if, w, inp.current, options)
+        load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
+        best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
+                                    PLANNING_HORIZON_SECONDS)
         if best is None and why != "no traffic fit":
             return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
         if best is not None:

@@ -26,7 +26,8 @@ from kvpilot.desired.observed import KvWindow
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
 HORIZON_SECONDS = 600.0  # how far ahead the traffic is assumed to hold
 WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet
-MAX_REQUESTS = 12000  # per simulated run: bounds the CPU cost of one decision (a few CPU-seconds)
+MAX_REQUESTS = 6000  # per simulated run: bounds the CPU cost of one decision (a few CPU-seconds)
+STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8
 
 
@@ -120,22 +121,43 @@ def _advance(fleet: Fleet, t: float) -> None:
     fleet.advance(t)
 
 
-def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int]) -> tuple[int | None, str]:
-    """The candidate that beats staying put by MARGIN (the best such), or None; and the figures with the CPU
-    it took. ``candidates`` come from the policy's rules (their target and a few steps in the same direction).
-    Without a traffic fit the answer is None with the reason "no traffic fit"."""
+def steady_goodput(e: Engine, fit: TrafficFit, limit: int) -> float:
+    """Good requests per second at ``limit`` once the fleet is loaded (no restart): the fitted traffic for
+    STEADY_SECONDS (fewer at high rates: MAX_REQUESTS bounds the CPU), counted after the first fifth."""
+    duration = min(STEADY_SECONDS, MAX_REQUESTS / fit.rate_per_s)
+    requests = _requests(fit, duration)
+    fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds)
+    for req in requests:
+        fleet.advance(req.arrival_s)
+        fleet.submit(req)
+    fleet.advance(duration + 60.0)
+    start = duration / 5
+    good = sum(1 for r in fleet.records
+               if r.arrival_s >= start and r.finish_s is not None and r.ttft_s is not None
+               and r.ttft_s * 1e3 <= e.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= e.tpot_ms))
+    return good / (duration - start)
+
+
+def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
+            horizon_s: float) -> tuple[int | None, str]:
+    """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
+    good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
+    model for the rollout in force) and beats staying put by MARGIN; None when no candidate does. Also the
+    figures and the CPU it took. Without a traffic fit: None with the reason "no traffic fit"."""
     fit = fit_traffic(w)
     if fit is None:
         return None, "no traffic fit"
     started = time.process_time()
-    stay = goodput_after(e, fit, current, current, HORIZON_SECONDS)
-    results = {c: goodput_after(e, fit, current, c, HORIZON_SECONDS) for c in candidates if c != current}
+    stay = steady_goodput(e, fit, current)
+    results = {c: steady_goodput(e, fit, c) for c in candidates if c != current}
     cpu = time.process_time() - started
-    best = max(results, key=lambda c: (results[c], -abs(c - current)), default=None)
+    rollout_s = e.replicas * e.restart_seconds
+    lost = restart_cost_s * stay
+    gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
+    ok = [c for c in results if results[c] > stay * (1 + MARGIN) + 1e-9 and gains[c] > lost]
+    best = max(ok, key=lambda c: (results[c], -abs(c - current)), default=None)
     tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
-    why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens) "
-           f"for {HORIZON_SECONDS:.0f}s with the restart: goodput {stay:.2f} staying at {current}; {tried} "
+    why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
+           f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "
            f"({cpu:.1f} CPU-s)")
-    if best is None or results[best] <= stay * (1 + MARGIN) + 1e-9:
-        return None, why
     return best, why

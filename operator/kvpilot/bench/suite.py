@@ -88,7 +88,7 @@ CASES: tuple[Case, ...] = (
     Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
          ((900, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
     Case("tight-tpot-overload", "llama-3.1-8b-bf16-a100", "overload with a tight TPOT objective (interior optimum)",
-         ((600, 36.0),), (300, 200), (400, 300), 1024, 3000, 18),
+         ((600, 28.0),), (300, 200), (300, 200), 1024, 3000, 22),
     Case("long-output-a100", "llama-3.1-8b-bf16-a100", "high rate, long outputs: 64 is too low",
          ((600, 30.0),), (150, 120), (600, 450), 1024, 3000, 60),
     Case("long-output-l40s-surge", "llama-3.1-8b-fp8-l40s", "64 too low on a 48 GB GPU, surge rollouts",
