@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpilot.autotune.whatif import Engine, TrafficFit, fit_traffic, goodput_after, verdict
+from kvpilot.autotune.whatif import Engine, TrafficFit, fit_traffic, goodput_after, steady_goodput, verdict
 from kvpilot.desired.observed import KvWindow
 
 A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
@@ -35,10 +35,10 @@ def test_light_traffic_gains_nothing_from_a_raise() -> None:
 
 def test_a_binding_limit_under_load_pays_and_the_simulation_is_deterministic() -> None:
     fit = TrafficFit(rate_per_s=23.0, prompt_mean=150, output_mean=600, max_tokens=1024)
-    stay = goodput_after(A100, fit, 64, 64, 900.0)
-    move = goodput_after(A100, fit, 64, 256, 900.0)
+    stay = steady_goodput(A100, fit, 64)
+    move = steady_goodput(A100, fit, 256)
     assert move > 1.1 * stay
-    assert goodput_after(A100, fit, 64, 64, 900.0) == stay
+    assert steady_goodput(A100, fit, 64) == stay
 
 
 def test_surge_makes_the_restart_cheaper() -> None:
