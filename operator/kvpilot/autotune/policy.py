@@ -389,9 +389,9 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     if w.peak_utilization >= target_u - HYSTERESIS:
         return _hold(inp, "AtTarget", f"{why}; the batch is full and {util} is at target")
     if not _tpot_margin(inp, w):
-        if inp.what_if is None or misses < SEVERE_MISSES:
+        if inp.what_if is None:
             return _hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
-        # Most requests miss already: the what-if simulation (decide()) weighs the TPOT risk of each candidate.
+        # Requests miss: the what-if simulation (decide()) weighs the TPOT risk of each candidate.
         return _move(inp, math.ceil(cur * MIN_RAISE_FACTOR), "QueueWithHeadroom",
                      f"{why}; the TPOT objective is near, so the simulation decides how far to raise")
     fit = _kv_fit(w, target_u, hi)
