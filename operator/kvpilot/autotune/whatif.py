@@ -155,7 +155,11 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     lost = restart_cost_s * stay
     gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
     ok = [c for c in results if results[c] > stay * (1 + MARGIN) + 1e-9 and gains[c] > lost]
-    best = max(ok, key=lambda c: (results[c], -abs(c - current)), default=None)
+    top = max((results[c] for c in ok), default=0.0)
+    near = [c for c in ok if results[c] >= 0.99 * top]
+    # Within 1% of the best, a raise takes the largest (the fit under-counts long outputs still in flight, so
+    # capacity to spare is the safer error) and a lower the mildest.
+    best = max(near) if near else None
     tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
     why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
            f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "

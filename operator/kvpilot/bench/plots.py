@@ -17,6 +17,7 @@ def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = 
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small files
     import matplotlib.pyplot as plt
 
     series = row["autotuned"].get("series") or []
