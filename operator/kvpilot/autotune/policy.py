@@ -321,16 +321,6 @@ def decide(inp: TunerInput) -> Decision:
                      f"(warming up or scrapes failing); a partial view is no reason to restart")
     decision = _decide_from_signals(inp, w, lo, hi)
     decision = _no_harm(inp, w, decision)
-    if decision.action in ("Raise", "Lower") and inp.what_if is not None:
-        options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
-                   if _no_harm(inp, w, replace(decision, target=c)).changes]
-        load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
-        best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
-                                    PLANNING_HORIZON_SECONDS)
-        if best is None and why != "no traffic fit":
-            return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
-        if best is not None:
-            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     if inp.last_applied_at is not None and decision.changes:
         elapsed = (inp.now - inp.last_applied_at).total_seconds()
         # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
@@ -343,6 +333,17 @@ def decide(inp: TunerInput) -> Decision:
         if elapsed < inp.spec.cooldown_seconds and not urgent:
             return _hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
                          f"pending: {decision.action} to {decision.target}")
+    # Last, so a hold for any other reason costs no simulation.
+    if decision.action in ("Raise", "Lower") and inp.what_if is not None:
+        options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
+                   if _no_harm(inp, w, replace(decision, target=c)).changes]
+        load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
+        best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
+                                    PLANNING_HORIZON_SECONDS)
+        if best is None and why != "no traffic fit":
+            return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
+        if best is not None:
+            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     return decision
 
 
