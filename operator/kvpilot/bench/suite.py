@@ -21,7 +21,7 @@ from kvsim import Request
 from kvsim.workload import parse_workload
 
 from kvpilot.bench.fleet import Fleet
-from kvpilot.bench.tuner import Slo, engine_config, goodput, run_autotuned, run_static
+from kvpilot.bench.tuner import Slo, engine_config, goodput, run_autotuned
 
 SWEEP = (32, 64, 128, 256, 512, 1024)
 CEILING = 1024
