@@ -55,9 +55,11 @@ class Engine(SchedulingMixin):
     """Drive with ``submit`` and ``advance_to``; read ``drain_iteration_stats`` and ``finished_requests``."""
 
     def __init__(self, config: EngineConfig, *, epoch_s: float | None = None, time_scale: float = 1.0,
-                 timeline_interval_s: float | None = None) -> None:
+                 timeline_interval_s: float | None = None, keep_finished: int | None = None) -> None:
         """``epoch_s``: wall-clock time of simulated t=0 (for timestamps); ``time_scale``: simulated seconds per
-        wall second (trtllm-serve's KVSIM_SPEEDUP), so a timestamp is epoch + t / time_scale."""
+        wall second (trtllm-serve's KVSIM_SPEEDUP), so a timestamp is epoch + t / time_scale.
+        ``keep_finished``: how many finished-request records to keep (None: all, for offline runs that read
+        them at the end; a long-running server passes a bound, since it hands each record to its client)."""
         cfg = config.resolved()
         self.config = cfg
         self.profile = cfg.profile
@@ -93,7 +95,7 @@ class Engine(SchedulingMixin):
         self._alloc_total = self._alloc_new = self._reused = self._missed = 0
         self._completed_step = self._paused_step = 0
         self._completed_total = self._paused_total = 0
-        self._finished: list[_Seq] = []
+        self._finished: deque[_Seq] = deque(maxlen=keep_finished)
         self._stats: deque[StepSample] = deque(maxlen=cfg.iter_stats_max_iterations)
         self._tuning = cfg.enable_batch_size_tuning or cfg.enable_max_num_tokens_tuning
         self._tuner_bs = 0
@@ -154,8 +156,42 @@ class Engine(SchedulingMixin):
         return list(self._finished)
 
     def pop_finished(self) -> list[RequestRecord]:
-        out, self._finished = self._finished, []
+        out = list(self._finished)
+        self._finished.clear()
         return out
+
+    def abort(self, record: RequestRecord) -> bool:
+        """Cancel the request behind ``record`` (its client went away), as trtllm-serve aborts the request's
+        promise: it leaves the queue or the batch at once and its blocks go back to the pool (full prompt
+        blocks stay cached for reuse, as on completion). The record gets ``error="cancelled"`` and a finish
+        time; it is not counted as completed. False when the request had already finished."""
+        seq = record
+        if not isinstance(seq, _Seq) or seq.state == DONE:
+            return False
+        if seq.seq_no in self._active:
+            if seq.state == QUEUED:  # fetched, waiting for capacity (or paused)
+                self._unadmitted.remove(seq.seq_no)
+                heapq.heapify(self._unadmitted)
+            elif seq.state in (ADMITTED, CONTEXT):
+                del self._ctx[seq.seq_no]
+            generated = self._generated(seq)
+            self._release_all(seq)
+            if seq.state == GENERATION:
+                self._leave_generation(seq, generated)
+            seq.output_tokens = generated
+            del self._active[seq.seq_no]
+            self._tuner_dirty = True
+        else:
+            try:
+                self._waiting.remove(seq)
+            except ValueError:
+                self._pending = [p for p in self._pending if p[2] is not seq]
+                heapq.heapify(self._pending)
+        seq.state = DONE
+        seq.version += 1  # stale heap entries (finish, started) are skipped by version
+        seq.finish_s = self.now
+        seq.error = "cancelled"
+        return True
 
     def progress(self, record: RequestRecord) -> int:
         """Tokens generated so far by the request behind ``record`` (for streaming)."""
