@@ -3,6 +3,13 @@
 It stands in for a Deployment: a configuration change is rolled one replica at a time; a restarting
 replica stops taking requests, drains what it holds (up to the pods' termination grace period), then is
 down for ``restart_s`` (model load) before it serves again with the new configuration.
+
+Clients give up: a streaming client that has seen no token ``client_timeout_s`` after it sent its request
+disconnects (an HTTP client's read timeout). Like a gateway, the balancer then forgets the request if it is
+still queued there; like trtllm-serve (its handlers await the client's disconnect and abort the request), a
+replica aborts it if it holds it, so it frees its batch slot and KV blocks instead of being served to nobody.
+Either way it is a miss. Without this, a backlog built while the limit was too low is served long after its
+clients left, and every later request waits behind it: no change of the limit could ever recover.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ class Replica:
     held: list[RequestRecord] = field(default_factory=list)
     replaces: Replica | None = None  # surge: the old replica this new one takes over from once Ready
     retire: bool = False  # surge: an old replica draining out of the fleet
+    unstarted: deque[RequestRecord] = field(default_factory=deque)  # sent, no first token yet (arrival order)
 
     def load(self) -> int:
         """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
@@ -37,7 +45,9 @@ class Replica:
 
 class Fleet:
     """``queue_factor`` bounds what each replica holds to that many times its batch limit, as a gateway
-    queue does; the rest waits at the balancer and is dropped (a miss) after ``client_timeout_s``."""
+    queue does; the rest waits at the balancer. A request with no first token ``client_timeout_s`` after its
+    arrival is abandoned by its client: dropped at the balancer (``dropped``) or aborted in its replica
+    (``abandoned``); both are misses."""
 
     def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
                  queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False):
@@ -49,6 +59,7 @@ class Fleet:
         self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
         self.backlog: deque[Request] = deque()  # waiting at the balancer (no replica had room)
         self.dropped = 0
+        self.abandoned = 0
         self.records: list[RequestRecord] = []
         self.lost: list[RequestRecord] = []
         self.now = 0.0
@@ -59,6 +70,7 @@ class Fleet:
             if r.state != "down":
                 r.engine.advance_to(t_s)
         self.now = t_s
+        self._abandon()
         self._transitions()
 
     def _room(self, r: Replica) -> int:
@@ -73,21 +85,38 @@ class Fleet:
             self.backlog.append(request)
 
     def _send(self, request: Request) -> bool:
-        up = [r for r in self.replicas if r.state == "up"]
-        if not up:
+        # least loaded among the replicas with room: during a rollout a pod with the new, larger limit has
+        # room while an old one is full, and the balancer must not stop at the old one
+        open_ = [r for r in self.replicas if r.state == "up" and self._room(r) > 0]
+        if not open_:
             return False
-        target = min(up, key=lambda r: (r.load(), r.name))
-        if self._room(target) <= 0:
-            return False
+        target = min(open_, key=lambda r: (r.load(), r.name))
         try:
             record = target.engine.submit(request, now_s=request.arrival_s)
         except RequestRejected:
             return True  # never servable: it counts as a miss (its arrival is in the workload total)
         target.held.append(record)
+        target.unstarted.append(record)
         self.records.append(record)
         if len(target.held) > 4096:
             target.held = [x for x in target.held if x.finish_s is None]  # amortized: keep only the live ones
         return True
+
+    def _abandon(self) -> None:
+        """Abort, in the replica holding it, every request whose client gave up before its first token."""
+        deadline = self.now - self.client_timeout_s
+        for r in self.replicas:
+            pending = r.unstarted
+            while pending:
+                record = pending[0]
+                if record.first_token_s is not None or record.finish_s is not None:
+                    pending.popleft()  # streaming (its client stays) or over
+                elif record.arrival_s <= deadline:
+                    pending.popleft()
+                    if r.state != "down" and r.engine.abort(record):
+                        self.abandoned += 1
+                else:
+                    break  # sent in arrival order: the rest are younger
 
     def _dispatch(self) -> None:
         while self.backlog and self.now - self.backlog[0].arrival_s > self.client_timeout_s:
@@ -140,6 +169,7 @@ class Fleet:
             elif r.state == "draining" and (r.load() == 0 or self.now >= r.until_s):
                 self.lost += [x for x in r.held if x.finish_s is None]  # cut off by the restart
                 r.held = []
+                r.unstarted.clear()
                 r.state, r.until_s = "down", self.now + self.restart_s
             elif r.state == "down" and self.now >= r.until_s:
                 r.config = r.next_config or r.config
