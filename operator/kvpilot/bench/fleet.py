@@ -10,6 +10,12 @@ still queued there; like trtllm-serve (its handlers await the client's disconnec
 replica aborts it if it holds it, so it frees its batch slot and KV blocks instead of being served to nobody.
 Either way it is a miss. Without this, a backlog built while the limit was too low is served long after its
 clients left, and every later request waits behind it: no change of the limit could ever recover.
+
+A gateway may also shed load (``queue_timeout_s``): a request not yet scheduled that long after its arrival
+is rejected (at the balancer) or cancelled (in the replica), as a server-side queue policy with a timeout
+does. Under sustained overload a first-come-first-served queue otherwise fills to the client timeout and
+every request served has waited about that long (all miss a TTFT objective of seconds); with shedding the
+requests that are served are served in time, and goodput is what the capacity allows.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class Replica:
     replaces: Replica | None = None  # surge: the old replica this new one takes over from once Ready
     retire: bool = False  # surge: an old replica draining out of the fleet
     unstarted: deque[RequestRecord] = field(default_factory=deque)  # sent, no first token yet (arrival order)
+    unscheduled: deque[RequestRecord] = field(default_factory=deque)  # sent, not scheduled yet (arrival order)
 
     def load(self) -> int:
         """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
@@ -50,16 +57,19 @@ class Fleet:
     (``abandoned``); both are misses."""
 
     def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
-                 queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False):
+                 queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False,
+                 queue_timeout_s: float | None = None):
         """``surge``: roll with maxSurge 1, maxUnavailable 0 (a new pod becomes Ready before an old one drains)."""
         self.restart_s = restart_s
         self.surge = surge
         self.queue_factor = queue_factor
         self.client_timeout_s = client_timeout_s
+        self.queue_timeout_s = queue_timeout_s
         self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
         self.backlog: deque[Request] = deque()  # waiting at the balancer (no replica had room)
         self.dropped = 0
         self.abandoned = 0
+        self.shed = 0  # by the gateway's queue timeout (at the balancer or cancelled in a replica)
         self.records: list[RequestRecord] = []
         self.lost: list[RequestRecord] = []
         self.now = 0.0
@@ -97,6 +107,8 @@ class Fleet:
             return True  # never servable: it counts as a miss (its arrival is in the workload total)
         target.held.append(record)
         target.unstarted.append(record)
+        if self.queue_timeout_s is not None:
+            target.unscheduled.append(record)
         self.records.append(record)
         if len(target.held) > 4096:
             target.held = [x for x in target.held if x.finish_s is None]  # amortized: keep only the live ones
@@ -117,11 +129,31 @@ class Fleet:
                         self.abandoned += 1
                 else:
                     break  # sent in arrival order: the rest are younger
+            if self.queue_timeout_s is None:
+                continue
+            waiting = r.unscheduled
+            shed_before = self.now - self.queue_timeout_s
+            while waiting:
+                record = waiting[0]
+                if record.start_s is not None or record.finish_s is not None:
+                    waiting.popleft()
+                elif record.arrival_s <= shed_before:
+                    waiting.popleft()
+                    if r.state != "down" and r.engine.abort(record):
+                        self.shed += 1
+                else:
+                    break
+
+    @property
+    def gave_up(self) -> int:
+        """Requests that left without an answer: clients that gave up, and load the gateway shed."""
+        return self.dropped + self.abandoned + self.shed
 
     def _dispatch(self) -> None:
-        while self.backlog and self.now - self.backlog[0].arrival_s > self.client_timeout_s:
+        wait = min(self.client_timeout_s, self.queue_timeout_s if self.queue_timeout_s is not None else math.inf)
+        while self.backlog and self.now - self.backlog[0].arrival_s > wait:
             self.backlog.popleft()
-            self.dropped += 1  # the client gave up
+            self.dropped += 1  # the client gave up, or the gateway shed it
         while self.backlog and self._send(self.backlog[0]):
             self.backlog.popleft()
 
@@ -170,6 +202,7 @@ class Fleet:
                 self.lost += [x for x in r.held if x.finish_s is None]  # cut off by the restart
                 r.held = []
                 r.unstarted.clear()
+                r.unscheduled.clear()
                 r.state, r.until_s = "down", self.now + self.restart_s
             elif r.state == "down" and self.now >= r.until_s:
                 r.config = r.next_config or r.config

@@ -26,6 +26,9 @@ from kvpilot.bench.tuner import Slo, engine_config, goodput, run_autotuned
 SWEEP = (32, 64, 128, 256, 512, 1024)
 CEILING = 1024
 START = 64
+# The gateway sheds a request not scheduled within this share of the case's TTFT objective (docs/tuner-suite.md,
+# "Queue model"); clients that see no token give up after the fleet's client timeout either way.
+QUEUE_TIMEOUT_SHARE = 0.5
 
 
 def _lognormal(mean: int, median: int, high: int | None = None) -> dict[str, Any]:
@@ -66,6 +69,10 @@ class Case:
                          for d, r in self.phases],
         }
         return parse_workload(doc, f"suite case {self.name}").requests()
+
+    @property
+    def queue_timeout_s(self) -> float:
+        return QUEUE_TIMEOUT_SHARE * self.ttft_ms / 1e3
 
     @property
     def duration_s(self) -> float:
@@ -121,7 +128,8 @@ def _phase_goodput(records: list, case: Case, start: float, end: float) -> int:
 
 
 def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: float) -> tuple[dict, list]:
-    fleet = Fleet(engine_config(case.profile, CEILING, mbs, policy=case.policy), case.replicas, restart_s=0.0)
+    fleet = Fleet(engine_config(case.profile, CEILING, mbs, policy=case.policy), case.replicas, restart_s=0.0,
+                  queue_timeout_s=case.queue_timeout_s)
     for req in requests:
         fleet.advance(req.arrival_s)
         fleet.submit(req)
@@ -132,7 +140,7 @@ def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: 
 def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict:
     """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
     fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
-                  case.restart_s, surge=case.surge)
+                  case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
     boundaries = case.boundaries
     b = 0
     for req in requests:
@@ -174,7 +182,8 @@ def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
                 hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
     tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
                           Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,
-                          policy=case.policy, autotune_max=CEILING, series=series, surge=case.surge)
+                          policy=case.policy, autotune_max=CEILING, series=series, surge=case.surge,
+                          queue_timeout_s=case.queue_timeout_s)
     a, o, s, h = tuned["goodput"], sweep[oracle], sweep[START], hindsight["goodput"]
     out = {
         "case": case.name, "profile": case.profile, "covers": case.covers, "policy": case.policy,

@@ -99,9 +99,11 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
 
 
 def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
-            slo: Slo, fleet_arrivals: int = 0) -> KvWindow | None:
+            slo: Slo, fleet_arrivals: int = 0, gave_up: int = 0) -> KvWindow | None:
     """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
-    /prometheus/metrics histograms would show (here from the requests that finished in the window)."""
+    /prometheus/metrics histograms would show (here from the requests that finished in the window).
+    ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
+    out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them."""
     samples, ttfts, tpots, completed = {}, [], [], 0
     prompts: list[int] = []
     outputs: list[int] = []
@@ -128,7 +130,8 @@ def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, read
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
                    arrival_rate=arrivals, prompt_mean=_mean(prompts), output_mean=_mean(outputs),
                    max_tokens_mean=_mean(limits),
-                   ttft_miss_fraction=_share_over(ttfts, slo.ttft_ms), tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
+                   ttft_miss_fraction=_miss_share(ttfts, slo.ttft_ms, gave_up),
+                   tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
 
 
 def _mean(values: list[int]) -> float:
@@ -142,13 +145,20 @@ def _p95(values: list[float]) -> float | None:
     return values[min(len(values) - 1, int(0.95 * len(values)))]
 
 
+def _miss_share(ttfts: list[float], limit: float, gave_up: int) -> float | None:
+    """Share of the interval's requests that missed the TTFT objective, counting those that got no answer."""
+    total = len(ttfts) + gave_up
+    return (sum(1 for v in ttfts if v > limit) + gave_up) / total if total else None
+
+
 def _share_over(values: list[float], limit: float) -> float | None:
     return sum(1 for v in values if v > limit) / len(values) if values else None
 
 
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
                   slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
-                  autotune_max: int | None = None, series: bool = False, surge: bool = False) -> dict[str, Any]:
+                  autotune_max: int | None = None, series: bool = False, surge: bool = False,
+                  queue_timeout_s: float | None = None) -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions)."""
     engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge)
@@ -157,10 +167,10 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
     fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
-                  restart_s, surge=surge)
+                  restart_s, surge=surge, queue_timeout_s=queue_timeout_s)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
-    arrived_before = 0
+    arrived_before = gave_up_before = 0
     ready_at = {r.name: 0.0 for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
     while True:
@@ -178,7 +188,9 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             i += 1
         if t >= next_tick:
             next_tick += interval
-            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before)
+            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
+                             fleet.gave_up - gave_up_before)
+            gave_up_before = fleet.gave_up
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s)
             started = time.process_time()
