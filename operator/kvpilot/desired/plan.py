@@ -15,7 +15,7 @@ from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
-from kvpilot.autotune.whatif import Engine as WhatIfEngine
+from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_in_force
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
@@ -110,12 +110,14 @@ def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> Wha
     if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
         return None
     slo = spec.autotune.slo
+    ttft = slo.time_to_first_token_millis if slo else None
     return WhatIfEngine(
         profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
         replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
         surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
         ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
-        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf)
+        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
+        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
 
 
 def _recent_changes(status: dict[str, Any], now: datetime) -> tuple[AppliedChange, ...]:
