@@ -27,7 +27,11 @@ def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = 
     ax.plot(t, [p["offered"] for p in series], color="tab:gray", label="offered load (req/s)")
     ax.set_ylabel("req/s")
     twin = ax.twinx()
-    twin.step(t, [p["limit"] for p in series], where="post", color="tab:blue", label="max_batch_size in force")
+    twin.step(t, [p["limit"] for p in series], where="post", color="tab:blue", linestyle=":",
+              label="max_batch_size set")
+    twin.step(t, [max(p["inForce"]) if p.get("inForce") else None for p in series], where="post",
+              color="tab:blue", label="in force (largest serving pod)")
+    twin.plot(t, [p.get("active") for p in series], color="tab:cyan", linewidth=0.8, label="mean batch per pod")
     twin.set_ylabel("max_batch_size")
     ax.legend(loc="upper left", fontsize=7)
     twin.legend(loc="upper right", fontsize=7)

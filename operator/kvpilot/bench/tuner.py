@@ -203,7 +203,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"]})
             if series:
-                points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo))
+                points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
     result = goodput(fleet.records, len(requests), slo, duration_s)
     result.update({"changes": changes, "final": _target(fleet), "history": history,
@@ -215,14 +215,20 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     return result
 
 
-def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | None, slo: Slo) -> dict[str, Any]:
-    """One time-series point of a tuned run (what the docs' plots show)."""
+def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | None, slo: Slo,
+           fleet: Fleet | None = None) -> dict[str, Any]:
+    """One time-series point of a tuned run (what the docs' plots show). ``limit`` is the target the plan
+    set; ``inForce`` the max_batch_size the serving pods run now (lags the target while a rollout rolls)
+    and ``active`` the fleet's mean batch (requests fetched into the batch per warm pod, from the window)."""
     met = None
     if w is not None and w.ttft_miss_fraction is not None:
         met = max(0.0, 1.0 - w.ttft_miss_fraction - (w.tpot_miss_fraction or 0.0))
     return {"t": round(t), "offered": arrivals / interval, "limit": limit,
             "kv": None if w is None else w.peak_utilization, "ttftP95": None if w is None else w.ttft_p95_ms,
-            "tpotP95": None if w is None else w.tpot_p95_ms, "attainment": met}
+            "tpotP95": None if w is None else w.tpot_p95_ms, "attainment": met,
+            "inForce": None if fleet is None else sorted(r.config.max_batch_size or 0 for r in fleet.replicas
+                                                         if r.state == "up"),
+            "active": None if w is None else w.mean_active}
 
 
 def _target(fleet: Fleet) -> int:
