@@ -32,3 +32,12 @@ def test_criteria() -> None:
     assert not criteria(row(1.0, 1.0, 1.0, [128, 64]), STEADY)["noOscillation"]  # 64 -> 128 -> 64
     assert criteria(row(1.0, 1.0, 1.0, [128, 96]), STEADY)["noOscillation"]
     assert not criteria(row(1.0, 1.0, 1.0, [128, 96, 80]), STEADY)["steadyChanges"]
+
+
+def test_the_reactive_bound_follows_the_hindsight_schedule_one_evidence_delay_late() -> None:
+    from kvpilot.bench.suite import REACT_SECONDS, reactive_changes
+
+    assert reactive_changes([64], []) == []
+    assert reactive_changes([512], []) == [(REACT_SECONDS, 512)]
+    assert reactive_changes([64, 512], [600.0]) == [(600.0 + REACT_SECONDS, 512)]
+    assert reactive_changes([128, 128, 256], [300.0, 600.0]) == [(REACT_SECONDS, 128), (600.0 + REACT_SECONDS, 256)]

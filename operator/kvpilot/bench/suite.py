@@ -29,6 +29,10 @@ START = 64
 # The gateway sheds a request not scheduled within this share of the case's TTFT objective (docs/tuner-suite.md,
 # "Queue model"); clients that see no token give up after the fleet's client timeout either way.
 QUEUE_TIMEOUT_SHARE = 0.5
+# The reactive bound: the hindsight schedule, each change made this long after the evidence could first exist
+# (t=0 for the start, each phase boundary), paying the rollout. Two 30 s tuning intervals: the first window
+# after a shift is the earliest a tuner that measures can act on.
+REACT_SECONDS = 60.0
 
 
 def _lognormal(mean: int, median: int, high: int | None = None) -> dict[str, Any]:
@@ -155,6 +159,32 @@ def _run_schedule(requests: list[Request], case: Case, schedule: list[int], hori
     return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
 
 
+def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float, int]], horizon: float) -> dict:
+    """From START, roll to each (time, value) in turn (the reactive bound), paying every rollout."""
+    fleet = Fleet(engine_config(case.profile, CEILING, START, policy=case.policy), case.replicas,
+                  case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
+    pending = sorted(changes)
+    for req in requests:
+        while pending and req.arrival_s >= pending[0][0]:
+            at, value = pending.pop(0)
+            _advance_through_rollout(fleet, at)
+            fleet.roll_to(engine_config(case.profile, CEILING, value, policy=case.policy))
+        _advance_through_rollout(fleet, req.arrival_s)
+        fleet.submit(req)
+    _advance_through_rollout(fleet, horizon)
+    return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
+
+
+def reactive_changes(schedule: list[int], boundaries: list[float]) -> list[tuple[float, int]]:
+    """The hindsight schedule as a tuner that needs REACT_SECONDS of evidence could follow it from START."""
+    out, value = [], START
+    for at, want in zip([0.0, *boundaries], schedule):
+        if want != value:
+            out.append((at + REACT_SECONDS, want))
+            value = want
+    return out
+
+
 def _advance_through_rollout(fleet: Fleet, t: float) -> None:
     while fleet.next_transition() < t:
         fleet.advance(fleet.next_transition())
@@ -180,6 +210,10 @@ def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
             scheduled = _run_schedule(requests, case, schedule, horizon)
             if scheduled["goodput"] > hindsight["goodput"]:
                 hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
+    changes = reactive_changes(hindsight["schedule"] if len(hindsight["schedule"]) > 1 else [oracle],
+                               case.boundaries if len(hindsight["schedule"]) > 1 else [])
+    reactive = {"changes": [[t, v] for t, v in changes],
+                "goodput": _run_changes(requests, case, changes, horizon)["goodput"] if changes else sweep[START]}
     tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
                           Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,
                           policy=case.policy, autotune_max=CEILING, series=series, surge=case.surge,
@@ -189,14 +223,16 @@ def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
         "case": case.name, "profile": case.profile, "covers": case.covers, "policy": case.policy,
         "requests": len(requests), "sweep": {str(k): v for k, v in sweep.items()},
         "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
-        "hindsight": hindsight, "autotuned": tuned,
+        "hindsight": hindsight, "reactive": reactive, "autotuned": tuned,
         "ratios": {"overStart": a / s if s else math.nan, "overOracle": a / o if o else math.nan,
-                   "hindsightOverOracle": h / o if o else math.nan},
+                   "hindsightOverOracle": h / o if o else math.nan,
+                   "overReactive": a / reactive["goodput"] if reactive["goodput"] else math.nan},
         "knobMatters": (max(sweep.values()) - min(sweep.values())) > 0.03 * max(sweep.values()),
         "cpuSeconds": time.process_time() - started,
     }
     out["criteria"] = criteria(out, case)
-    log(f"{case.name:22s} start {s:7.3f} oracle {o:7.3f}@{oracle:<4d} hindsight {h:7.3f} tuned {a:7.3f} "
+    log(f"{case.name:22s} start {s:7.3f} oracle {o:7.3f}@{oracle:<4d} hindsight {h:7.3f} "
+        f"reactive {reactive['goodput']:7.3f} tuned {a:7.3f} "
         f"changes {tuned['changes']} final {tuned['final']} ({out['cpuSeconds']:.0f}s)")
     return out
 
@@ -217,9 +253,9 @@ def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| case | profile | start 64 | oracle (value) | hindsight | autotuned | /start | /oracle | changes "
-            "| final | knob matters | criteria |")
-    lines = [head, "|" + "---|" * 12]
+    head = ("| case | profile | start 64 | oracle (value) | hindsight | reactive bound | autotuned | /start "
+            "| /oracle | /reactive | changes | final | knob matters | criteria |")
+    lines = [head, "|" + "---|" * 14]
     for row in rows:
         a = row["autotuned"]
         ok = all(row["criteria"].values())
@@ -227,7 +263,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['case']} | {row['profile']} | {row['start']['goodput']:.3f} | "
             f"{row['oracle']['goodput']:.3f} ({row['oracle']['maxBatchSize']}) | {row['hindsight']['goodput']:.3f} | "
+            f"{row['reactive']['goodput']:.3f} | "
             f"{a['goodput']:.3f} | {row['ratios']['overStart']:.3f} | {row['ratios']['overOracle']:.3f} | "
+            f"{row['ratios']['overReactive']:.3f} | "
             f"{a['changes']} | {a['final']} | {'yes' if row['knobMatters'] else 'no'} | "
             f"{'pass' if ok else 'FAIL: ' + failed} |")
     return "\n".join(lines)
