@@ -41,3 +41,11 @@ def test_the_reactive_bound_follows_the_hindsight_schedule_one_evidence_delay_la
     assert reactive_changes([512], []) == [(REACT_SECONDS, 512)]
     assert reactive_changes([64, 512], [600.0]) == [(600.0 + REACT_SECONDS, 512)]
     assert reactive_changes([128, 128, 256], [300.0, 600.0]) == [(REACT_SECONDS, 128), (600.0 + REACT_SECONDS, 256)]
+
+
+def test_phase_best_keeps_the_value_in_force_unless_another_is_clearly_better() -> None:
+    from kvpilot.bench.suite import phase_best
+
+    per_phase = {64: [100, 100, 50], 128: [100, 100, 80], 256: [100, 99, 79]}
+    assert phase_best(per_phase, 3) == [64, 64, 128]
+    assert phase_best({64: [10], 512: [20], 1024: [20]}, 1) == [512]

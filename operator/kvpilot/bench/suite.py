@@ -29,7 +29,7 @@ START = 64
 # The gateway sheds a request not scheduled within this share of the case's TTFT objective (docs/tuner-suite.md,
 # "Queue model"); clients that see no token give up after the fleet's client timeout either way.
 QUEUE_TIMEOUT_SHARE = 0.5
-# The reactive bound: the hindsight schedule, each change made this long after the evidence could first exist
+# The reactive bound: each phase's best static value, each change made this long after the evidence could exist
 # (t=0 for the start, each phase boundary), paying the rollout. Two 30 s tuning intervals: the first window
 # after a shift is the earliest a tuner that measures can act on.
 REACT_SECONDS = 60.0
@@ -175,6 +175,18 @@ def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float,
     return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
 
 
+def phase_best(per_phase: dict[int, list[int]], phases: int) -> list[int]:
+    """Each phase's best static value; where the value in force (START for the first phase) is within 1% of
+    the best it stays (a tuner that measures has no reason to move, and a later phase's needs are unknown)."""
+    out, value = [], START
+    for k in range(phases):
+        top = max(per_phase[m][k] for m in per_phase)
+        if per_phase.get(value, [0] * phases)[k] < 0.99 * top:
+            value = max(per_phase, key=lambda m: (per_phase[m][k], -abs(math.log(m / value))))
+        out.append(value)
+    return out
+
+
 def reactive_changes(schedule: list[int], boundaries: list[float]) -> list[tuple[float, int]]:
     """The hindsight schedule as a tuner that needs REACT_SECONDS of evidence could follow it from START."""
     out, value = [], START
@@ -210,8 +222,7 @@ def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
             scheduled = _run_schedule(requests, case, schedule, horizon)
             if scheduled["goodput"] > hindsight["goodput"]:
                 hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
-    changes = reactive_changes(hindsight["schedule"] if len(hindsight["schedule"]) > 1 else [oracle],
-                               case.boundaries if len(hindsight["schedule"]) > 1 else [])
+    changes = reactive_changes(phase_best(per_phase, len(edges) - 1), case.boundaries)
     reactive = {"changes": [[t, v] for t, v in changes],
                 "goodput": _run_changes(requests, case, changes, horizon)["goodput"] if changes else sweep[START]}
     tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
