@@ -65,3 +65,15 @@ def test_candidates_follow_the_rules_direction_within_bounds() -> None:
 def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
     best, why = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
     assert best in (128, 256), why
+
+
+def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
+    from kvpilot.autotune.whatif import quantized
+
+    steady_goodput.cache_clear()
+    verdict(A100, window(11.5), 64, [128], 200.0, 1800.0)
+    misses = steady_goodput.cache_info().misses
+    verdict(A100, window(11.4), 64, [128], 200.0, 1800.0)  # on the same 2.5% grid step: the same fit
+    assert steady_goodput.cache_info().misses == misses
+    assert quantized(fit_traffic(window(11.5))) == quantized(fit_traffic(window(11.4)))  # type: ignore[arg-type]
+    assert quantized(fit_traffic(window(11.5))) != quantized(fit_traffic(window(13.0)))  # type: ignore[arg-type]
