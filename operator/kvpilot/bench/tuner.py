@@ -66,8 +66,8 @@ def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: boo
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
-               duration_s: float) -> dict:
-    fleet = Fleet(config, replicas, restart_s=0.0)
+               duration_s: float, queue_timeout_s: float | None = None) -> dict:
+    fleet = Fleet(config, replicas, restart_s=0.0, queue_timeout_s=queue_timeout_s)
     for req in requests:
         fleet.advance(req.arrival_s)
         fleet.submit(req)
