@@ -64,7 +64,8 @@ class Engine(SchedulingMixin):
         self.config = cfg
         self.profile = cfg.profile
         self.memory = plan_memory(self.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens,
-                                  cfg.tokens_per_block, cfg.free_gpu_memory_fraction, cfg.kv_max_tokens)
+                                  cfg.tokens_per_block, cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
+                                  runtime_max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len)
         self.model = IterationModel.for_profile(self.profile, cfg.tokens_per_block)
         self._kv_type = cfg.kv_cache_type
         self.pool = BlockPool(self.memory.num_blocks, cfg.enable_block_reuse and cfg.kv_cache_type is KvCacheType.PAGED)

@@ -139,6 +139,8 @@ PROFILE_NAMES = (
     "llama-3.1-8b-bf16-h100",
     "llama-3.1-8b-bf16-a100",
     "llama-3.1-8b-fp8-h200",
+    "llama-3.1-8b-fp8-l40s",
+    "llama-3.1-8b-fp8-l4",
     "llama-3.1-70b-fp8-h100-tp2",
     "llama-3.1-70b-fp8-h100-tp4",
     "llama-3.1-70b-fp8-h200",

@@ -69,6 +69,10 @@ GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec("h100", 81559 * MIB, 3.35e12, 989.5e12, 1979e12, 900e9, "NVIDIA-H100-80GB-HBM3"),
     "h200": GpuSpec("h200", 143771 * MIB, 4.8e12, 989.5e12, 1979e12, 900e9, "NVIDIA-H200"),
     "a100": GpuSpec("a100", 81920 * MIB, 2.039e12, 312e12, None, 600e9, "NVIDIA-A100-SXM4-80GB"),
+    # KV-scarce PCIe GPUs (datasheets: L40S 48 GB GDDR6 864 GB/s, 362 / 733 dense BF16 / FP8 TFLOPS; L4 24 GB
+    # 300 GB/s, 121 / 242.5 dense TFLOPS; no NVLink, so the "link" is PCIe Gen4 x16, 64 GB/s both ways).
+    "l40s": GpuSpec("l40s", 46068 * MIB, 864e9, 362e12, 733e12, 64e9, "NVIDIA-L40S"),
+    "l4": GpuSpec("l4", 23034 * MIB, 300e9, 121e12, 242.5e12, 64e9, "NVIDIA-L4"),
 }
 
 MODELS: dict[str, ModelSpec] = {

@@ -50,3 +50,27 @@ def test_unknown_profiles_are_rejected_with_the_reason():
     with pytest.raises(KeyError, match="no FP8"):
         get_profile("llama-3.1-8b-fp8-a100")
     assert get_profile("llama-3.1-8b-bf16-h200").gpu.name == "h200"
+
+
+def test_runtime_max_batch_size_costs_blocks_before_the_pool_is_carved():
+    """memory.md: runtime/decoder buffers are sized by the runtime max_batch_size, then the KV pool is carved."""
+    profile = get_profile("llama-3.1-8b-fp8-h100")
+    at_64 = plan_memory(profile, 2048, 8192, 32, 0.9, runtime_max_batch_size=64)
+    at_2048 = plan_memory(profile, 2048, 8192, 32, 0.9, runtime_max_batch_size=2048)
+    assert at_2048.num_blocks < at_64.num_blocks
+    # ~1.5 MiB per slot (FP32 logits + sampling workspace over 128256 tokens, INT32 ids over 131072)
+    per_slot = (at_2048.activation_bytes - at_64.activation_bytes) / (2048 - 64)
+    assert 1.4e6 < per_slot < 1.7e6
+    # the default runtime limit is the build ceiling
+    assert plan_memory(profile, 2048, 8192, 32, 0.9).num_blocks == at_2048.num_blocks
+    # a shorter max_seq_len shrinks the output-id buffers
+    short = plan_memory(profile, 2048, 8192, 32, 0.9, runtime_max_batch_size=2048, max_seq_len=4096)
+    assert short.num_blocks > at_2048.num_blocks
+
+
+def test_the_engine_pool_follows_its_runtime_limit():
+    from kvsim import Engine, EngineConfig
+
+    small = Engine(EngineConfig(build_max_batch_size=2048, max_batch_size=64), epoch_s=0.0).memory.num_blocks
+    large = Engine(EngineConfig(build_max_batch_size=2048, max_batch_size=2048), epoch_s=0.0).memory.num_blocks
+    assert large < small

@@ -167,3 +167,64 @@ def test_a_broken_tpot_with_a_limit_that_does_not_bind_is_not_lowered() -> None:
     idle = decide(inp(spec=spec, w=window(util=0.3, active=17, queued=0, tpot=80)))
     assert (binding.action, binding.reason) == ("Lower", "TpotObjectiveBroken")
     assert (idle.action, idle.reason) == ("Hold", "LimitNotBinding")
+
+
+# -- do no harm (issue 8) --------------------------------------------------------------------------------------
+from kvpilot.autotune.policy import AppliedChange  # noqa: E402
+
+
+def test_a_partial_window_holds() -> None:
+    d = decide(inp(expected_pods=4, w=replace(window(util=0.30, active=64, queued=20), pods=3)))
+    assert (d.action, d.reason) == ("Hold", "PartialSignals")
+    d = decide(inp(expected_pods=4, w=replace(window(util=0.30, active=64, queued=20), pods=4)))
+    assert d.action == "Raise"
+
+
+def test_no_return_to_a_value_left_within_the_horizon() -> None:
+    # raised 64 -> 128 twenty minutes ago; paused requests would lower to 64: that is A->B->A
+    raised = (AppliedChange(NOW - timedelta(minutes=20), 64, 128),)
+    d = decide(inp(current=128, recent_changes=raised, w=window(util=0.80, active=128, paused=3)))
+    assert (d.action, d.reason) == ("Hold", "WouldOscillate"), d.message
+    # the same evidence after the horizon may lower
+    old = (AppliedChange(NOW - timedelta(hours=2), 64, 128),)
+    d = decide(inp(current=128, recent_changes=old, w=window(util=0.80, active=128, paused=3)))
+    assert d.action == "Lower"
+
+
+def test_a_lower_right_after_a_raise_needs_stronger_evidence() -> None:
+    raised = (AppliedChange(NOW - timedelta(minutes=20), 64, 256),)
+    slo = replace(SPEC, slo=SloSpec(None, 50))
+    weak = replace(window(util=0.5, active=256, queued=5, tpot=80), tpot_miss_fraction=0.08)
+    # surge rollouts make the restart cheap, so only the reversal rule stands in the way
+    d = decide(inp(current=256, spec=slo, recent_changes=raised, w=weak, surge=True))
+    assert (d.action, d.reason) == ("Hold", "RecentRaise"), d.message
+    strong = replace(weak, tpot_miss_fraction=0.4)
+    d = decide(inp(current=256, spec=slo, recent_changes=raised, w=strong, surge=True))
+    assert d.action == "Lower" and d.target > 64, d.message
+
+
+def test_a_raise_without_capacity_gain_holds() -> None:
+    # iteration time proportional to the batch (no intercept to amortize): a larger batch is no faster
+    flat = replace(window(util=0.30, active=64, queued=20), step_ms_intercept=0.01, step_ms_per_request=1.0)
+    d = decide(inp(w=flat))
+    assert (d.action, d.reason) == ("Hold", "NoCapacityGain"), d.message
+
+
+def test_a_limit_that_does_not_bind_is_never_raised_ahead_of_need() -> None:
+    w = replace(window(util=0.20, active=30, queued=0, tpot=10), step_ms_intercept=8.0, step_ms_per_request=0.05,
+                completion_rate=5.0, mean_generation=30)
+    d = decide(inp(current=64, replicas=8, spec=SLO_SPEC, w=w))
+    assert (d.action, d.reason) == ("Hold", "NoPressure"), d.message
+
+
+def test_a_tpot_lower_must_pay_for_its_restart() -> None:
+    slo = replace(SPEC, slo=SloSpec(None, 50))
+    few = replace(window(util=0.5, active=64, queued=5, tpot=60), tpot_miss_fraction=0.08)
+    d = decide(inp(spec=slo, w=few, replicas=2, restart_seconds=90))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+    # the same misses with a surge rollout (capacity never drops) are worth a lower
+    d = decide(inp(spec=slo, w=few, replicas=2, restart_seconds=90, surge=True))
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+    many = replace(few, tpot_miss_fraction=0.6)
+    d = decide(inp(spec=slo, w=many, replicas=2, restart_seconds=90))
+    assert d.action == "Lower", d.message

@@ -47,7 +47,7 @@ def test_defaults_fill_nested_objects() -> None:
     spec = doc["spec"]
     assert spec["build"]["kvCache"] == {"type": "paged", "tokensPerBlock": 32}
     assert spec["batching"]["maxBatchSize"] == 64
-    assert spec["serving"]["rollout"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["serving"]["rollout"] == {"strategy": "Auto", "maxSurge": 0, "maxUnavailable": 1}
     assert spec["autotune"]["mode"] == "Advisory"
 
 

@@ -8,11 +8,14 @@ DTYPES = ("float16", "bfloat16")
 QUANTIZATIONS = ("none", "fp8", "int4_awq", "int8_weight_only", "nvfp4")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 SCHEDULER_POLICIES = ("GuaranteedNoEvict", "MaxUtilization")
+ROLLOUT_STRATEGIES = ("Auto", "Surge", "NoSurge")
 SIMULATION_PROFILES = (
     "llama-3.1-8b-fp8-h100",
     "llama-3.1-8b-bf16-h100",
     "llama-3.1-8b-bf16-a100",
     "llama-3.1-8b-fp8-h200",
+    "llama-3.1-8b-fp8-l40s",
+    "llama-3.1-8b-fp8-l4",
     "llama-3.1-70b-fp8-h100-tp2",
     "llama-3.1-70b-fp8-h100-tp4",
     "llama-3.1-70b-bf16-h100-tp4",

@@ -129,6 +129,7 @@ class Toleration:
 class RolloutSpec:
     max_surge: int
     max_unavailable: int
+    strategy: str = "Auto"  # Auto | Surge | NoSurge (desired/rollout.py)
 
 
 @dataclass(frozen=True)

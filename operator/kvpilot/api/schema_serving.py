@@ -19,7 +19,7 @@ from kvpilot.api.openapi import (
     string_map,
 )
 from kvpilot.api.metrics_url import METRICS_URL_PATTERN, METRICS_URL_RULE_MESSAGE
-from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, SCHEDULER_POLICIES
+from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, ROLLOUT_STRATEGIES, SCHEDULER_POLICIES
 from kvpilot.api import patterns as P
 
 
@@ -129,6 +129,14 @@ def serving_schema() -> Schema:
                 "Rolling-update limits. The default (maxSurge 0, maxUnavailable 1) needs no spare GPU: it stops one "
                 "old pod before starting its replacement.",
                 {
+                    "strategy": string(
+                        "Auto: roll with surge (maxSurge 1, maxUnavailable 0, so serving capacity never drops) when "
+                        "a spare GPU of the pods' product is free, else use maxSurge/maxUnavailable. Surge: always "
+                        "maxSurge 1, maxUnavailable 0 (a new pod waits for a GPU). NoSurge: always "
+                        "maxSurge/maxUnavailable. The autotuner prices a restart with the strategy in force.",
+                        enum=ROLLOUT_STRATEGIES,
+                        default="Auto",
+                    ),
                     "maxSurge": integer("Extra pods allowed during a rollout.", 0, 1000, default=0),
                     "maxUnavailable": integer("Pods that may be down during a rollout.", 0, 1000, default=1),
                 },

@@ -15,10 +15,13 @@ rolling out. It reads the signals TensorRT-LLM actually gives:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from kvpilot.api.models import AutotuneSpec
+from kvpilot.autotune.whatif import Engine as WhatIfEngine
+from kvpilot.autotune.whatif import candidates as what_if_candidates
+from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.desired.observed import KvWindow
 
 HYSTERESIS = 0.05  # utilization band around the target where the tuner does not move
@@ -39,6 +42,19 @@ PROACTIVE_MIN_OCCUPANCY = 0.10  # below this the latency model has too little da
 MAX_LOWER_FACTOR = 0.5
 MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
+PROACTIVE_RAISES = False  # raising a limit that does not bind yet ("Headroom") is off: it is not do-no-harm
+REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
+LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
+MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
+
+
+@dataclass(frozen=True)
+class AppliedChange:
+    """One applied change of the runtime limit (status.autotune.history)."""
+
+    at: datetime
+    from_value: int
+    to_value: int
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,15 @@ class TunerInput:
     replicas: int = 1  # serving pods; a change restarts each of them in turn
     restart_seconds: float = 120.0  # measured start-to-Ready time of a pod (the cost of a change)
     build_seconds: float = 1200.0  # how long an engine build takes (the last one, when known)
+    # Applied changes, newest first (from status.autotune.history): no A->B->A within a planning horizon.
+    recent_changes: tuple[AppliedChange, ...] = ()
+    # Pods that should be reporting (the serving replicas); a window from fewer is partial. 0: unknown.
+    expected_pods: int = 0
+    # The rollout strategy in force: with surge (maxSurge >= 1, maxUnavailable 0) capacity never drops.
+    surge: bool = False
+    # The engine model for a what-if simulation of a proposed change (kvsim; autotune/whatif.py). None: the
+    # rules alone decide (a real engine whose model and GPU have no kvsim profile).
+    what_if: WhatIfEngine | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +195,30 @@ def _worth_a_restart(inp: TunerInput, w: KvWindow, misses: float, target: int,
     return benefit > cost, f"expected misses avoided {benefit:.0f}s vs caused {cost:.0f}s of traffic"
 
 
+def restart_cost_seconds(inp: TunerInput, load: float) -> float:
+    """Seconds of the fleet's traffic a rolling restart makes miss (a fluid model; the rollout in force).
+
+    With surge (a new pod is Ready before an old one stops) capacity never drops: only the requests cut off
+    or slowed by the switch count, about a tenth of a restart per pod. Without surge, each of the N pods is
+    down ``restart_seconds`` in turn; the others carry (N-1)/N of the capacity, so the share of traffic over
+    that misses while one pod is down, and about as long again while the backlog drains."""
+    n = max(1, inp.replicas)
+    per_pod = inp.restart_seconds
+    if inp.surge:
+        return 0.1 * per_pod * n
+    excess = max(0.0, load - (n - 1) / n) / max(load, 1e-9)
+    return n * per_pod * (excess * 2.0 + 0.1)
+
+
+def _lower_pays(inp: TunerInput, w: KvWindow, misses: float) -> tuple[bool, str]:
+    """A protective lower is worth it when the misses it may fix over the horizon (prudently, half of them)
+    exceed LOWER_MARGIN times what the restart costs."""
+    load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
+    cost = restart_cost_seconds(inp, load)
+    benefit = 0.5 * misses * PLANNING_HORIZON_SECONDS
+    return benefit > LOWER_MARGIN * cost, f"misses fixed {benefit:.0f}s vs restart {cost:.0f}s of traffic"
+
+
 def _protect(inp: TunerInput, w: KvWindow, target: int, reason: str, why: str) -> Decision:
     """A protective lower, unless the new limit would still be above every batch the pods ran."""
     if target >= w.peak_active:
@@ -235,6 +284,10 @@ def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
     load = max(w.mean_active / max(1, cur), _load(inp, w))
     absorbable = (n - 1) / n
     idle = _hold(inp, "NoPressure", f"Requests are admitted in time; load {load:.0%} of capacity; {util}")
+    if not PROACTIVE_RAISES:
+        # Do no harm: a limit that does not bind costs nothing, and a restart does. Measured on the suite
+        # (docs/tuner-suite.md), raising ahead of need never paid for its restart.
+        return idle
     if n < 2 or load < PROACTIVE_MIN_OCCUPANCY or load > PROACTIVE_MAX_LOAD * absorbable:
         return idle
     target_u = inp.spec.target_kv_cache_utilization_percent / 100
@@ -263,7 +316,11 @@ def decide(inp: TunerInput) -> Decision:
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
         return _hold(inp, "InsufficientData", "Not enough warm metrics in the window")
+    if inp.expected_pods and w.pods < inp.expected_pods:
+        return _hold(inp, "PartialSignals", f"Only {w.pods} of {inp.expected_pods} pods gave warm metrics "
+                     f"(warming up or scrapes failing); a partial view is no reason to restart")
     decision = _decide_from_signals(inp, w, lo, hi)
+    decision = _no_harm(inp, w, decision)
     if inp.last_applied_at is not None and decision.changes:
         elapsed = (inp.now - inp.last_applied_at).total_seconds()
         # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
@@ -276,6 +333,17 @@ def decide(inp: TunerInput) -> Decision:
         if elapsed < inp.spec.cooldown_seconds and not urgent:
             return _hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
                          f"pending: {decision.action} to {decision.target}")
+    # Last, so a hold for any other reason costs no simulation.
+    if decision.action in ("Raise", "Lower") and inp.what_if is not None:
+        options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
+                   if _no_harm(inp, w, replace(decision, target=c)).changes]
+        load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
+        best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
+                                    PLANNING_HORIZON_SECONDS)
+        if best is None and why != "no traffic fit":
+            return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
+        if best is not None:
+            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     return decision
 
 
@@ -298,7 +366,11 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     if broken:
         objective = inp.spec.slo.time_per_output_token_millis or 1  # type: ignore[union-attr]
         scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
-        return _protect(inp, w, math.floor(cur * scale), "TpotObjectiveBroken", broken)
+        misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
+        worth, verdict = _lower_pays(inp, w, misses)
+        if not worth:
+            return _hold(inp, "NotWorthARestart", f"{broken}; lowering would cost more than it saves ({verdict})")
+        return _protect(inp, w, math.floor(cur * scale), "TpotObjectiveBroken", f"{broken}; {verdict}")
 
     # Too small: requests wait (or miss TTFT) while the batch is full and the pool has room.
     pressure = _pressure(inp, w)
@@ -318,7 +390,11 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
     if w.peak_utilization >= target_u - HYSTERESIS:
         return _hold(inp, "AtTarget", f"{why}; the batch is full and {util} is at target")
     if not _tpot_margin(inp, w):
-        return _hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
+        if inp.what_if is None:
+            return _hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
+        # Requests miss: the what-if simulation (decide()) weighs the TPOT risk of each candidate.
+        return _move(inp, math.ceil(cur * MIN_RAISE_FACTOR), "QueueWithHeadroom",
+                     f"{why}; the TPOT objective is near, so the simulation decides how far to raise")
     fit = _kv_fit(w, target_u, hi)
     wanted = min(fit, _needed(inp, w, misses), math.floor(cur * MAX_STEP_FACTOR))
     bound = _tpot_bound(inp, w)
@@ -343,3 +419,40 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
                         f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)
     return _move(inp, wanted, "QueueWithHeadroom", f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
                  f"{verdict}")
+
+
+def _no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
+    """The guarantees every change must pass, whatever proposed it.
+
+    * no A->B->A within a planning horizon: a change never returns to (or past) a value the limit left less
+      than a horizon ago;
+    * a lower right after a raise needs stronger evidence than the raise had: paused requests, or a large
+      share of TPOT misses (a p95 over the objective alone is not enough);
+    * a raise must promise real capacity (the fitted step latency says decode throughput grows by
+      MIN_CAPACITY_GAIN at least): when the iteration time grows as fast as the batch, a larger batch only
+      makes every token slower.
+    """
+    if decision.action not in ("Raise", "Lower"):
+        return decision
+    horizon = PLANNING_HORIZON_SECONDS
+    for change in inp.recent_changes:
+        if (inp.now - change.at).total_seconds() >= horizon:
+            break
+        raised = change.to_value > change.from_value
+        back = decision.target <= change.from_value if raised else decision.target >= change.from_value
+        if back and decision.action == ("Lower" if raised else "Raise"):
+            return _hold(inp, "WouldOscillate", f"{decision.message}; but the limit left {change.from_value} less "
+                         f"than {horizon:.0f}s ago: no A->B->A within a planning horizon")
+    last = inp.recent_changes[0] if inp.recent_changes else None
+    if (decision.action == "Lower" and last is not None and last.to_value > last.from_value
+            and (inp.now - last.at).total_seconds() < horizon):
+        strong = w.paused > 0 or (w.tpot_miss_fraction or 0.0) >= REVERSAL_MIN_TPOT_MISSES
+        if not strong:
+            return _hold(inp, "RecentRaise", f"{decision.message}; a lower right after a raise needs stronger "
+                         f"evidence (paused requests or >= {REVERSAL_MIN_TPOT_MISSES:.0%} TPOT misses)")
+    if decision.action == "Raise" and decision.reason != "OutOfBounds":
+        gain = _capacity_gain(w, inp.current, decision.target)
+        if gain < MIN_CAPACITY_GAIN:
+            return _hold(inp, "NoCapacityGain", f"{decision.message}; but the fitted step latency predicts only "
+                         f"x{gain:.2f} decode throughput at {decision.target}: not worth a restart")
+    return decision

@@ -6,10 +6,15 @@ import argparse
 
 
 def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", required=True, help="kvsim workload: a bundled name (chat, code) or a YAML path.")
-    p.add_argument("--profile", required=True, help="kvsim profile, e.g. llama-3.1-8b-fp8-h100.")
-    p.add_argument("--slo-ttft-ms", type=float, required=True, help="Time-to-first-token objective (ms).")
-    p.add_argument("--slo-tpot-ms", type=float, required=True, help="Time-per-output-token objective (ms).")
+    p.add_argument("--suite", action="store_true",
+                   help="Run the benchmark suite (every case: static sweep, oracle, hindsight, tuner) and print "
+                        "one table (with --json: one JSON object). The single-workload flags are then ignored.")
+    p.add_argument("--case", action="append", default=None,
+                   help="With --suite: run only this case (repeatable).")
+    p.add_argument("--workload", help="kvsim workload: a bundled name (chat, code) or a YAML path.")
+    p.add_argument("--profile", help="kvsim profile, e.g. llama-3.1-8b-fp8-h100.")
+    p.add_argument("--slo-ttft-ms", type=float, help="Time-to-first-token objective (ms).")
+    p.add_argument("--slo-tpot-ms", type=float, help="Time-per-output-token objective (ms).")
     p.add_argument("--replicas", type=int, default=2, help="Serving replicas behind a least-loaded balancer.")
     p.add_argument("--restart-seconds", type=float, default=90.0, help="Cost of one replica restart (s).")
     p.add_argument("--ceiling", type=int, default=2048, help="Engine ceiling (build max_batch_size) for the tuner.")

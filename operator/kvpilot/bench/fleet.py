@@ -3,6 +3,19 @@
 It stands in for a Deployment: a configuration change is rolled one replica at a time; a restarting
 replica stops taking requests, drains what it holds (up to the pods' termination grace period), then is
 down for ``restart_s`` (model load) before it serves again with the new configuration.
+
+Clients give up: a streaming client that has seen no token ``client_timeout_s`` after it sent its request
+disconnects (an HTTP client's read timeout). Like a gateway, the balancer then forgets the request if it is
+still queued there; like trtllm-serve (its handlers await the client's disconnect and abort the request), a
+replica aborts it if it holds it, so it frees its batch slot and KV blocks instead of being served to nobody.
+Either way it is a miss. Without this, a backlog built while the limit was too low is served long after its
+clients left, and every later request waits behind it: no change of the limit could ever recover.
+
+A gateway may also shed load (``queue_timeout_s``): a request not yet scheduled that long after its arrival
+is rejected (at the balancer) or cancelled (in the replica), as a server-side queue policy with a timeout
+does. Under sustained overload a first-come-first-served queue otherwise fills to the client timeout and
+every request served has waited about that long (all miss a TTFT objective of seconds); with shedding the
+requests that are served are served in time, and goodput is what the capacity allows.
 """
 
 from __future__ import annotations
@@ -26,6 +39,10 @@ class Replica:
     next_config: EngineConfig | None = None
     restarts: int = 0
     held: list[RequestRecord] = field(default_factory=list)
+    replaces: Replica | None = None  # surge: the old replica this new one takes over from once Ready
+    retire: bool = False  # surge: an old replica draining out of the fleet
+    unstarted: deque[RequestRecord] = field(default_factory=deque)  # sent, no first token yet (arrival order)
+    unscheduled: deque[RequestRecord] = field(default_factory=deque)  # sent, not scheduled yet (arrival order)
 
     def load(self) -> int:
         """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
@@ -35,16 +52,24 @@ class Replica:
 
 class Fleet:
     """``queue_factor`` bounds what each replica holds to that many times its batch limit, as a gateway
-    queue does; the rest waits at the balancer and is dropped (a miss) after ``client_timeout_s``."""
+    queue does; the rest waits at the balancer. A request with no first token ``client_timeout_s`` after its
+    arrival is abandoned by its client: dropped at the balancer (``dropped``) or aborted in its replica
+    (``abandoned``); both are misses."""
 
     def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
-                 queue_factor: float = 2.0, client_timeout_s: float = 60.0):
+                 queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False,
+                 queue_timeout_s: float | None = None):
+        """``surge``: roll with maxSurge 1, maxUnavailable 0 (a new pod becomes Ready before an old one drains)."""
         self.restart_s = restart_s
+        self.surge = surge
         self.queue_factor = queue_factor
         self.client_timeout_s = client_timeout_s
+        self.queue_timeout_s = queue_timeout_s
         self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
         self.backlog: deque[Request] = deque()  # waiting at the balancer (no replica had room)
         self.dropped = 0
+        self.abandoned = 0
+        self.shed = 0  # by the gateway's queue timeout (at the balancer or cancelled in a replica)
         self.records: list[RequestRecord] = []
         self.lost: list[RequestRecord] = []
         self.now = 0.0
@@ -55,6 +80,7 @@ class Fleet:
             if r.state != "down":
                 r.engine.advance_to(t_s)
         self.now = t_s
+        self._abandon()
         self._transitions()
 
     def _room(self, r: Replica) -> int:
@@ -69,26 +95,65 @@ class Fleet:
             self.backlog.append(request)
 
     def _send(self, request: Request) -> bool:
-        up = [r for r in self.replicas if r.state == "up"]
-        if not up:
+        # least loaded among the replicas with room: during a rollout a pod with the new, larger limit has
+        # room while an old one is full, and the balancer must not stop at the old one
+        open_ = [r for r in self.replicas if r.state == "up" and self._room(r) > 0]
+        if not open_:
             return False
-        target = min(up, key=lambda r: (r.load(), r.name))
-        if self._room(target) <= 0:
-            return False
+        target = min(open_, key=lambda r: (r.load(), r.name))
         try:
             record = target.engine.submit(request, now_s=request.arrival_s)
         except RequestRejected:
             return True  # never servable: it counts as a miss (its arrival is in the workload total)
         target.held.append(record)
+        target.unstarted.append(record)
+        if self.queue_timeout_s is not None:
+            target.unscheduled.append(record)
         self.records.append(record)
         if len(target.held) > 4096:
             target.held = [x for x in target.held if x.finish_s is None]  # amortized: keep only the live ones
         return True
 
+    def _abandon(self) -> None:
+        """Abort, in the replica holding it, every request whose client gave up before its first token."""
+        deadline = self.now - self.client_timeout_s
+        for r in self.replicas:
+            pending = r.unstarted
+            while pending:
+                record = pending[0]
+                if record.first_token_s is not None or record.finish_s is not None:
+                    pending.popleft()  # streaming (its client stays) or over
+                elif record.arrival_s <= deadline:
+                    pending.popleft()
+                    if r.state != "down" and r.engine.abort(record):
+                        self.abandoned += 1
+                else:
+                    break  # sent in arrival order: the rest are younger
+            if self.queue_timeout_s is None:
+                continue
+            waiting = r.unscheduled
+            shed_before = self.now - self.queue_timeout_s
+            while waiting:
+                record = waiting[0]
+                if record.start_s is not None or record.finish_s is not None:
+                    waiting.popleft()
+                elif record.arrival_s <= shed_before:
+                    waiting.popleft()
+                    if r.state != "down" and r.engine.abort(record):
+                        self.shed += 1
+                else:
+                    break
+
+    @property
+    def gave_up(self) -> int:
+        """Requests that left without an answer: clients that gave up, and load the gateway shed."""
+        return self.dropped + self.abandoned + self.shed
+
     def _dispatch(self) -> None:
-        while self.backlog and self.now - self.backlog[0].arrival_s > self.client_timeout_s:
+        wait = min(self.client_timeout_s, self.queue_timeout_s if self.queue_timeout_s is not None else math.inf)
+        while self.backlog and self.now - self.backlog[0].arrival_s > wait:
             self.backlog.popleft()
-            self.dropped += 1  # the client gave up
+            self.dropped += 1  # the client gave up, or the gateway shed it
         while self.backlog and self._send(self.backlog[0]):
             self.backlog.popleft()
 
@@ -97,7 +162,7 @@ class Fleet:
         return any(r.state != "up" or r.next_config is not None for r in self.replicas)
 
     def roll_to(self, config: EngineConfig) -> None:
-        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1)."""
+        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1; or with surge)."""
         for r in self.replicas:
             if r.config != config:
                 r.next_config = config
@@ -109,16 +174,35 @@ class Fleet:
     def _start_next_restart(self) -> None:
         if any(r.state != "up" for r in self.replicas):
             return
+        if self.surge:
+            for r in self.replicas:
+                if r.next_config is not None:
+                    new = Replica(r.name + "'", r.next_config, Engine(r.next_config, epoch_s=r.engine.epoch_s),
+                                  state="down", until_s=self.now + self.restart_s, restarts=r.restarts + 1, replaces=r)
+                    self.replicas.append(new)
+                    return
+            return
         for r in self.replicas:
             if r.next_config is not None:
                 r.state, r.until_s = "draining", self.now + GRACE_SECONDS
                 return
 
     def _transitions(self) -> None:
-        for r in self.replicas:
-            if r.state == "draining" and (r.load() == 0 or self.now >= r.until_s):
+        for r in list(self.replicas):
+            if r.retire and (r.load() == 0 or self.now >= r.until_s):
+                self.lost += [x for x in r.held if x.finish_s is None]
+                self.replicas.remove(r)
+                self._start_next_restart()
+            elif r.replaces is not None and r.state == "down" and self.now >= r.until_s:
+                old, r.replaces = r.replaces, None
+                r.engine.advance_to(self.now)
+                r.state = "up"
+                old.state, old.until_s, old.next_config, old.retire = "draining", self.now + GRACE_SECONDS, None, True
+            elif r.state == "draining" and (r.load() == 0 or self.now >= r.until_s):
                 self.lost += [x for x in r.held if x.finish_s is None]  # cut off by the restart
                 r.held = []
+                r.unstarted.clear()
+                r.unscheduled.clear()
                 r.state, r.until_s = "down", self.now + self.restart_s
             elif r.state == "down" and self.now >= r.until_s:
                 r.config = r.next_config or r.config

@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 import sys
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
+from kvsim.config import CapacityPolicy
 from kvsim.workload import load_workload
 
 from kvpilot.api.crd import spec_openapi
@@ -55,14 +57,17 @@ def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: floa
             "finished": finished, "requests": total}
 
 
-def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: bool = False) -> EngineConfig:
+def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: bool = False,
+                  policy: str = "GuaranteedNoEvict") -> EngineConfig:
+    capacity = CapacityPolicy.MAX_UTILIZATION if policy == "MaxUtilization" else CapacityPolicy.GUARANTEED_NO_EVICT
     return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=runtime,
-                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner)
+                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner,
+                        capacity_policy=capacity)
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
-               duration_s: float) -> dict:
-    fleet = Fleet(config, replicas, restart_s=0.0)
+               duration_s: float, queue_timeout_s: float | None = None) -> dict:
+    fleet = Fleet(config, replicas, restart_s=0.0, queue_timeout_s=queue_timeout_s)
     for req in requests:
         fleet.advance(req.arrival_s)
         fleet.submit(req)
@@ -70,7 +75,9 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
     return goodput(fleet.records, len(requests), slo, duration_s)
 
 
-def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int) -> InferenceEngine:
+def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
+                 policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
+                 surge: bool = False) -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults."""
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
@@ -78,10 +85,10 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
             "model": {"source": "pvc://models/bench", "architecture": "llama"},
             "runtime": {"backend": "simulated", "simulation": {"profile": profile}},
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
-            "batching": {"maxBatchSize": min(start, ceiling)},
+            "batching": {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy},
             "engineCache": {"claimName": "engines"},
-            "serving": {"replicas": replicas},
-            "autotune": {"mode": "Auto", "maxBatchSize": ceiling,
+            "serving": {"replicas": replicas, "rollout": {"strategy": "Surge" if surge else "NoSurge"}},
+            "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling,
                          "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
         },
     }
@@ -92,10 +99,15 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
 
 
 def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
-            slo: Slo) -> KvWindow | None:
+            slo: Slo, fleet_arrivals: int = 0, gave_up: int = 0) -> KvWindow | None:
     """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
-    /prometheus/metrics histograms would show (here from the requests that finished in the window)."""
+    /prometheus/metrics histograms would show (here from the requests that finished in the window).
+    ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
+    out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them."""
     samples, ttfts, tpots, completed = {}, [], [], 0
+    prompts: list[int] = []
+    outputs: list[int] = []
+    limits: list[int] = []
     for r in fleet.replicas:
         if r.state != "up":
             continue
@@ -107,12 +119,23 @@ def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, read
         ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
         tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
         completed += len(finished)
+        prompts += [x.prompt_tokens for x in finished]
+        outputs += [x.output_tokens for x in finished]
+        limits += [x.max_tokens for x in finished]
     window = summarize_window(samples, window_seconds=interval_s)
     if window is None:
         return None
     rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
+    arrivals = fleet_arrivals / interval_s / max(1, len(samples))
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
-                   ttft_miss_fraction=_share_over(ttfts, slo.ttft_ms), tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
+                   arrival_rate=arrivals, prompt_mean=_mean(prompts), output_mean=_mean(outputs),
+                   max_tokens_mean=_mean(limits),
+                   ttft_miss_fraction=_miss_share(ttfts, slo.ttft_ms, gave_up),
+                   tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
+
+
+def _mean(values: list[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _p95(values: list[float]) -> float | None:
@@ -122,18 +145,32 @@ def _p95(values: list[float]) -> float | None:
     return values[min(len(values) - 1, int(0.95 * len(values)))]
 
 
+def _miss_share(ttfts: list[float], limit: float, gave_up: int) -> float | None:
+    """Share of the interval's requests that missed the TTFT objective, counting those that got no answer."""
+    total = len(ttfts) + gave_up
+    return (sum(1 for v in ttfts if v > limit) + gave_up) / total if total else None
+
+
 def _share_over(values: list[float], limit: float) -> float | None:
     return sum(1 for v in values if v > limit) / len(values) if values else None
 
 
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
-                  slo: Slo, horizon_s: float, duration_s: float, start: int = 64) -> dict[str, Any]:
-    engine = tuned_engine(profile, ceiling, slo, start, replicas)
+                  slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
+                  autotune_max: int | None = None, series: bool = False, surge: bool = False,
+                  queue_timeout_s: float | None = None) -> dict[str, Any]:
+    """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
+    interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions)."""
+    engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge)
     interval = float(engine.spec.autotune.interval_seconds)
     status: dict[str, Any] = {}
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
-    fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size), replicas, restart_s)
+    fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
+                  restart_s, surge=surge, queue_timeout_s=queue_timeout_s)
+    points: list[dict[str, Any]] = []
+    decision_cpu: list[float] = []
+    arrived_before = gave_up_before = 0
     ready_at = {r.name: 0.0 for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
     while True:
@@ -142,7 +179,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
         before = {r.name: r.state for r in fleet.replicas}
         fleet.advance(t)
         for r in fleet.replicas:
-            if before[r.name] != "up" and r.state == "up":
+            if before.get(r.name) != "up" and r.state == "up":
                 ready_at[r.name] = t
         if t >= horizon_s:
             break
@@ -151,20 +188,47 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             i += 1
         if t >= next_tick:
             next_tick += interval
-            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo)
+            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
+                             fleet.gave_up - gave_up_before)
+            gave_up_before = fleet.gave_up
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s)
+            started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
+            decision_cpu.append(time.process_time() - started)
             status = p.status
             want = status["batching"]["maxBatchSize"]
             if _target(fleet) != want:
-                fleet.roll_to(engine_config(profile, ceiling, want))
+                fleet.roll_to(engine_config(profile, ceiling, want, policy=policy))
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"]})
+            if series:
+                points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
+            arrived_before = i
     result = goodput(fleet.records, len(requests), slo, duration_s)
     result.update({"changes": changes, "final": _target(fleet), "history": history,
-                   "restarts": sum(r.restarts for r in fleet.replicas)})
+                   "restarts": sum(r.restarts for r in fleet.replicas),
+                   "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),
+                                     "max": 1e3 * max(decision_cpu, default=0.0), "decisions": len(decision_cpu)}})
+    if series:
+        result["series"] = points
     return result
+
+
+def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | None, slo: Slo,
+           fleet: Fleet | None = None) -> dict[str, Any]:
+    """One time-series point of a tuned run (what the docs' plots show). ``limit`` is the target the plan
+    set; ``inForce`` the max_batch_size the serving pods run now (lags the target while a rollout rolls)
+    and ``active`` the fleet's mean batch (requests fetched into the batch per warm pod, from the window)."""
+    met = None
+    if w is not None and w.ttft_miss_fraction is not None:
+        met = max(0.0, 1.0 - w.ttft_miss_fraction - (w.tpot_miss_fraction or 0.0))
+    return {"t": round(t), "offered": arrivals / interval, "limit": limit,
+            "kv": None if w is None else w.peak_utilization, "ttftP95": None if w is None else w.ttft_p95_ms,
+            "tpotP95": None if w is None else w.tpot_p95_ms, "attainment": met,
+            "inForce": None if fleet is None else sorted(r.config.max_batch_size or 0 for r in fleet.replicas
+                                                         if r.state == "up"),
+            "active": None if w is None else w.mean_active}
 
 
 def _target(fleet: Fleet) -> int:

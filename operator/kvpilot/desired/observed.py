@@ -102,6 +102,13 @@ class KvWindow:
     # the latest reason: reported in a condition so a hostile or foreign pod is visible, never a crash.
     rejected_samples: int = 0
     rejection: str | None = None
+    # The traffic, for the tuner's what-if simulation (autotune/whatif.py): requests received per second per
+    # pod and the mean prompt, output and max_tokens of the requests finished in the window (the request
+    # counters and token histograms of /prometheus/metrics). 0: unknown.
+    arrival_rate: float = 0.0
+    prompt_mean: float = 0.0
+    output_mean: float = 0.0
+    max_tokens_mean: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,9 @@ class Observed:
     claim_uid: str = ""  # the cache claim's UID once observed: names its build Job, validates index entries
     kv: KvWindow | None = None
     startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
+    # Whether a GPU of the serving pods' product is free for one surge pod (None: not observed). Read by
+    # desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
+    spare_gpu: bool | None = None
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

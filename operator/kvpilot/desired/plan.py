@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+import math
 from typing import Any
 
 from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
-from kvpilot.autotune.policy import Decision, TunerInput, decide
+from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
+from kvpilot.desired.rollout import rolling_update, surge_in_force
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
 from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
@@ -67,10 +70,11 @@ class Plan:
 
 def _serving_children(
     engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int,
-    surface: Surface | None = None,
+    surface: Surface | None = None, spare_gpu: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
-    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm)
+    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm,
+                             rolling_update(engine.spec.serving.rollout, spare_gpu))
     return cm, dep
 
 
@@ -96,8 +100,42 @@ def _tune(
             replicas=spec.serving.replicas,
             restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
             build_seconds=_last_build_seconds(observed.status) or DEFAULT_BUILD_SECONDS,
+            recent_changes=_recent_changes(observed.status, now),
+            expected_pods=spec.serving.replicas,
+            surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
+            what_if=_what_if(spec, ceiling, observed),
         )
     )
+
+
+def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
+    """The kvsim model of the served engine, when one exists (the simulated backend names its profile)."""
+    sim = spec.runtime.simulation
+    if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
+        return None
+    slo = spec.autotune.slo
+    ttft = slo.time_to_first_token_millis if slo else None
+    return WhatIfEngine(
+        profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
+        replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+        surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
+        ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
+        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
+        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
+
+
+def _recent_changes(status: dict[str, Any], now: datetime) -> tuple[AppliedChange, ...]:
+    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
+    out = []
+    for record in (status.get("autotune") or {}).get("history") or []:
+        if not record.get("applied") or record.get("action") not in ("Raise", "Lower"):
+            continue
+        try:
+            at = datetime.strptime(record["at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+            out.append(AppliedChange(at, int(record["fromBatchSize"]), int(record["toBatchSize"])))
+        except (KeyError, TypeError, ValueError):
+            continue  # a hand-edited or older record: ignored, not fatal
+    return tuple(out)
 
 
 def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:
@@ -131,7 +169,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
 
     can_serve = served is not None or not spec.builds_engine
     surface, known_by, mismatch = serving_surface(spec, serve_image, (engine_info or {}).get("trtllm"))
-    cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface) if can_serve else ({}, {})
+    cm, dep = (_serving_children(engine, served, serve_image, claim, batch, surface, observed.spare_gpu)
+               if can_serve else ({}, {}))
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
@@ -146,7 +185,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         batch = decision.target
         reason = "AutotuneRaised" if decision.action == "Raise" else "AutotuneLowered"
         message = decision.message
-        cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface)
+        cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface, observed.spare_gpu)
         conds, rolling = compute_conditions(
             spec, build, obs, claim, serving_fp, can_serve, str(batch), serving.config_hash(cm)
         )

@@ -89,7 +89,9 @@ def deployment(
     claim: str | None,
     max_batch_size: int,
     config_map: dict[str, Any],
+    rolling_update: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """``rolling_update``: the limits in force (desired/rollout.py); None: the spec's maxSurge/maxUnavailable."""
     s = spec.serving
     gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size if engine else spec.build.gpus
     command = serve_command(spec, engine, max_batch_size)
@@ -139,7 +141,8 @@ def deployment(
             "selector": {"matchLabels": L.server_selector(owner.name)},
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": s.rollout.max_surge, "maxUnavailable": s.rollout.max_unavailable},
+                "rollingUpdate": rolling_update
+                or {"maxSurge": s.rollout.max_surge, "maxUnavailable": s.rollout.max_unavailable},
             },
             "progressDeadlineSeconds": s.startup_timeout_seconds + 600,
             "template": {

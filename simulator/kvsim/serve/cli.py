@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..memory import plan_memory
 
     plan = plan_memory(cfg.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
-                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens)
+                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
+                       runtime_max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len)
     for warning in settings.warnings:
         print(f"[TensorRT-LLM][WARNING] {warning}", flush=True)
     _log(f"kvsim plays TensorRT-LLM {settings.version} (KVSIM_TRTLLM_RELEASE)")

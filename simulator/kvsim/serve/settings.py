@@ -220,7 +220,8 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
     try:
         config = config.resolved()
         plan_memory(config.profile, config.build_max_batch_size, config.build_max_num_tokens,
-                    config.tokens_per_block, config.free_gpu_memory_fraction, config.kv_max_tokens)
+                    config.tokens_per_block, config.free_gpu_memory_fraction, config.kv_max_tokens,
+                    runtime_max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     return ServeSettings(

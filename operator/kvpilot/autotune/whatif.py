@@ -1,0 +1,191 @@
+"""Model-predictive check of a proposed change: "what if" the limit moved, simulated with kvsim before acting.
+
+The policy's rules propose a change; this module replays the traffic the pods saw (fitted from the window:
+arrival rate, prompt and output lengths) on the same engine model the benchmark uses (kvsim, as a library),
+twice with the same random stream: staying put, and rolling to the candidate (the rolling restart included,
+with the rollout strategy in force). The change goes ahead only when the candidate's goodput over the
+planning horizon beats staying put by ``MARGIN``. Deterministic (seeded), so the policy stays a pure
+function of its input; its CPU cost is bounded by ``MAX_REQUESTS`` simulated requests per candidate.
+
+It needs a kvsim profile for the pods' model and GPU: the simulated backend names one; for a real engine the
+tuner falls back to its rules alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kvsim import EngineConfig, Request
+from kvsim.config import CapacityPolicy
+
+from kvpilot.bench.fleet import Fleet
+from kvpilot.desired.observed import KvWindow
+
+MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
+HORIZON_SECONDS = 600.0  # how far ahead the traffic is assumed to hold
+WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet
+SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
+MAX_REQUESTS = 6000  # per simulated run: bounds the CPU cost of one decision (a few CPU-seconds)
+STEADY_SECONDS = 240.0  # simulated traffic per candidate
+SEED = 8
+
+
+@dataclass(frozen=True)
+class TrafficFit:
+    """What the window says about the traffic of the whole fleet (lognormal lengths around the means)."""
+
+    rate_per_s: float
+    prompt_mean: float
+    output_mean: float
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the simulation needs to know about the served engine."""
+
+    profile: str
+    ceiling: int
+    scheduler_policy: str
+    replicas: int
+    restart_seconds: float
+    surge: bool
+    ttft_ms: float
+    tpot_ms: float
+    # The simulated gateway sheds a request not scheduled within this many seconds (SHED_SHARE of the TTFT
+    # objective). The simulation then measures what each limit serves in time, its capacity under the SLO:
+    # without shedding, a first-come-first-served queue near saturation fills to the client timeout and every
+    # limit short of ample capacity scores ~0, so the comparison would measure the queue, not the limit.
+    queue_timeout_s: float | None = None
+
+
+def fit_traffic(w: KvWindow) -> TrafficFit | None:
+    """The fleet's arrival rate and length means from the window; None when the window has no such data."""
+    rate = w.arrival_rate * max(1, w.pods)
+    if rate <= 0 or w.prompt_mean <= 0 or w.output_mean <= 0:
+        return None
+    return TrafficFit(rate, w.prompt_mean, w.output_mean, max(int(w.max_tokens_mean), int(w.output_mean) + 1))
+
+
+def candidates(current: int, target: int, lo: int, hi: int) -> list[int]:
+    """The rules' target and the steps a doubling ladder offers in the same direction, within the bounds."""
+    if target > current:
+        ladder = [current * 2, current * 4, current * 8]
+    else:
+        ladder = [current // 2]
+    return sorted({max(lo, min(hi, c)) for c in [target, *ladder]} - {current})
+
+
+def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
+    import random
+
+    rng = random.Random(SEED)
+    out, t = [], 0.0
+    sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
+    while True:
+        t += rng.expovariate(fit.rate_per_s)
+        if t >= duration_s or len(out) >= 2 * MAX_REQUESTS:
+            return out
+        prompt = max(1, round(rng.lognormvariate(math.log(fit.prompt_mean) - sigma * sigma / 2, sigma)))
+        output = max(1, round(rng.lognormvariate(math.log(fit.output_mean) - sigma * sigma / 2, sigma)))
+        out.append(Request(prompt_tokens=prompt, output_tokens=min(output, fit.max_tokens),
+                           max_tokens=fit.max_tokens, arrival_s=t, request_id=len(out)))
+
+
+def _config(e: Engine, limit: int) -> EngineConfig:
+    policy = CapacityPolicy.MAX_UTILIZATION if e.scheduler_policy == "MaxUtilization" \
+        else CapacityPolicy.GUARANTEED_NO_EVICT
+    return EngineConfig(profile=e.profile, build_max_batch_size=e.ceiling, max_batch_size=limit,
+                        enable_chunked_context=True, capacity_policy=policy)
+
+
+def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, horizon_s: float) -> float:
+    """Requests per second meeting both objectives, of those arriving after the (possible) change."""
+    horizon_s = min(horizon_s, MAX_REQUESTS / fit.rate_per_s)
+    requests = _requests(fit, WARMUP_SECONDS + horizon_s)
+    fleet = Fleet(_config(e, current), e.replicas, e.restart_seconds, surge=e.surge,
+                  queue_timeout_s=e.queue_timeout_s)
+    rolled = candidate == current
+    for req in requests:
+        if not rolled and req.arrival_s >= WARMUP_SECONDS:
+            fleet.advance(WARMUP_SECONDS)
+            fleet.roll_to(_config(e, candidate))
+            rolled = True
+        _advance(fleet, req.arrival_s)
+        fleet.submit(req)
+    _advance(fleet, WARMUP_SECONDS + horizon_s + 60.0)
+    good = sum(1 for r in fleet.records
+               if r.arrival_s >= WARMUP_SECONDS and r.finish_s is not None and r.ttft_s is not None
+               and r.ttft_s * 1e3 <= e.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= e.tpot_ms))
+    return good / horizon_s
+
+
+def _advance(fleet: Fleet, t: float) -> None:
+    while fleet.next_transition() < t:
+        fleet.advance(fleet.next_transition())
+    fleet.advance(t)
+
+
+GRID = 0.025  # the fit is rounded to a 2.5% log grid, so a steady traffic hits the cache window after window
+
+
+def quantized(fit: TrafficFit) -> TrafficFit:
+    """The fit on a 2.5% grid: traffic that barely moved replays the same simulation (from the cache)."""
+    def q(x: float) -> float:
+        return round(math.exp(round(math.log(x) / GRID) * GRID), 3)
+
+    return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), fit.max_tokens)
+
+
+@lru_cache(maxsize=512)
+def steady_goodput(e: Engine, fit: TrafficFit, limit: int) -> float:
+    """Good requests per second at ``limit`` once the fleet is loaded (no restart): the fitted traffic for
+    STEADY_SECONDS (fewer at high rates: MAX_REQUESTS bounds the CPU), counted after the first fifth.
+    Memoized (pure: seeded traffic, the same engine model)."""
+    duration = min(STEADY_SECONDS, MAX_REQUESTS / fit.rate_per_s)
+    requests = _requests(fit, duration)
+    fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s)
+    for req in requests:
+        fleet.advance(req.arrival_s)
+        fleet.submit(req)
+    fleet.advance(duration + 60.0)
+    start = duration / 5
+    good = sum(1 for r in fleet.records
+               if r.arrival_s >= start and r.finish_s is not None and r.ttft_s is not None
+               and r.ttft_s * 1e3 <= e.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= e.tpot_ms))
+    return good / (duration - start)
+
+
+def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
+            horizon_s: float) -> tuple[int | None, str]:
+    """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
+    good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
+    model for the rollout in force) and beats staying put by MARGIN; None when no candidate does. Also the
+    figures and the CPU it took. Without a traffic fit: None with the reason "no traffic fit"."""
+    fit = fit_traffic(w)
+    if fit is None:
+        return None, "no traffic fit"
+    # Deterministic in its inputs, so memoizing it keeps the policy a pure function; a steady traffic then
+    # costs one simulation per candidate, not one per window.
+    fit = quantized(fit)
+    started = time.process_time()
+    stay = steady_goodput(e, fit, current)
+    results = {c: steady_goodput(e, fit, c) for c in candidates if c != current}
+    cpu = time.process_time() - started
+    rollout_s = e.replicas * e.restart_seconds
+    lost = restart_cost_s * stay
+    gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
+    ok = [c for c in results if results[c] > stay * (1 + MARGIN) + 1e-9 and gains[c] > lost]
+    top = max((results[c] for c in ok), default=0.0)
+    near = [c for c in ok if results[c] >= 0.99 * top]
+    # Within 1% of the best, a raise takes the largest (the fit under-counts long outputs still in flight, so
+    # capacity to spare is the safer error) and a lower the mildest.
+    best = max(near) if near else None
+    tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
+    why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
+           f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "
+           f"({cpu:.1f} CPU-s)")
+    return best, why

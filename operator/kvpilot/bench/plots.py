@@ -1,0 +1,92 @@
+"""Time-series plots of the suite's tuned runs (``python -m kvpilot.bench.plots suite.json docs/tuner-suite``).
+
+One SVG per case, what a platform engineer looks at before turning on ``mode: Auto``: offered load and the
+limit in force, KV-pool utilization, p95 TTFT and TPOT against the objectives, SLO attainment per tuning
+interval, and every applied change as a vertical marker. Needs the ``plots`` extra (matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small files
+    import matplotlib.pyplot as plt
+
+    series = row["autotuned"].get("series") or []
+    t = [p["t"] / 60 for p in series]
+    fig, axes = plt.subplots(4, 1, figsize=(8, 8), sharex=True)
+    ax = axes[0]
+    ax.plot(t, [p["offered"] for p in series], color="tab:gray", label="offered load (req/s)")
+    ax.set_ylabel("req/s")
+    twin = ax.twinx()
+    twin.step(t, [p["limit"] for p in series], where="post", color="tab:blue", linestyle=":",
+              label="max_batch_size set")
+    twin.step(t, [max(p["inForce"]) if p.get("inForce") else None for p in series], where="post",
+              color="tab:blue", label="in force (largest serving pod)")
+    twin.plot(t, [p.get("active") for p in series], color="tab:cyan", linewidth=0.8, label="mean batch per pod")
+    twin.set_ylabel("max_batch_size")
+    ax.legend(loc="upper left", fontsize=7)
+    twin.legend(loc="upper right", fontsize=7)
+    axes[1].plot(t, [_pct(p["kv"]) for p in series], color="tab:green")
+    axes[1].set_ylabel("KV pool peak %")
+    axes[1].set_ylim(0, 105)
+    axes[2].plot(t, [p["ttftP95"] for p in series], color="tab:orange", label="p95 TTFT (ms)")
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("TTFT ms")
+    tw2 = axes[2].twinx()
+    tw2.plot(t, [p["tpotP95"] for p in series], color="tab:purple", label="p95 TPOT (ms)")
+    tw2.set_ylabel("TPOT ms")
+    if slo:
+        axes[2].axhline(slo[0], color="tab:orange", linestyle=":", linewidth=1)
+        tw2.axhline(slo[1], color="tab:purple", linestyle=":", linewidth=1)
+    axes[2].legend(loc="upper left", fontsize=7)
+    tw2.legend(loc="upper right", fontsize=7)
+    axes[3].plot(t, [_pct(p["attainment"]) for p in series], color="tab:red")
+    axes[3].set_ylabel("SLO met %")
+    axes[3].set_ylim(0, 105)
+    axes[3].set_xlabel("minutes")
+    for change in row["autotuned"]["history"]:
+        for a in axes:
+            a.axvline(change["atSeconds"] / 60, color="black", linestyle="--", linewidth=0.8)
+        axes[0].annotate(f"->{change['to']}", (change["atSeconds"] / 60, 0), fontsize=7,
+                         xycoords=("data", "axes fraction"))
+    fig.suptitle(f"{row['case']} ({row['profile']}): autotuned {row['autotuned']['goodput']:.2f} req/s good, "
+                 f"x{row['ratios']['overOracle']:.2f} oracle static, {row['autotuned']['changes']} changes",
+                 fontsize=9)
+    fig.tight_layout()
+    path = out / f"{row['case']}.svg"
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+    return path
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else 100 * value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 2:
+        print("usage: python -m kvpilot.bench.plots SUITE.json OUTPUT_DIR", file=sys.stderr)
+        return 2
+    suite = json.loads(Path(args[0]).read_text())
+    out = Path(args[1])
+    out.mkdir(parents=True, exist_ok=True)
+    from kvpilot.bench.suite import CASES
+
+    slos = {c.name: (c.ttft_ms, c.tpot_ms) for c in CASES}
+    for row in suite["cases"]:
+        print(plot_case(row, out, slos.get(row["case"])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

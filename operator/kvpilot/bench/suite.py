@@ -1,0 +1,312 @@
+"""``kvpilot bench tuner --suite``: the autotuner against doing nothing, the best static value and hindsight.
+
+Each case is a workload on a profile with SLOs. Per case the suite runs the static sweep (every value in
+``SWEEP`` within the tuner's bounds, with no restart), takes the oracle static (the best of the sweep), builds
+the hindsight-best schedule (the best static value of each phase, one change at each phase boundary, paying
+the rolling restart; never worse than the oracle, which is the schedule that never changes) and runs the
+operator's tuner in the loop (``run_autotuned``). The cases cover where the knob does not matter as well as
+where it does, and the table says which is which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsim import Request
+from kvsim.workload import parse_workload
+
+from kvpilot.bench.fleet import Fleet
+from kvpilot.bench.tuner import Slo, engine_config, goodput, run_autotuned
+
+SWEEP = (32, 64, 128, 256, 512, 1024)
+CEILING = 1024
+START = 64
+# The gateway sheds a request not scheduled within this share of the case's TTFT objective (docs/tuner-suite.md,
+# "Queue model"); clients that see no token give up after the fleet's client timeout either way.
+QUEUE_TIMEOUT_SHARE = 0.5
+# The reactive bound: each phase's best static value, each change made this long after the evidence could exist
+# (t=0 for the start, each phase boundary), paying the rollout. Two 30 s tuning intervals: the first window
+# after a shift is the earliest a tuner that measures can act on.
+REACT_SECONDS = 60.0
+
+
+def _lognormal(mean: int, median: int, high: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"distribution": "lognormal", "mean": mean, "median": median}
+    if high:
+        out["max"] = high
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    profile: str
+    covers: str  # which part of the coverage the case stands for
+    phases: tuple[tuple[float, float], ...]  # (seconds, requests per second)
+    prompt: tuple[int, int]  # lognormal (mean, median)
+    output: tuple[int, int]
+    max_tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    replicas: int = 2
+    restart_s: float = 90.0
+    policy: str = "GuaranteedNoEvict"
+    process: str = "poisson"
+    cv: float = 1.0
+    seed: int = 7
+    prompt_cap: int | None = None
+    steady: bool = True  # one phase: at most one change after settling is allowed
+    surge: bool = False  # roll with maxSurge 1 / maxUnavailable 0 (a spare GPU exists)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def requests(self) -> list[Request]:
+        doc = {
+            "name": self.name, "seed": self.seed, "maxTokens": self.max_tokens,
+            "inputTokens": _lognormal(*self.prompt, self.prompt_cap),
+            "outputTokens": _lognormal(*self.output),
+            "arrivals": [{"durationSeconds": d, "ratePerSecond": r, "process": self.process, "cv": self.cv}
+                         for d, r in self.phases],
+        }
+        return parse_workload(doc, f"suite case {self.name}").requests()
+
+    @property
+    def queue_timeout_s(self) -> float:
+        return QUEUE_TIMEOUT_SHARE * self.ttft_ms / 1e3
+
+    @property
+    def duration_s(self) -> float:
+        return sum(d for d, _ in self.phases)
+
+    @property
+    def boundaries(self) -> list[float]:
+        out, t = [], 0.0
+        for d, _ in self.phases[:-1]:
+            t += d
+            out.append(t)
+        return out
+
+
+CASES: tuple[Case, ...] = (
+    Case("light-chat", "llama-3.1-8b-fp8-h100", "light load: nothing to change",
+         ((900, 4.0),), (600, 400), (250, 180), 1024, 2000, 50),
+    Case("light-a100", "llama-3.1-8b-bf16-a100", "light load on A100",
+         ((900, 2.0),), (800, 500), (300, 220), 1024, 3000, 60),
+    Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
+         ((900, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
+    Case("tight-tpot-overload", "llama-3.1-8b-bf16-a100", "overload with a tight TPOT objective (interior optimum)",
+         ((600, 28.0),), (300, 200), (300, 200), 1024, 3000, 22),
+    Case("long-output-a100", "llama-3.1-8b-bf16-a100", "high rate, long outputs: 64 is too low",
+         ((600, 30.0),), (150, 120), (600, 450), 1024, 3000, 60),
+    Case("long-output-l40s-surge", "llama-3.1-8b-fp8-l40s", "64 too low on a 48 GB GPU, surge rollouts",
+         ((600, 36.0),), (150, 120), (600, 450), 1024, 3000, 60, surge=True),
+    Case("longctx-maxutil-l4", "llama-3.1-8b-fp8-l4", "long context, KV-scarce 24 GB, MaxUtilization (pausing)",
+         ((900, 0.4),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
+    Case("longctx-maxutil-l40s", "llama-3.1-8b-fp8-l40s", "long context, KV-scarce 48 GB, MaxUtilization",
+         ((900, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
+    Case("phase-shift-l40s", "llama-3.1-8b-fp8-l40s", "phase shift: light long prompts, then many long outputs",
+         ((600, 2.0), (600, 36.0)), (200, 150), (600, 450), 1024, 3000, 60, steady=False),
+    Case("burst-a100", "llama-3.1-8b-bf16-a100", "bursty arrivals (gamma, cv 3)",
+         ((900, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
+    Case("70b-tp2-4to12", "llama-3.1-70b-fp8-h100-tp2", "issue case: 70B TP2, 4 then 12 req/s",
+         ((600, 4.0), (1200, 12.0)), (700, 500), (300, 220), 1024, 3000, 40, steady=False),
+    Case("70b-tp2-steady", "llama-3.1-70b-fp8-h100-tp2", "70B tensor-parallel, steady",
+         ((900, 6.0),), (700, 500), (300, 220), 1024, 3000, 40),
+    Case("ramp-a100", "llama-3.1-8b-bf16-a100", "issue case: held-out ramp on A100",
+         ((300, 2.0), (300, 6.0), (300, 12.0), (300, 20.0), (300, 28.0)), (700, 500), (300, 220), 1024, 3000, 60,
+         steady=False),
+)
+
+
+def _phase_goodput(records: list, case: Case, start: float, end: float) -> int:
+    slo = Slo(case.ttft_ms, case.tpot_ms)
+    return sum(
+        1 for r in records
+        if start <= r.arrival_s < end and r.finish_s is not None and r.ttft_s is not None
+        and r.ttft_s * 1e3 <= slo.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= slo.tpot_ms)
+    )
+
+
+def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: float) -> tuple[dict, list]:
+    fleet = Fleet(engine_config(case.profile, CEILING, mbs, policy=case.policy), case.replicas, restart_s=0.0,
+                  queue_timeout_s=case.queue_timeout_s)
+    for req in requests:
+        fleet.advance(req.arrival_s)
+        fleet.submit(req)
+    fleet.advance(horizon)
+    return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s), fleet.records
+
+
+def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict:
+    """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
+    fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
+                  case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
+    boundaries = case.boundaries
+    b = 0
+    for req in requests:
+        while b < len(boundaries) and req.arrival_s >= boundaries[b]:
+            _advance_through_rollout(fleet, boundaries[b])
+            if schedule[b + 1] != schedule[b]:
+                fleet.roll_to(engine_config(case.profile, CEILING, schedule[b + 1], policy=case.policy))
+            b += 1
+        _advance_through_rollout(fleet, req.arrival_s)
+        fleet.submit(req)
+    _advance_through_rollout(fleet, horizon)
+    return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
+
+
+def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float, int]], horizon: float) -> dict:
+    """From START, roll to each (time, value) in turn (the reactive bound), paying every rollout."""
+    fleet = Fleet(engine_config(case.profile, CEILING, START, policy=case.policy), case.replicas,
+                  case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
+    pending = sorted(changes)
+    for req in requests:
+        while pending and req.arrival_s >= pending[0][0]:
+            at, value = pending.pop(0)
+            _advance_through_rollout(fleet, at)
+            fleet.roll_to(engine_config(case.profile, CEILING, value, policy=case.policy))
+        _advance_through_rollout(fleet, req.arrival_s)
+        fleet.submit(req)
+    _advance_through_rollout(fleet, horizon)
+    return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
+
+
+def phase_best(per_phase: dict[int, list[int]], phases: int) -> list[int]:
+    """Each phase's best static value; where the value in force (START for the first phase) is within 1% of
+    the best it stays (a tuner that measures has no reason to move, and a later phase's needs are unknown)."""
+    out, value = [], START
+    for k in range(phases):
+        top = max(per_phase[m][k] for m in per_phase)
+        if per_phase.get(value, [0] * phases)[k] < 0.99 * top:
+            value = max(per_phase, key=lambda m: (per_phase[m][k], -abs(math.log(m / value))))
+        out.append(value)
+    return out
+
+
+def reactive_changes(schedule: list[int], boundaries: list[float]) -> list[tuple[float, int]]:
+    """The hindsight schedule as a tuner that needs REACT_SECONDS of evidence could follow it from START."""
+    out, value = [], START
+    for at, want in zip([0.0, *boundaries], schedule):
+        if want != value:
+            out.append((at + REACT_SECONDS, want))
+            value = want
+    return out
+
+
+def _advance_through_rollout(fleet: Fleet, t: float) -> None:
+    while fleet.next_transition() < t:
+        fleet.advance(fleet.next_transition())
+    fleet.advance(t)
+
+
+def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
+    started = time.process_time()
+    requests = case.requests()
+    horizon = case.duration_s + 120.0
+    sweep, per_phase = {}, {}
+    edges = [0.0] + case.boundaries + [case.duration_s]
+    for mbs in SWEEP:
+        result, records = _run_static_records(requests, case, mbs, horizon)
+        sweep[mbs] = result["goodput"]
+        per_phase[mbs] = [_phase_goodput(records, case, edges[k], edges[k + 1]) for k in range(len(edges) - 1)]
+    oracle = max(sweep, key=lambda m: (sweep[m], -abs(math.log(m / START))))
+    hindsight = {"schedule": [oracle], "goodput": sweep[oracle]}
+    if case.boundaries:
+        schedule = [max(SWEEP, key=lambda m, k=k: (per_phase[m][k], -abs(math.log(m / oracle))))
+                    for k in range(len(edges) - 1)]
+        if len(set(schedule)) > 1:
+            scheduled = _run_schedule(requests, case, schedule, horizon)
+            if scheduled["goodput"] > hindsight["goodput"]:
+                hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
+    changes = reactive_changes(phase_best(per_phase, len(edges) - 1), case.boundaries)
+    reactive = {"changes": [[t, v] for t, v in changes],
+                "goodput": _run_changes(requests, case, changes, horizon)["goodput"] if changes else sweep[START]}
+    tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
+                          Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,
+                          policy=case.policy, autotune_max=CEILING, series=series, surge=case.surge,
+                          queue_timeout_s=case.queue_timeout_s)
+    a, o, s, h = tuned["goodput"], sweep[oracle], sweep[START], hindsight["goodput"]
+    out = {
+        "case": case.name, "profile": case.profile, "covers": case.covers, "policy": case.policy,
+        "requests": len(requests), "sweep": {str(k): v for k, v in sweep.items()},
+        "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
+        "hindsight": hindsight, "reactive": reactive, "autotuned": tuned,
+        "ratios": {"overStart": a / s if s else math.nan, "overOracle": a / o if o else math.nan,
+                   "hindsightOverOracle": h / o if o else math.nan,
+                   "overReactive": a / reactive["goodput"] if reactive["goodput"] else math.nan},
+        "knobMatters": (max(sweep.values()) - min(sweep.values())) > 0.03 * max(sweep.values()),
+        "cpuSeconds": time.process_time() - started,
+    }
+    out["criteria"] = criteria(out, case)
+    log(f"{case.name:22s} start {s:7.3f} oracle {o:7.3f}@{oracle:<4d} hindsight {h:7.3f} "
+        f"reactive {reactive['goodput']:7.3f} tuned {a:7.3f} "
+        f"changes {tuned['changes']} final {tuned['final']} ({out['cpuSeconds']:.0f}s)")
+    return out
+
+
+def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
+    """The issue's done-when figures for one case."""
+    r = row["ratios"]
+    history = [h["to"] for h in row["autotuned"]["history"]]
+    values = [START] + history
+    oscillates = any(values[k] == values[k + 2] for k in range(len(values) - 2))
+    return {
+        "neverLose": r["overStart"] >= 0.98,
+        "nearOracle": r["overOracle"] >= 0.97,
+        "winsWhereHindsightDoes": r["hindsightOverOracle"] < 1.1 or r["overOracle"] >= 1.05,
+        "steadyChanges": not case.steady or len(history) <= 2,
+        "noOscillation": not oscillates,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| case | profile | start 64 | oracle (value) | hindsight | reactive bound | autotuned | /start "
+            "| /oracle | /reactive | changes | final | knob matters | criteria |")
+    lines = [head, "|" + "---|" * 14]
+    for row in rows:
+        a = row["autotuned"]
+        ok = all(row["criteria"].values())
+        failed = ", ".join(k for k, v in row["criteria"].items() if not v)
+        lines.append(
+            f"| {row['case']} | {row['profile']} | {row['start']['goodput']:.3f} | "
+            f"{row['oracle']['goodput']:.3f} ({row['oracle']['maxBatchSize']}) | {row['hindsight']['goodput']:.3f} | "
+            f"{row['reactive']['goodput']:.3f} | "
+            f"{a['goodput']:.3f} | {row['ratios']['overStart']:.3f} | {row['ratios']['overOracle']:.3f} | "
+            f"{row['ratios']['overReactive']:.3f} | "
+            f"{a['changes']} | {a['final']} | {'yes' if row['knobMatters'] else 'no'} | "
+            f"{'pass' if ok else 'FAIL: ' + failed} |")
+    return "\n".join(lines)
+
+
+def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False) -> dict[str, Any]:
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
+    started = time.perf_counter()
+    cpu = time.process_time()
+    cases = [c for c in CASES if not only or c.name in only]
+    rows = [run_case(c, series=series, log=log) for c in cases]
+    decision = [r["autotuned"]["decisionCpuMs"] for r in rows]
+    out = {
+        "cases": rows,
+        "wallSeconds": time.perf_counter() - started, "cpuSeconds": time.process_time() - cpu,
+        "decisionCpuMs": {"mean": sum(d["mean"] * d["decisions"] for d in decision)
+                          / max(1, sum(d["decisions"] for d in decision)),
+                          "max": max((d["max"] for d in decision), default=0.0)},
+        "allPass": all(all(r["criteria"].values()) for r in rows),
+    }
+    return out
+
+
+def main(as_json: bool, only: list[str] | None = None) -> int:
+    out = run_suite(as_json, only, series=as_json)
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(table(out["cases"]))
+        print(f"suite: {out['cpuSeconds']:.0f} CPU-s ({out['wallSeconds']:.0f}s wall); decision CPU "
+              f"{out['decisionCpuMs']['mean']:.2f} ms mean, {out['decisionCpuMs']['max']:.1f} ms max; "
+              f"all criteria {'hold' if out['allPass'] else 'do NOT all hold'}")
+    return 0

@@ -1,0 +1,79 @@
+"""The tuner's what-if simulation: a fitted traffic replayed on kvsim, staying put vs the candidate."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvpilot.autotune.whatif import Engine, TrafficFit, fit_traffic, goodput_after, steady_goodput, verdict
+from kvpilot.desired.observed import KvWindow
+
+A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
+              restart_seconds=90.0, surge=False, ttft_ms=3000.0, tpot_ms=60.0)
+
+
+def window(rate: float, prompt: float = 150, output: float = 600) -> KvWindow:
+    return KvWindow(samples=10, pods=2, peak_utilization=0.3, mean_utilization=0.3, peak_used_blocks=100,
+                    max_blocks=14000, tokens_per_block=32, peak_active=64, mean_active=64, peak_queued=10,
+                    mean_queued=5, paused=0, runtime_batch_size=64, arrival_rate=rate, prompt_mean=prompt,
+                    output_mean=output, max_tokens_mean=1024)
+
+
+def test_no_traffic_data_means_no_verdict() -> None:
+    assert fit_traffic(replace(window(5.0), arrival_rate=0.0)) is None
+    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit")
+
+
+def test_fit_is_the_fleet_rate() -> None:
+    fit = fit_traffic(window(5.0))
+    assert fit is not None and fit.rate_per_s == 10.0 and fit.max_tokens == 1024
+
+
+def test_light_traffic_gains_nothing_from_a_raise() -> None:
+    best, why = verdict(A100, window(0.5), 64, [128, 256], 10.0, 1800.0)
+    assert best is None, why
+
+
+def test_a_binding_limit_under_load_pays_and_the_simulation_is_deterministic() -> None:
+    fit = TrafficFit(rate_per_s=23.0, prompt_mean=150, output_mean=600, max_tokens=1024)
+    stay = steady_goodput(A100, fit, 64)
+    move = steady_goodput(A100, fit, 256)
+    assert move > 1.1 * stay
+    assert steady_goodput(A100, fit, 64) == stay
+
+
+def test_surge_makes_the_restart_cheaper() -> None:
+    fit = TrafficFit(rate_per_s=12.0, prompt_mean=150, output_mean=300, max_tokens=1024)
+    no_surge = goodput_after(A100, fit, 64, 128, 300.0)
+    surge = goodput_after(replace(A100, surge=True), fit, 64, 128, 300.0)
+    assert surge >= no_surge
+
+
+def test_a_raise_the_limit_does_not_need_loses_to_its_restart() -> None:
+    # 20 req/s: 64 already serves every request in time, so the restart is pure cost
+    fit = TrafficFit(rate_per_s=20.0, prompt_mean=150, output_mean=600, max_tokens=1024)
+    assert goodput_after(A100, fit, 64, 256, 900.0) < goodput_after(A100, fit, 64, 64, 900.0)
+
+
+def test_candidates_follow_the_rules_direction_within_bounds() -> None:
+    from kvpilot.autotune.whatif import candidates
+
+    assert candidates(64, 96, 8, 1024) == [96, 128, 256, 512]
+    assert candidates(64, 96, 8, 200) == [96, 128, 200]
+    assert candidates(64, 48, 8, 1024) == [32, 48]
+
+
+def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
+    best, why = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
+    assert best in (128, 256), why
+
+
+def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
+    from kvpilot.autotune.whatif import quantized
+
+    steady_goodput.cache_clear()
+    verdict(A100, window(11.5), 64, [128], 200.0, 1800.0)
+    misses = steady_goodput.cache_info().misses
+    verdict(A100, window(11.4), 64, [128], 200.0, 1800.0)  # on the same 2.5% grid step: the same fit
+    assert steady_goodput.cache_info().misses == misses
+    assert quantized(fit_traffic(window(11.5))) == quantized(fit_traffic(window(11.4)))  # type: ignore[arg-type]
+    assert quantized(fit_traffic(window(11.5))) != quantized(fit_traffic(window(13.0)))  # type: ignore[arg-type]

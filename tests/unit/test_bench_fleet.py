@@ -1,0 +1,69 @@
+"""The benchmark fleet: clients that give up are aborted (not served to nobody), the gateway's queue timeout
+sheds, the balancer uses a pod with room during a rollout, and a rolled limit is the one the pods run."""
+
+from __future__ import annotations
+
+from kvsim import Request
+
+from kvpilot.bench.fleet import Fleet
+from kvpilot.bench.tuner import engine_config
+
+PROFILE = "llama-3.1-8b-bf16-a100"
+
+
+def flood(fleet: Fleet, n: int, at: float = 0.0, output: int = 2000) -> list[Request]:
+    requests = [Request(prompt_tokens=100, output_tokens=output, max_tokens=output, arrival_s=at + i * 1e-3,
+                        request_id=i) for i in range(n)]
+    for r in requests:
+        fleet.advance(r.arrival_s)
+        fleet.submit(r)
+    return requests
+
+
+def test_a_client_that_gives_up_is_aborted_in_its_replica_and_frees_its_slot() -> None:
+    fleet = Fleet(engine_config(PROFILE, 64, 8), 1, restart_s=0.0, client_timeout_s=5.0)
+    flood(fleet, 20)  # 8 run; 12 wait in the replica's queue (room 2 x 8 + 16)
+    assert fleet.replicas[0].engine.counts()["queued"] == 12
+    fleet.advance(6.0)
+    counts = fleet.replicas[0].engine.counts()
+    assert fleet.abandoned == 12 and counts["queued"] == 0 and counts["active"] == 8
+    gone = [r for r in fleet.records if r.error == "cancelled"]
+    assert len(gone) == 12 and all(r.ttft_s is None for r in gone)  # a miss: never a first token
+
+
+def test_streaming_requests_are_not_aborted() -> None:
+    fleet = Fleet(engine_config(PROFILE, 64, 8), 1, restart_s=0.0, client_timeout_s=5.0)
+    flood(fleet, 8)  # each streams for longer than the client timeout
+    fleet.advance(300.0)
+    assert fleet.abandoned == 0
+    assert all(r.error is None and r.finish_s is not None and r.finish_s > 5.0 for r in fleet.records)
+
+
+def test_the_gateway_sheds_what_is_not_scheduled_in_time() -> None:
+    fleet = Fleet(engine_config(PROFILE, 64, 8), 1, restart_s=0.0, queue_timeout_s=1.5)
+    flood(fleet, 100)  # 8 run, 24 wait in the replica (room 2 x 8 + 16), 68 at the balancer
+    fleet.advance(2.0)
+    assert fleet.shed == 24 and fleet.dropped == 68 and fleet.gave_up == 92
+    assert fleet.replicas[0].engine.counts()["active"] == 8
+
+
+def test_without_a_queue_timeout_nothing_is_shed_before_the_client_timeout() -> None:
+    fleet = Fleet(engine_config(PROFILE, 64, 8), 1, restart_s=0.0)
+    flood(fleet, 100)
+    fleet.advance(30.0)
+    assert fleet.gave_up == 0
+
+
+def test_a_rolled_limit_is_in_force_and_the_balancer_uses_the_pod_with_room() -> None:
+    fleet = Fleet(engine_config(PROFILE, 512, 8), 2, restart_s=10.0, surge=True)
+    fleet.roll_to(engine_config(PROFILE, 512, 256))
+    fleet.advance(11.0)  # the first surge pod is Ready; one old pod (limit 8) still serves
+    limits = sorted(r.config.max_batch_size for r in fleet.replicas if r.state == "up")
+    assert limits == [8, 256]
+    flood(fleet, 200, at=11.0)
+    new = next(r for r in fleet.replicas if r.config.max_batch_size == 256)
+    assert new.engine.counts()["active"] > 8  # the raised limit admits more than the old one could
+    assert not fleet.backlog  # the old pod is full, the new one takes the rest
+    while fleet.rolling():
+        fleet.advance(fleet.next_transition())
+    assert {r.config.max_batch_size for r in fleet.replicas} == {256}
