@@ -34,8 +34,15 @@ def engine_from_body(body: dict[str, Any]) -> InferenceEngine:
     """Parse an InferenceEngine as stored (admission already validated it; defaults are re-applied so a
     field added by a newer CRD still has its value when an older object is read)."""
     manifest = {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")}
-    defaulted, errors = validate_manifest(manifest, spec_openapi())
     meta = body.get("metadata") or {}
+    # A generation this operator already reconciled (its status says so) passed these CEL rules then, and the
+    # API server enforced them at admission: re-evaluating them on every restart cost ~10 ms per engine (a
+    # third of the restart settle time at 1,000 engines). Unchanged objects are not re-judged by newer rules,
+    # as the API server's validation ratcheting does not re-judge unchanged fields. Types, enums, bounds and
+    # patterns are still checked, and defaults applied.
+    observed = (body.get("status") or {}).get("observedGeneration")
+    already_reconciled = observed is not None and observed == meta.get("generation")
+    defaulted, errors = validate_manifest(manifest, spec_openapi(), cel=not already_reconciled)
     if errors:
         raise InvalidEngineError(meta.get("name", "?"), errors)
     ref = ObjectRef(
