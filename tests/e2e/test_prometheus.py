@@ -90,6 +90,10 @@ def prom(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def _engine(ns: str, name: str, prom_url: str | None) -> dict[str, Any]:
     doc = closedloop.closed_loop_engine(ns, name, start_batch=4, replicas=1)
+    # kvsim plays TensorRT-LLM 1.3: the first release whose TensorRT backend serves /prometheus/metrics (with
+    # return_perf_metrics, PR #10662) and the KV and request gauges (PR #11243). On 1.2 there is nothing for
+    # Prometheus to scrape from a TensorRT engine: use `source: Pod` there (docs/trtllm-releases.md).
+    doc["spec"]["runtime"].setdefault("env", []).append({"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3"})
     if prom_url:
         doc["spec"]["autotune"]["metrics"] = {"source": "Prometheus", "url": prom_url}
     return doc

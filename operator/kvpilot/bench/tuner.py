@@ -30,6 +30,7 @@ from kvsim.workload import load_workload
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import validate_manifest
+from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.bench.fleet import Fleet
 from kvpilot.desired.observed import DeploymentState, KvWindow, Observed
 from kvpilot.desired.plan import Settings, plan
@@ -257,27 +258,31 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     duration = args.duration_seconds or workload.duration_s
     horizon = duration + 120.0  # let the tail finish; goodput is over the workload's duration
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+    # The same gateway as the suite's (docs/tuner-suite.md, "queue model"): a request not scheduled within
+    # SHED_SHARE of the TTFT objective is shed, so no run collapses into serving clients that already left.
+    shed = SHED_SHARE * slo.ttft_ms / 1e3
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     log(f"workload {workload.name}: {len(requests)} requests over {duration:.0f}s; profile {args.profile}; "
         f"{args.replicas} replicas; restart {args.restart_seconds:.0f}s")
     out: dict[str, Any] = {"workload": workload.name, "profile": args.profile, "replicas": args.replicas,
                            "slo": {"ttftMs": slo.ttft_ms, "tpotMs": slo.tpot_ms}}
     out["seedDefault"] = {"maxBatchSize": 64, **run_static(requests, engine_config(args.profile, 64, 64),
-                                                           args.replicas, slo, horizon, duration)}
+                                                           args.replicas, slo, horizon, duration, shed)}
     log(f"  seedDefault (static 64): goodput {out['seedDefault']['goodput']:.3f} req/s")
     out["trtllmDefault"] = {"maxBatchSize": 2048, **run_static(
-        requests, engine_config(args.profile, 2048, 2048, in_engine_tuner=True), args.replicas, slo, horizon, duration)}
+        requests, engine_config(args.profile, 2048, 2048, in_engine_tuner=True), args.replicas, slo, horizon, duration,
+        shed)}
     log(f"  trtllmDefault (2048 + in-engine tuner): goodput {out['trtllmDefault']['goodput']:.3f} req/s")
     sweep = {}
     for mbs in SWEEP:
         sweep[mbs] = run_static(requests, engine_config(args.profile, mbs, mbs), args.replicas, slo, horizon,
-                                duration)
+                                duration, shed)
         log(f"  static {mbs:5d}: goodput {sweep[mbs]['goodput']:.3f} req/s")
     best = max(sweep, key=lambda m: (sweep[m]["goodput"], -m))
     out["oracle"] = {"maxBatchSize": best, **sweep[best]}
     out["sweep"] = {str(k): v["goodput"] for k, v in sweep.items()}
     out["autotuned"] = run_autotuned(requests, args.profile, args.ceiling, args.replicas, args.restart_seconds,
-                                     slo, horizon, duration)
+                                     slo, horizon, duration, queue_timeout_s=shed)
     a, o, s = out["autotuned"]["goodput"], out["oracle"]["goodput"], out["seedDefault"]["goodput"]
     out["ratios"] = {"autotunedOverOracle": a / o if o else math.nan, "autotunedOverSeed": a / s if s else math.nan,
                      "oracleOverSeed": o / s if s else math.nan}
