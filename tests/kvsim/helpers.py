@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvsim.config import EngineConfig
 from kvsim.engine import Engine
 from kvsim.request import Request
@@ -33,3 +35,16 @@ BLOG_ONLY_FLAGS = ("use_inflight_batching", "enable_paged_kv_cache", "paged_kv_c
 
 def flag(name: str) -> str:
     return f"--{name}"
+
+
+def built_engine_dir(root: Path, extra_llm_api_options: str) -> Path:
+    """``root`` holding a real kvsim-built 8B FP8 H100 engine (``engine/``, ceiling 64) and an extra LLM-API
+    options file (``extra.yaml``), as trtllm-serve would be given them."""
+    from kvsim.trtllm.build import main as build_main
+    from kvsim.trtllm.checkpoint import main as checkpoint_main
+
+    checkpoint_main(["--profile", "llama-3.1-8b-fp8-h100", "--output_dir", str(root / "ckpt")])
+    assert build_main(["--checkpoint_dir", str(root / "ckpt"), "--output_dir", str(root / "engine"), "--max_batch_size",
+                       "64", "--max_input_len", "4096", "--max_seq_len", "8192", "--max_num_tokens", "8192"]) == 0
+    (root / "extra.yaml").write_text(extra_llm_api_options)
+    return root

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from kvsim.trtllm.build import main as build_main
-from kvsim.trtllm.checkpoint import main as checkpoint_main
 from prometheus_client.parser import text_string_to_metric_families
 
+from .helpers import built_engine_dir
 from .serve_process import KVSIM, free_port, http_status, serve
 
 EXTRA = """return_perf_metrics: true
@@ -30,12 +29,7 @@ kv_cache_config: {free_gpu_memory_fraction: 0.9, enable_block_reuse: true}
 
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("engine")
-    checkpoint_main(["--profile", "llama-3.1-8b-fp8-h100", "--output_dir", str(root / "ckpt")])
-    assert build_main(["--checkpoint_dir", str(root / "ckpt"), "--output_dir", str(root / "engine"), "--max_batch_size",
-                       "64", "--max_input_len", "4096", "--max_seq_len", "8192", "--max_num_tokens", "8192"]) == 0
-    (root / "extra.yaml").write_text(EXTRA)
-    return root
+    return built_engine_dir(tmp_path_factory.mktemp("engine"), EXTRA)
 
 
 @pytest.fixture(scope="module")
