@@ -67,7 +67,7 @@ ENGINES ?= 1000
 bench-scale: venv cluster-build ## N engines on one operator, own local cluster: make bench-scale ENGINES=1000
 	$(BIN)/python hack/bench_scale.py --engines $(ENGINES)
 
-crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api/schema.py
+crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api (spec_schema.py, status_schema.py)
 	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml
 	cp crds/serving.kvpilot.io_inferenceengines.yaml charts/kvpilot/files/crds/
 

@@ -1,1 +1,4 @@
-"""Pure autotune policy and the bookkeeping of its decisions in status."""
+"""Pure autotune policy (``policy.py``) and its what-if check on kvsim (``whatif.py``).
+
+The bookkeeping of a decision in status (the value in force, its source, the history) lives in
+``desired/batching.py``, next to the rest of the status the plan writes."""
