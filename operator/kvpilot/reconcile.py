@@ -23,7 +23,8 @@ from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.events import events_between
 from kvpilot.desired.storage import engine_index_entry
 from kvpilot.k8s.api import Api
-from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions, rfc3339
+from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.k8s.errors import ApiError, Conflict
 from kvpilot.observe.cluster import observe_engine
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from kvpilot.api.timestamps import parse_rfc3339
+
 if TYPE_CHECKING:
     from kvpilot.api.models import InferenceEngine
     from kvpilot.desired.observed import JobState, Observed
@@ -38,7 +40,7 @@ RECOMMENDED = Gauge("kvpilot_autotune_recommended_batch_size", "The tuner's reco
 
 
 def _parse(ts: str | None) -> datetime | None:
-    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ") if ts else None
+    return parse_rfc3339(ts) if ts else None
 
 
 def record_build_finished(manifest: dict[str, Any], job: JobState | None) -> None:

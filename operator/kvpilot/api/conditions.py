@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kvpilot.api.timestamps import rfc3339
+
 ENGINE_READY = "EngineReady"
 AVAILABLE = "Available"
 PROGRESSING = "Progressing"
@@ -34,10 +36,6 @@ def true(type_: str, reason: str, message: str) -> Condition:
 
 def false(type_: str, reason: str, message: str) -> Condition:
     return Condition(type_, "False", reason, message)
-
-
-def rfc3339(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge_conditions(

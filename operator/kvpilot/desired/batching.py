@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from kvpilot.api.conditions import rfc3339
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
 from kvpilot.api.status_schema import HISTORY_LIMIT

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kvpilot.api.conditions import rfc3339
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.desired import labels as L
 from kvpilot.desired.fingerprint import compute_fingerprint

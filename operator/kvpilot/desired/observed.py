@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kvpilot.api.timestamps import parse_rfc3339
+from kvpilot.desired import labels as L
+
 
 @dataclass(frozen=True)
 class JobState:
@@ -163,9 +166,9 @@ def deployment_state(dep: dict[str, Any]) -> DeploymentState:
         progress_deadline_exceeded=any(
             c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded" for c in conds
         ),
-        fingerprint=annotations.get("serving.kvpilot.io/fingerprint"),
-        max_batch_size=annotations.get("serving.kvpilot.io/max-batch-size"),
-        config_hash=annotations.get("serving.kvpilot.io/config-hash"),
+        fingerprint=annotations.get(L.FINGERPRINT_ANNOTATION),
+        max_batch_size=annotations.get(L.BATCH_ANNOTATION),
+        config_hash=annotations.get(L.CONFIG_HASH_ANNOTATION),
         pods=st.get("replicas", 0),
     )
 
@@ -196,7 +199,7 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     return PodState(
         name=pod["metadata"]["name"],
         ready=conds.get("Ready", {}).get("status") == "True",
-        fingerprint=annotations.get("serving.kvpilot.io/fingerprint"),
+        fingerprint=annotations.get(L.FINGERPRINT_ANNOTATION),
         unschedulable_message=unschedulable,
         waiting_reason=waiting_reason,
         waiting_message=waiting_message,
@@ -209,7 +212,7 @@ def pod_state(pod: dict[str, Any]) -> PodState:
 
 
 def _ts(value: str) -> datetime:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
+    return parse_rfc3339(value)
 
 
 def startup_seconds(pods: tuple[PodState, ...]) -> float | None:

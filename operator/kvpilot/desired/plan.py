@@ -15,6 +15,7 @@ from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
+from kvpilot.api.timestamps import parse_rfc3339, rfc3339
 from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_in_force
@@ -44,8 +45,7 @@ def _last_build_seconds(status: dict[str, Any]) -> float | None:
     start, end = build.get("startedAt"), build.get("finishedAt")
     if not start or not end or build.get("state") != "Succeeded":
         return None
-    fmt = "%Y-%m-%dT%H:%M:%SZ"
-    return max(0.0, (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds())
+    return max(0.0, (parse_rfc3339(end) - parse_rfc3339(start)).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _tune(
     if not spec.autotune.enabled:
         return None
     last = (observed.status.get("autotune") or {}).get("lastAppliedAt")
-    last_at = datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo) if last else None
+    last_at = parse_rfc3339(last, now.tzinfo) if last else None
     return decide(
         TunerInput(
             current=current,
@@ -131,7 +131,7 @@ def _recent_changes(status: dict[str, Any], now: datetime) -> tuple[AppliedChang
         if not record.get("applied") or record.get("action") not in ("Raise", "Lower"):
             continue
         try:
-            at = datetime.strptime(record["at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+            at = parse_rfc3339(record["at"], now.tzinfo)
             out.append(AppliedChange(at, int(record["fromBatchSize"]), int(record["toBatchSize"])))
         except (KeyError, TypeError, ValueError):
             continue  # a hand-edited or older record: ignored, not fatal
@@ -150,7 +150,7 @@ def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:
         "waitingRequests": w.peak_queued,
         "activeRequests": w.peak_active,
         "pausedRequests": w.paused,
-        "observedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedAt": rfc3339(now),
     }
 
 

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvpilot import API_VERSION, KIND
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.k8s.errors import NotFound
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class _Seen:
 
 
 def _stamp(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(now)
 
 
 class EventRecorder:

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from kvpilot import telemetry
+from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.desired.observed import KvWindow, PodState
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import (
@@ -99,7 +100,7 @@ def _reject_constant(name: str) -> Any:
 def _age_seconds(pod: PodState, now: datetime) -> float:
     if not pod.started_at:
         return 0.0
-    started = datetime.strptime(pod.started_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+    started = parse_rfc3339(pod.started_at, now.tzinfo)
     return (now - started).total_seconds()
 
 
