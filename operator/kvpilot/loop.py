@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 
@@ -26,6 +26,7 @@ from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
 from kvpilot.logfilter import install as install_repeat_filter
+from kvpilot.logjson import bind_engine
 from kvpilot.observe.prometheus import query_prometheus
 from kvpilot.observe.scrape import EngineFacts, EngineSampler, is_warm
 from kvpilot.reconcile import ApplyFailed, engine_from_body, reconcile
@@ -38,6 +39,14 @@ ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
 PERMANENT_BACKOFF_SECONDS = (30, 120, 300, 600)
 DEFAULT_CONCURRENT_RECONCILES = 16
 DEFAULT_CONCURRENT_SCRAPES = 64
+
+
+async def wait_for_wake(wake: asyncio.Event, timeout: float) -> None:
+    """Until ``wake`` is set or ``timeout`` seconds have passed, whichever is first."""
+    try:
+        await asyncio.wait_for(wake.wait(), timeout=timeout)
+    except TimeoutError:
+        pass
 
 
 def backoff_seconds(exc: BaseException, failures: int) -> int:
@@ -74,8 +83,13 @@ class EngineLoops:
 
     def __init__(self, api: Api, settings: Settings, resync_seconds: float,
                  concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES,
-                 concurrent_scrapes: int = DEFAULT_CONCURRENT_SCRAPES):
+                 concurrent_scrapes: int = DEFAULT_CONCURRENT_SCRAPES,
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[asyncio.Event, float], Awaitable[None]] = wait_for_wake):
+        """``clock`` and ``wait`` are the loops' time: tests run them on a virtual clock."""
         self.api = api
+        self.clock = clock
+        self.wait = wait
         self.settings = settings
         self.resync_seconds = resync_seconds
         self.loops: dict[tuple[str, str], EngineLoop] = {}
@@ -236,9 +250,10 @@ class EngineLoops:
         next_reconcile = 0.0
         next_sample: float | None = None  # None: not sampling (autotune off, no pods, or an invalid spec)
         pods: list[Any] = []
+        bind_engine(namespace=loop.key[0], name=loop.key[1])  # this task's log lines name the engine
         await self.synced.wait()  # never plan from a cache that has not been filled: it would re-create all
         while True:
-            now = time.monotonic()
+            now = self.clock()
             try:
                 engine = loop.engine()
                 sampling = engine.spec.autotune.enabled and bool(pods)
@@ -267,13 +282,14 @@ class EngineLoops:
                     if p.status["batching"]["maxBatchSize"] != before:  # the old pods' numbers no longer apply
                         loop.sampler.reset()
                     pods = list(observed.pods)
-                    next_reconcile = time.monotonic() + requeue_after(engine, p, self.resync_seconds).total_seconds()
+                    bind_engine(fingerprint=p.fingerprint, decision=p.decision.action if p.decision else None)
+                    next_reconcile = self.clock() + requeue_after(engine, p, self.resync_seconds).total_seconds()
                 failures = 0
             except asyncio.CancelledError:
                 raise
             except InvalidEngineError as exc:
                 log.error("%s", exc)
-                next_reconcile, next_sample = time.monotonic() + self.resync_seconds, None
+                next_reconcile, next_sample = self.clock() + self.resync_seconds, None
             except (ApiError, aiohttp.ClientError) as exc:
                 if isinstance(exc, ApplyFailed) and exc.status is not None:  # written: keep it as ours
                     loop.body, loop.wrote_status = {**loop.body, "status": exc.status}, True
@@ -281,13 +297,10 @@ class EngineLoops:
                 failures += 1
                 telemetry.RECONCILES.labels(result="error").inc()
                 log.warning("Reconcile of InferenceEngine %s/%s failed (retry in %ss): %s", *loop.key, delay, exc)
-                next_reconcile = time.monotonic() + delay
+                next_reconcile = self.clock() + delay
             except Exception:  # noqa: BLE001 — a bug in one engine's loop must not stop the others
                 telemetry.RECONCILES.labels(result="error").inc()
                 log.exception("Reconcile of InferenceEngine %s/%s crashed", *loop.key)
-                next_reconcile = time.monotonic() + self.resync_seconds
+                next_reconcile = self.clock() + self.resync_seconds
             deadline = next_reconcile if next_sample is None else min(next_reconcile, next_sample)
-            try:
-                await asyncio.wait_for(loop.wake.wait(), timeout=max(0.05, deadline - time.monotonic()))
-            except TimeoutError:
-                pass
+            await self.wait(loop.wake, max(0.05, deadline - self.clock()))

@@ -12,6 +12,7 @@ from kvpilot import loop as loop_module
 from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import Settings, plan
 from tests.unit.helpers import manifest
+from tests.unit.virtual_time import VirtualTime
 
 
 def body(**overrides: Any) -> dict[str, Any]:
@@ -34,31 +35,43 @@ def fake_reconcile(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return calls
 
 
+def _loops(vt: VirtualTime) -> loop_module.EngineLoops:
+    return loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30,  # type: ignore[arg-type]
+                                   clock=vt.clock, wait=vt.wait)
+
+
 def test_the_loop_sleeps_until_the_next_reconcile_when_not_sampling(fake_reconcile: list, monkeypatch) -> None:
+    """100 virtual seconds of an engine that is not sampling: one wait per reconcile, each as long as the plan
+    asks (15 s while it is Progressing), never the 50 ms floor of a loop that spins."""
     parses = []
     original = loop_module.EngineLoop.engine
     monkeypatch.setattr(loop_module.EngineLoop, "engine", lambda self: parses.append(1) or original(self))
+    vt = VirtualTime()
 
     async def run() -> None:
-        loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30)  # type: ignore[arg-type]
+        loops = _loops(vt)
         loops.observe("ADDED", body(autotune={"enabled": False}))
-        await asyncio.sleep(1.0)
+        await vt.run_until(100)
         await loops.stop_all()
 
     asyncio.run(run())
-    assert len(fake_reconcile) == 1
-    assert len(parses) <= 3  # a spinning loop would have woken about twenty times
+    assert vt.waits and min(vt.waits) >= 14.9, vt.waits  # a spinning loop waits 0.05 s, ~2,000 times
+    # A reconcile at 0, 15, 30 ... s and one wait after each: the clock stops on the first 15 s step past 100.
+    assert vt.now == 105 and len(fake_reconcile) == len(vt.waits) == 8
+    assert len(parses) <= 2 * len(fake_reconcile)  # the body is parsed at the pass, not between passes
 
 
 def test_a_late_watch_event_does_not_roll_back_the_written_status(fake_reconcile: list) -> None:
+    vt = VirtualTime()
+
     async def run() -> loop_module.EngineLoop:
-        loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30)  # type: ignore[arg-type]
+        loops = _loops(vt)
         loops.observe("ADDED", body(autotune={"enabled": False}))
-        await asyncio.sleep(0.3)
+        loop = loops.loops[("ns", "e1")]
+        await vt.until(lambda: loop.wrote_status, "the first reconcile writing status")
         stale = body(autotune={"enabled": False})
         stale["status"] = {"batching": {"maxBatchSize": 999}}
         loops.observe("MODIFIED", stale)
-        loop = loops.loops[("ns", "e1")]
         await loops.stop_all()
         return loop
 

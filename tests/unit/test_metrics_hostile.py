@@ -20,6 +20,7 @@ from kvpilot.observe.scrape import EngineFacts, EngineSampler, decode_json
 from kvpilot.trtllm.metrics import MetricsRejected
 from tests.fuzz.make_metrics_corpus import GOOD, load
 from tests.unit.helpers import manifest
+from tests.unit.virtual_time import VirtualTime
 
 CORPUS = load()
 POD = PodState("e1-x", ready=True, fingerprint=None, ip="127.0.0.9")
@@ -150,18 +151,24 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return state
 
 
-def _run_loop(seconds: float) -> None:
+def _run_loop(seconds: float) -> VirtualTime:
+    """The loop of one autotuned engine for ``seconds`` of virtual time after its first reconcile."""
+    vt = VirtualTime()
+
     async def run() -> None:
-        loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30)  # type: ignore[arg-type]
+        loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30,  # type: ignore[arg-type]
+                                        clock=vt.clock, wait=vt.wait)
         doc = manifest(name="e1", autotune={"enabled": True, "intervalSeconds": 6, "warmupSeconds": 0})
         doc["metadata"].update({"namespace": "ns", "uid": "u1", "generation": 1})
         loops.observe("ADDED", doc)
-        await asyncio.sleep(0.3)  # the first reconcile finds the pod; a wake starts sampling at once
-        loops.loops[("ns", "e1")].wake.set()
-        await asyncio.sleep(seconds)
+        loop = loops.loops[("ns", "e1")]
+        await vt.until(lambda: loop.wrote_status, "the first reconcile")  # it finds the pod
+        loop.wake.set()  # a wake starts sampling at once
+        await vt.run_until(vt.now + seconds)
         await loops.stop_all()
 
     asyncio.run(run())
+    return vt
 
 
 def test_hostile_metrics_never_make_the_loop_spin(looping: dict[str, Any]) -> None:
@@ -189,8 +196,6 @@ def test_no_hot_loop_under_an_injected_clock(looping: dict[str, Any], monkeypatc
     """The loop's clock and its waits run on virtual time: 120 virtual seconds of hostile replies (every sample
     rejected), or of a sampling step that raises, take a handful of real ones, and the samples must follow the
     sampling period (1 s here), not the 50 ms floor of the wait (the hot loop of issue 13: ~2,400 in 120 s)."""
-    import types
-
     if crash:
         async def crashing(self: Any, loop: Any, spec: Any, pods: Any) -> None:
             looping["session"].calls += 1
@@ -198,35 +203,12 @@ def test_no_hot_loop_under_an_injected_clock(looping: dict[str, Any], monkeypatc
 
         monkeypatch.setattr(loop_module.EngineLoops, "_sample", crashing)
 
-    clock = {"t": 0.0}
-    real_asyncio = asyncio
-
-    async def virtual_wait_for(awaitable: Any, timeout: float) -> None:
-        awaitable.close()  # the loop's wake.wait(): nothing wakes it in this test
-        clock["t"] += timeout
-        await real_asyncio.sleep(0)
-        raise TimeoutError
-
-    fake_asyncio = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio) if not k.startswith("__")})
-    fake_asyncio.wait_for = virtual_wait_for
-    monkeypatch.setattr(loop_module, "asyncio", fake_asyncio)
-    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(monotonic=lambda: clock["t"]))
-
-    async def run() -> None:
-        loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30)  # type: ignore[arg-type]
-        doc = manifest(name="e1", autotune={"enabled": True, "intervalSeconds": 6, "warmupSeconds": 0})
-        doc["metadata"].update({"namespace": "ns", "uid": "u1", "generation": 1})
-        loops.observe("ADDED", doc)
-        while clock["t"] < 120:
-            await real_asyncio.sleep(0.001)
-        await loops.stop_all()
-
-    asyncio.run(run())
+    vt = _run_loop(120)
     scrapes = looping["session"].calls
-    print(f"virtual {clock['t']:.0f} s: {scrapes} scrapes, {looping['reconciles']} reconciles")
+    print(f"virtual {vt.now:.0f} s: {scrapes} scrapes, {looping['reconciles']} reconciles")
     # At most one per second of (virtual) sampling time — the loop may run past 120 s before the test stops it;
     # a hot loop does ~20 per second.
-    assert 20 <= scrapes <= clock["t"] + 5
+    assert 20 <= scrapes <= vt.now + 5
     # Reconciles keep their own period (a Progressing engine re-plans every 15 s): sampling failures never
     # postpone them (before the fix: 1 reconcile in 120 s).
     assert looping["reconciles"] >= 6
