@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
@@ -13,18 +12,13 @@ from prometheus_client import start_http_server
 from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.desired.plan import Settings
 from kvpilot.handlers import engine as engine_handlers
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                           "message": record.getMessage()})
+from kvpilot.logjson import JsonFormatter
 
 
 def run_operator(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         for handler in logging.getLogger().handlers:
-            handler.setFormatter(_JsonFormatter())
+            handler.setFormatter(JsonFormatter())
     if args.metrics_port:
         start_http_server(args.metrics_port)
     try:
