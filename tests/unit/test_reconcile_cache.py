@@ -16,7 +16,7 @@ from kvpilot import loop as loop_module
 from kvpilot.desired import labels as L
 from kvpilot.desired.plan import Settings
 from kvpilot.k8s.api import Api
-from kvpilot.k8s.errors import ApiError, Forbidden, Invalid, Transient
+from kvpilot.k8s.errors import ApiError, Conflict, Forbidden, Invalid, Transient
 from kvpilot.reconcile import ApplyFailed, reconcile
 from tests.unit.helpers import engine
 
@@ -56,7 +56,8 @@ class FakeApi(Api):
     async def strategic_patch(self, api_version: str, kind: str, name: str, namespace: str,
                               patch: dict[str, Any]) -> dict[str, Any]:
         self._write("patch", kind, name)
-        live = copy.deepcopy(self.cache.get(kind, namespace, name) or {"kind": kind, "metadata": {"name": name}})
+        live = copy.deepcopy(self.cache.get(kind, namespace, name)
+                             or {"kind": kind, "metadata": {"name": name, "namespace": namespace}})
         refs = live["metadata"].setdefault("ownerReferences", [])
         refs += [r for r in patch["metadata"]["ownerReferences"] if r["uid"] not in {x["uid"] for x in refs}]
         return self._echo(live)
@@ -152,6 +153,21 @@ def test_engines_sharing_a_fingerprint_create_one_job_and_no_conflicts() -> None
     jobs = [w for w in api.writes if w[1] == "Job"]
     assert [w[0] for w in jobs].count("create") == 1
     assert [w[0] for w in jobs].count("patch") == 4  # each other engine joins as an owner, once
+
+
+def test_a_job_that_already_exists_is_adopted_not_a_failure() -> None:
+    """Create answers 409 (the Job was created before this operator started and is not in its cache yet):
+    the engine joins it as an owner and builds on, with no Degraded condition and no error."""
+    api = FakeApi()
+    e = engine()
+    api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    api.fail[("create", "Job")] = Conflict('HTTP 409: jobs.batch "kvpilot-build-x" already exists')
+    status = run(api, e, {})
+    job = status["build"]["job"]
+    assert [w for w in api.writes if w[1] == "Job"] == [("create", "Job", job), ("patch", "Job", job)]
+    owners = [r["uid"] for r in api.cache.get("Job", "ns", job)["metadata"]["ownerReferences"]]
+    assert owners == [e.meta.uid] and status["build"]["state"] == "Building"
+    assert "Degraded" not in {c["type"] for c in status["conditions"] if c["status"] == "True"}
 
 
 @pytest.mark.parametrize("verb,kind", [("apply", "Deployment"), ("create", "Job"), ("apply", "ConfigMap")])
