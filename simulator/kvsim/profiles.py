@@ -97,12 +97,6 @@ class Profile:
         return (linear + embeddings) / self.num_gpus
 
     @property
-    def weights_read_bytes(self) -> float:
-        """Weights one GPU streams per iteration: every layer plus the LM head (the embedding is only gathered)."""
-        m = self.model
-        return (m.layer_params * self.weight_bytes_per_elem + m.embedding_params * 2.0) / self.num_gpus
-
-    @property
     def tensor_flops(self) -> float:
         """Dense peak one GPU offers for this dtype's GEMMs."""
         if self.weight_bytes_per_elem <= 1.0 and self.gpu.fp8_flops:

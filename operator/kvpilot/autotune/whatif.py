@@ -25,7 +25,6 @@ from kvpilot.bench.fleet import Fleet
 from kvpilot.desired.observed import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
-HORIZON_SECONDS = 600.0  # how far ahead the traffic is assumed to hold
 WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet
 SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
 MAX_REQUESTS = 6000  # per simulated run: bounds the CPU cost of one decision (a few CPU-seconds)

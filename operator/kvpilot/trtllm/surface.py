@@ -43,10 +43,6 @@ class Surface:
         server reads alongside it (issue #9678); the PyTorch backend's args always had it."""
         return backend == "pytorch" or self.trt_has_perf_metrics_max_requests
 
-    def serves_prometheus(self, backend: str) -> bool:
-        """Whether ``/prometheus/metrics`` exists for what kvpilot renders on this backend."""
-        return self.renders_return_perf_metrics(backend) or not self.endpoint_needs_return_perf_metrics
-
     def accepts_key(self, backend: str, dotted: str) -> bool:
         """Whether the LLM-API YAML key (``a.b`` for nested ones) is accepted for ``backend``."""
         if dotted in self.not_keys:
