@@ -52,7 +52,7 @@ unit: venv e2e-tools ## Run the fast tests that need no cluster
 	$(BIN)/pytest -q tests -m 'not e2e'
 
 demo: venv cluster-build images ## Closed loop on a local cluster: build -> serve (kvsim) -> load -> retune
-	$(BIN)/python hack/demo.py
+	$(BIN)/python -m hack.demo
 
 render: venv ## Render the objects for every example (like helm template)
 	@for f in examples/*.yaml; do echo "# ---- $$f"; $(BIN)/kvpilot render -f $$f; done
@@ -65,7 +65,7 @@ bench: venv ## Run the benchmarks and print their figures
 
 ENGINES ?= 1000
 bench-scale: venv cluster-build ## N engines on one operator, own local cluster: make bench-scale ENGINES=1000
-	$(BIN)/python hack/bench_scale.py --engines $(ENGINES)
+	$(BIN)/python -m hack.bench_scale --engines $(ENGINES)
 
 crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api (spec_schema.py, status_schema.py)
 	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml

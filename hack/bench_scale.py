@@ -1,6 +1,6 @@
 """Scale benchmark: N InferenceEngines on one operator, on a local control plane of its own.
 
-    make bench-scale ENGINES=1000          # or: .venv/bin/python hack/bench_scale.py --engines 1000
+    make bench-scale ENGINES=1000          # or: .venv/bin/python -m hack.bench_scale --engines 1000
 
 It starts its own cluster (state in .testenv-bench, so an e2e cluster of the same worktree is untouched)
 with enough kwok fake GPU nodes, installs the chart, runs the operator as a local process under the chart's
@@ -46,10 +46,8 @@ os.environ.setdefault("TESTENV_KCM_QPS", "200")
 # does not need endpoints (nothing routes to the fake pods), so it turns those controllers off.
 os.environ.setdefault("TESTENV_KCM_CONTROLLERS",
                       "*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller")
-sys.path.insert(0, str(HERE / "testenv"))
-sys.path.insert(0, str(HERE))
-import closedloop  # noqa: E402
-import cluster  # noqa: E402
+from hack import closedloop  # noqa: E402 — after the environment above, which the testenv reads
+from hack.testenv import cluster  # noqa: E402
 
 GPUS_PER_NODE = 64
 PODS_PER_NODE = 250

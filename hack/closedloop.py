@@ -25,11 +25,11 @@ from typing import Any, Callable
 import aiohttp
 import yaml
 
+from hack.gateway import ServiceGateway, ready_addresses
+from hack.testenv import cluster
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE / "testenv"))
-import cluster  # noqa: E402
-from gateway import ServiceGateway, ready_addresses  # noqa: E402
 
 OPERATOR_NS = "kvpilot-system"
 KVSIM_IMAGE = f"ghcr.io/kvpilot/kvsim:{__import__('kvpilot').__version__}"

@@ -9,7 +9,7 @@
    before they stop, so retunes lose no request) and prints what clients see next to what the operator decides;
 6. prints a summary: the decisions, their reasons, and client latency before and after.
 
-Usage: python hack/demo.py [--rate 24] [--seconds 150] [--keep]
+Usage: python -m hack.demo [--rate 24] [--seconds 150] [--keep]
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import closedloop as C  # noqa: E402
-import operatorimage  # noqa: E402
+from hack import closedloop as C
+from hack import operatorimage
 
 NS, NAME = "kvpilot-demo", "llama-sim"
 SLO_TTFT_MS = 1000

@@ -18,17 +18,15 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "testenv"))
-import cluster  # noqa: E402
-from podagent.podman import image_present, plan_podman, podman_binary  # noqa: E402
+from hack.testenv import cluster
+from hack.testenv.podagent.podman import image_present, plan_podman, podman_binary
+
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEPLOYMENT = "kvpilot"
@@ -205,7 +203,7 @@ def make_operator(logdir: Path, namespace: str, kvsim_image: str, operator_image
     process (closedloop.OperatorProcess). KVPILOT_E2E_OPERATOR=auto (default) | image | process."""
     import os
 
-    import closedloop
+    from hack import closedloop
 
     wanted = os.environ.get("KVPILOT_E2E_OPERATOR", "auto")
     if wanted not in ("auto", "image", "process"):

@@ -2,8 +2,7 @@
 
 Standard library only, so any test or script can import it before anything else is installed:
 
-    import sys; sys.path.insert(0, "hack/testenv")
-    import cluster
+    from hack.testenv import cluster            # from the repository root (tests, python -m hack.demo)
     kubeconfig = cluster.ensure_cluster_up()       # builds (cached) and starts what is missing
     cluster.kubectl("get", "nodes", "-o", "name")
     cluster.helm("install", "kvpilot", "charts/kvpilot", "-n", "kvpilot-system", "--create-namespace")

@@ -30,8 +30,6 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent))
-
 from podagent import SIMULATED_SELECTOR
 from podagent.agent import Agent
 from podagent.kube import Kube

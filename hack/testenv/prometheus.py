@@ -12,7 +12,7 @@ runs); it runs as a plain child process with its TSDB in a temporary directory (
 lacks kubernetes_sd_configs, so discovery goes through kubesd.py (the same roles and meta labels over HTTP
 SD); a build that has it (``has_kubernetes_sd``) gets kubernetes_sd_configs with the admin kubeconfig.
 
-    import prometheus
+    from hack.testenv import prometheus
     monitors = prometheus.chart_monitors(chart_dir, namespace, {"engineMonitoring.podMonitor.enabled": "true"})
     server = prometheus.PrometheusServer(workdir, prometheus.scrape_config(monitors, sd_url=discovery.url))
     server.start(); server.query('up'); server.stop()
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import cluster
+from hack.testenv import cluster
 
 PACKAGES = ("prometheus",)  # Debian's package ships both prometheus and promtool
 

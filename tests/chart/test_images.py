@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tomllib
 
 import pytest
 import yaml
 from chart_helpers import CHART_DIR, REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "operator"))
-from kvpilot.desired.pod_parts import KVSIM_UID  # noqa: E402
+from kvpilot.desired.pod_parts import KVSIM_UID
 
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 OPERATOR = f"ghcr.io/kvpilot/kvpilot:{VERSION}"

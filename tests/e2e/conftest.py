@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,12 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from hack import closedloop, operatorimage
+from hack.testenv import cluster
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack" / "testenv"))
-sys.path.insert(0, str(ROOT / "hack"))
-import closedloop  # noqa: E402
-import cluster  # noqa: E402
-import operatorimage  # noqa: E402
 
 OPERATOR_NS = closedloop.OPERATOR_NS
 

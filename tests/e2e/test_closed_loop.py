@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 
-from tests.e2e.conftest import ROOT, condition, kubectl, wait_for
+from tests.e2e.conftest import condition, kubectl, wait_for
 
-sys.path.insert(0, str(ROOT / "hack"))
-import closedloop  # noqa: E402
+from hack import closedloop
 
 
 RETUNES = 3

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import threading
 import time
 from typing import Any
@@ -21,9 +20,8 @@ import yaml
 
 from tests.e2e.conftest import ROOT, condition, get, kubectl, run_kubectl, wait_for
 
-sys.path.insert(0, str(ROOT / "hack"))
-import argocd_health  # noqa: E402
-import closedloop  # noqa: E402
+from hack import argocd_health, closedloop
+
 
 MANAGER = "argocd-controller"
 TESTDATA = ROOT / "deploy" / "argocd" / "testdata"

@@ -21,14 +21,9 @@ from typing import Any
 
 import pytest
 
+from hack import closedloop
+from hack.testenv import cluster, kubesd, prometheus
 from tests.e2e.conftest import ROOT, Operator, condition, kubectl, wait_for
-
-sys.path.insert(0, str(ROOT / "hack"))
-sys.path.insert(0, str(ROOT / "hack" / "testenv"))
-import closedloop  # noqa: E402
-import cluster  # noqa: E402
-import kubesd  # noqa: E402
-import prometheus  # noqa: E402
 
 CHART = ROOT / "charts" / "kvpilot"
 DASHBOARD = CHART / "files" / "dashboards" / "kvpilot.json"

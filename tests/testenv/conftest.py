@@ -8,17 +8,13 @@ Each e2e test gets a fresh namespace (`ns`), deleted afterwards.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-TESTENV = Path(__file__).resolve().parents[2] / "hack" / "testenv"
-sys.path.insert(0, str(TESTENV))
-
-import cluster  # noqa: E402 — needs the path above
+from hack.testenv import cluster
 
 
 @pytest.fixture(scope="session")

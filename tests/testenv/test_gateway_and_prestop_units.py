@@ -4,15 +4,13 @@ lose no request. Pure parts, no cluster."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from podagent.lifecycle import pre_stop_action, run_pre_stop_hooks
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
-from gateway import ready_addresses  # noqa: E402
+from hack.gateway import ready_addresses
+from hack.testenv.podagent.lifecycle import pre_stop_action, run_pre_stop_hooks
+
 
 SERVICE = {"metadata": {"name": "loop", "namespace": "ns"},
            "spec": {"selector": {"app": "loop"}, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]}}

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cluster
 import pytest
+
+from hack.testenv import cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,10 @@ import base64
 import time
 
 import pytest
-from podagent.agent import IPAllocator
-from podagent.kube import WatchExpired
-from podagent.podspec import (
+
+from hack.testenv.podagent.agent import IPAllocator
+from hack.testenv.podagent.kube import WatchExpired
+from hack.testenv.podagent.podspec import (
     ConfigError,
     bind_to_pod_ip,
     expand_vars,
@@ -17,8 +18,8 @@ from podagent.podspec import (
     resolve_env,
     resolve_program,
 )
-from podagent.probes import LIVENESS, READINESS, STARTUP, ProbeTracker
-from podagent.status import ContainerStatus, pod_conditions, pod_phase
+from hack.testenv.podagent.probes import LIVENESS, READINESS, STARTUP, ProbeTracker
+from hack.testenv.podagent.status import ContainerStatus, pod_conditions, pod_phase
 
 POD = {
     "metadata": {"name": "web-0", "namespace": "ns1", "uid": "u-1", "labels": {"app": "web"}},
@@ -245,8 +246,8 @@ def _bound_pod(name: str, uid: str, ip: str | None = None) -> dict:
 def test_agent_relists_after_410_and_stops_pods_that_vanished(tmp_path) -> None:
     import threading
 
-    from podagent.agent import Agent
-    from podagent.worker import AgentConfig
+    from hack.testenv.podagent.agent import Agent
+    from hack.testenv.podagent.worker import AgentConfig
 
     stop = threading.Event()
     first = [_bound_pod("a", "uid-a"), _bound_pod("b", "uid-b", ip="127.2.0.77")]

@@ -13,12 +13,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import cluster
 import pytest
-from podagent.podman import image_present, podman_binary
 from test_localcluster_e2e import KVSIM_BUILD, SIM, apply, engine_volume, get, job, terminated_of, wait_until
 
 import kvpilot
+
+from hack.testenv import cluster
+from hack.testenv.podagent.podman import image_present, podman_binary
 
 pytestmark = pytest.mark.e2e
 

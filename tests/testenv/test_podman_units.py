@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 from pathlib import Path
 
 import pytest
-from podagent.podman import RUNTIME, apply_fs_group, mount_modes, plan_podman, security_flags
-from podagent.podspec import ConfigError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
-from operatorimage import override_flags  # noqa: E402
+from hack.operatorimage import override_flags
+from hack.testenv.podagent.podman import RUNTIME, apply_fs_group, mount_modes, plan_podman, security_flags
+from hack.testenv.podagent.podspec import ConfigError
+
 
 POD = {
     "metadata": {"name": "serve-0", "namespace": "ns1", "uid": "0c3e-uid"},

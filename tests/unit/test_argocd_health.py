@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from hack import argocd_health
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack"))
-import argocd_health  # noqa: E402
 
 TESTDATA = ROOT / "deploy" / "argocd" / "testdata"
 CAPTURED = sorted(TESTDATA.glob("*.yaml"))

@@ -4,15 +4,13 @@ HTTP SD emulation of Kubernetes discovery (hack/testenv/kubesd.py). Pure functio
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from hack.testenv import kubesd, prometheus
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack" / "testenv"))
-import kubesd  # noqa: E402
-import prometheus  # noqa: E402
 
 POD_MONITOR = {
     "kind": "PodMonitor", "metadata": {"name": "kvpilot-engines", "namespace": "kvpilot-system"},
