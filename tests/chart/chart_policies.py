@@ -1,7 +1,8 @@
-"""Pure checks the chart tests apply to rendered objects: Pod Security "restricted" and effective RBAC.
+"""Pure checks the chart tests apply to rendered objects: where pods are, and effective RBAC.
 
 They are plain functions of manifests (no helm, no cluster), so test_chart_policies_selftest.py can
-prove each one catches what it claims to catch on hand-made bad objects.
+prove each one catches what it claims to catch on hand-made bad objects. Pod Security "restricted" is not
+re-implemented here: the API server's own admission judges every variant (test_chart_install_e2e.py).
 """
 
 from __future__ import annotations
@@ -11,29 +12,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 Manifest = dict[str, Any]
-
-# Pod Security Standards, "restricted" profile (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
-# the only volume types it allows.
-RESTRICTED_VOLUME_TYPES = frozenset(
-    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
-)
-# The only capability "restricted" lets a container add back.
-RESTRICTED_ADDABLE_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
-# The "safe" sysctls of the baseline profile (restricted includes baseline).
-SAFE_SYSCTLS = frozenset(
-    {
-        "kernel.shm_rmid_forced",
-        "net.ipv4.ip_local_port_range",
-        "net.ipv4.ip_unprivileged_port_start",
-        "net.ipv4.tcp_syncookies",
-        "net.ipv4.ping_group_range",
-        "net.ipv4.ip_local_reserved_ports",
-        "net.ipv4.tcp_keepalive_time",
-        "net.ipv4.tcp_fin_timeout",
-        "net.ipv4.tcp_keepalive_intvl",
-        "net.ipv4.tcp_keepalive_probes",
-    }
-)
 
 POD_TEMPLATE_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"})
 
@@ -50,70 +28,6 @@ def pod_specs(objects: Iterable[Manifest]) -> list[tuple[str, Mapping[str, Any]]
         elif kind == "Pod":
             found.append((f"{kind}/{name}", obj["spec"]))
     return found
-
-
-def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
-    """Every way this pod spec breaks Pod Security "restricted", plus our own rule of a read-only root.
-
-    An empty list means it is admitted by a namespace labelled pod-security.kubernetes.io/enforce=restricted.
-    """
-    problems: list[str] = []
-    pod_ctx = pod.get("securityContext") or {}
-    for field in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod.get(field):
-            problems.append(f"spec.{field} must not be true")
-    for volume in pod.get("volumes") or []:
-        kinds = set(volume) - {"name"}
-        if not kinds <= RESTRICTED_VOLUME_TYPES:
-            problems.append(
-                f"volume {volume.get('name')!r} has type {sorted(kinds)}; restricted allows only {sorted(RESTRICTED_VOLUME_TYPES)}"
-            )
-    for sysctl in pod_ctx.get("sysctls") or []:
-        if sysctl.get("name") not in SAFE_SYSCTLS:
-            problems.append(f"sysctl {sysctl.get('name')!r} is not in the safe set")
-    if pod_ctx.get("runAsUser") == 0:
-        problems.append("spec.securityContext.runAsUser must not be 0")
-    if (pod_ctx.get("windowsOptions") or {}).get("hostProcess"):
-        problems.append("spec.securityContext.windowsOptions.hostProcess must not be true")
-    pod_seccomp = (pod_ctx.get("seccompProfile") or {}).get("type")
-    containers = [("containers", c) for c in pod.get("containers") or []]
-    containers += [("initContainers", c) for c in pod.get("initContainers") or []]
-    containers += [("ephemeralContainers", c) for c in pod.get("ephemeralContainers") or []]
-    if not containers:
-        problems.append("pod has no containers")
-    for group, container in containers:
-        where = f"{group}[{container.get('name')}]"
-        ctx = container.get("securityContext") or {}
-        if ctx.get("privileged"):
-            problems.append(f"{where}.securityContext.privileged must not be true")
-        if ctx.get("allowPrivilegeEscalation") is not False:
-            problems.append(f"{where}.securityContext.allowPrivilegeEscalation must be false")
-        caps = ctx.get("capabilities") or {}
-        if "ALL" not in (caps.get("drop") or []):
-            problems.append(f"{where}.securityContext.capabilities.drop must include ALL")
-        extra = set(caps.get("add") or []) - RESTRICTED_ADDABLE_CAPABILITIES
-        if extra:
-            problems.append(f"{where}.securityContext.capabilities.add must not add {sorted(extra)}")
-        run_as_non_root = ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot"))
-        if run_as_non_root is not True:
-            problems.append(f"{where}: runAsNonRoot must be true (container or pod)")
-        uid = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
-        if uid == 0:
-            problems.append(f"{where}: runAsUser must not be 0")
-        seccomp = (ctx.get("seccompProfile") or {}).get("type") or pod_seccomp
-        if seccomp not in ("RuntimeDefault", "Localhost"):
-            problems.append(
-                f"{where}: seccompProfile.type must be RuntimeDefault or Localhost (container or pod), got {seccomp!r}"
-            )
-        if ctx.get("procMount", "Default") != "Default":
-            problems.append(f"{where}.securityContext.procMount must be Default")
-        for port in container.get("ports") or []:
-            if port.get("hostPort"):
-                problems.append(f"{where} must not use hostPort {port['hostPort']}")
-        # Not a PSS rule, our own: the image must not be writable at run time.
-        if ctx.get("readOnlyRootFilesystem") is not True:
-            problems.append(f"{where}.securityContext.readOnlyRootFilesystem must be true")
-    return problems
 
 
 # (apiGroup, resource) -> verbs; a scope is a namespace name, or None for cluster-wide.

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import CHART_DIR, REPO_ROOT
+from chart_helpers import CHART_DIR, REPO_ROOT, VARIANTS
+from chart_policies import pod_specs
 from rbac_contract import (
     KOPF_CLUSTER_READS,
     NAMESPACED_MODE_CLUSTER_READS,
@@ -194,6 +195,25 @@ def test_1_installs_into_a_namespace_enforcing_restricted(cluster: PrivateCluste
     wait_for(operator_pod_created, "the ReplicaSet to create the operator pod (admitted under restricted)")
     crd = json.loads(cluster.kubectl("get", "crd", CRD, "-o", "json").stdout)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_1_every_values_variant_is_admitted_under_restricted(cluster: PrivateCluster) -> None:
+    """Pod Security admission itself judges the pods of every values variant, not only the one installed: each
+    rendered pod template goes to the API server as a Pod (server-side dry run) in the namespace that enforces
+    "restricted" (the control above proves it rejects a pod that breaks it)."""
+    pods: list[tuple[str, dict[str, Any]]] = []
+    for variant, files in sorted(VARIANTS.items()):
+        values = [arg for name in files for arg in ("--values", str(CHART_DIR / "ci" / name))]
+        rendered = cluster.helm("template", "kvpilot", str(CHART_DIR), "-n", NAMESPACE, *values).stdout
+        for where, spec in pod_specs(doc for doc in yaml.safe_load_all(rendered) if doc):
+            pod = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+                   "metadata": {"name": f"restricted-check-{len(pods)}", "namespace": NAMESPACE}}
+            pods.append((f"{variant} {where}", pod))
+    assert pods, "the chart must render the operator's pod"
+    for where, pod in pods:
+        done = cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(pod), check=False)
+        assert done.returncode == 0, f"{where} is not admitted under restricted: {done.stderr}"
+        assert "PodSecurity" not in done.stderr, done.stderr
 
 
 def test_2_cluster_wide_rbac_is_exactly_the_contract(cluster: PrivateCluster) -> None:
