@@ -53,8 +53,8 @@ def test_a_line_has_utc_milliseconds_and_the_message() -> None:
     out = json.loads(JsonFormatter().format(record))
     assert out == {"time": "2026-11-29T12:00:05.123Z", "level": "WARNING", "logger": "kvpilot.x",
                    "message": "engine e1: 3"}
-    parsed = datetime.fromisoformat(out["time"])
-    assert parsed.utcoffset() is not None and parsed.utcoffset().total_seconds() == 0
+    offset = datetime.fromisoformat(out["time"]).utcoffset()
+    assert offset is not None and offset.total_seconds() == 0
 
 
 def test_tracebacks_and_stacks_are_kept(lines: list[dict[str, Any]]) -> None:

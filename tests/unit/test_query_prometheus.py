@@ -45,9 +45,10 @@ class Prometheus:
     def pins(self) -> tuple[MetricsPin, ...]:
         return (MetricsPin(HOST, self.port, "127.0.0.1"),)
 
-    def answer(self, body: Any, status: int = 200, path: str = "/api/v1/query", **headers: str) -> None:
+    def answer(self, body: Any, status: int = 200, path: str = "/api/v1/query",
+               headers: dict[str, str] | None = None) -> None:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.answers[path] = (status, {"Content-Type": "application/json", **headers}, raw)
+        self.answers[path] = (status, {"Content-Type": "application/json", **(headers or {})}, raw)
 
 
 @pytest.fixture
@@ -145,7 +146,7 @@ def test_an_answer_too_large_is_refused_without_reading_it_all(server: Prometheu
 def test_a_redirect_is_not_followed(server: Prometheus) -> None:
     """A Prometheus (or whatever answers at its name) cannot send the operator elsewhere: a 302's target is
     never fetched, even on the same server, and its empty body is a rejection, not a window."""
-    server.answer(b"", status=302, Location=f"http://127.0.0.1:{server.port}/elsewhere")
+    server.answer(b"", status=302, headers={"Location": f"http://127.0.0.1:{server.port}/elsewhere"})
     server.answer(success(as_matrix("e-1", TEXTS)), path="/elsewhere")
     with pytest.raises(MetricsRejected):
         query(server)
@@ -154,7 +155,7 @@ def test_a_redirect_is_not_followed(server: Prometheus) -> None:
 
 def test_a_server_that_does_not_answer_times_out(server: Prometheus, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prometheus, "TIMEOUT", aiohttp.ClientTimeout(total=0.3))
-    server.answer(success([]), **{"X-Hang": "1"})
+    server.answer(success([]), headers={"X-Hang": "1"})
     with pytest.raises(TimeoutError):
         query(server)
     assert len(server.requests) == 1  # it was asked, and did not answer in time
