@@ -2,7 +2,7 @@
 
 Standard library only, so any test or script can import it before anything else is installed:
 
-    from hack.testenv import cluster            # from the repository root (tests, python -m hack.demo)
+    from hack.testenv import cluster               # from the repository root (tests, python -m hack.demo)
     kubeconfig = cluster.ensure_cluster_up()       # builds (cached) and starts what is missing
     cluster.kubectl("get", "nodes", "-o", "name")
     cluster.helm("install", "kvpilot", "charts/kvpilot", "-n", "kvpilot-system", "--create-namespace")
