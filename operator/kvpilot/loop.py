@@ -130,8 +130,9 @@ class EngineLoops:
         """List and watch every child kind (in each namespace, or cluster-wide) into the cache."""
         loop = asyncio.get_running_loop()
         self.synced.clear()
+        scopes: list[str | None] = [*namespaces] or [None]  # None: cluster-wide
         for kind in CHILD_KINDS:
-            for ns in namespaces or [None]:
+            for ns in scopes:
                 self._unsynced.add((kind.kind, ns))
 
                 def on_list(kind_name: str, items: list[dict[str, Any]], ns: str | None = ns) -> None:

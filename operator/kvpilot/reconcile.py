@@ -171,9 +171,9 @@ async def reconcile(
             failed.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}", exc))
     new_status = p.status
     if failed:
-        what, exc = failed[0]
+        what, error = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {exc}{more}")
+        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {error}{more}")
         new_status = {**new_status, "conditions": merge_conditions(
             new_status["conditions"], [cond], engine.meta.generation, now or datetime.now(timezone.utc))}
     new_status = stamp_transitions(status, new_status, now or datetime.now(timezone.utc))

@@ -293,7 +293,7 @@ def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
     target_u = inp.spec.target_kv_cache_utilization_percent / 100
     if w.peak_utilization >= target_u - HYSTERESIS or not _tpot_margin(inp, w):
         return idle
-    fit = _kv_fit(w, target_u, cur * MAX_STEP_FACTOR)
+    fit = _kv_fit(w, target_u, math.floor(cur * MAX_STEP_FACTOR))
     bound = _tpot_bound(inp, w)
     wanted = min(fit, bound if bound is not None else math.floor(cur * MAX_RAISE_FACTOR),
                  math.floor(cur * MAX_STEP_FACTOR))

@@ -67,7 +67,7 @@ def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: boo
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
-               duration_s: float, queue_timeout_s: float | None = None) -> dict:
+               duration_s: float, queue_timeout_s: float | None = None) -> dict[str, float]:
     fleet = Fleet(config, replicas, restart_s=0.0, queue_timeout_s=queue_timeout_s)
     for req in requests:
         fleet.advance(req.arrival_s)
@@ -206,7 +206,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
-    result = goodput(fleet.records, len(requests), slo, duration_s)
+    result: dict[str, Any] = {**goodput(fleet.records, len(requests), slo, duration_s)}
     result.update({"changes": changes, "final": _target(fleet), "history": history,
                    "restarts": sum(r.restarts for r in fleet.replicas),
                    "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),

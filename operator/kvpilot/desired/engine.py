@@ -97,10 +97,11 @@ def served_engine(
 ) -> tuple[ServedEngine | None, dict[str, Any] | None]:
     """The engine the pods serve, and status.engine: the new one once published, else the last good one."""
     if not spec.builds_engine:
-        info = {"fingerprint": build.fingerprint, "path": spec.model.source, "image": build.image,
+        plain = {"fingerprint": build.fingerprint, "path": spec.model.source, "image": build.image,
                 "tensorParallelSize": spec.build.tensor_parallel_size,
                 "pipelineParallelSize": spec.build.pipeline_parallel_size}
-        return None, info
+        return None, plain
+    info: dict[str, Any]
     if build.ready is not None:
         m = build.ready
         info = {
@@ -121,7 +122,7 @@ def served_engine(
         }
         info = {k: v for k, v in info.items() if v is not None}
     else:
-        info = status.get("engine")
+        info = status.get("engine") or {}
         if not info or "maxBatchSize" not in info:
             return None, None
     engine = ServedEngine(

@@ -37,6 +37,11 @@ MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply
 MAX_REJECTIONS_KEPT = 256
 
 
+def _positive_int(value: object) -> int:
+    """``value`` when it is a positive integer (status is user-writable), else 0 (unknown)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 @dataclass(frozen=True)
 class EngineFacts:
     """What the served engine is, from status.engine: samples that contradict it come from another engine (a
@@ -49,8 +54,7 @@ class EngineFacts:
     def from_status(cls, status: dict[str, Any] | None) -> EngineFacts:
         engine = (status or {}).get("engine") or {}
         tpb, mbs = engine.get("tokensPerBlock"), engine.get("maxBatchSize")
-        ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-        return cls(tokens_per_block=tpb if ok(tpb) else 0, max_batch_size_ceiling=mbs if ok(mbs) else 0)
+        return cls(tokens_per_block=_positive_int(tpb), max_batch_size_ceiling=_positive_int(mbs))
 
     def inconsistency(self, s: IterationSample) -> str | None:
         """Why the sample cannot describe this engine, None when it can."""

@@ -6,7 +6,7 @@ worst pod's peak (memory safety) and the mean over pods (load).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvpilot.desired.observed import KvWindow
 from kvpilot.trtllm.metrics import (
@@ -19,8 +19,8 @@ from kvpilot.trtllm.metrics import (
 
 
 def summarize(
-    samples_by_pod: dict[str, Sequence[IterationSample]],
-    latency_by_pod: dict[str, Sequence[LatencySnapshot]] | None = None,
+    samples_by_pod: Mapping[str, Sequence[IterationSample]],
+    latency_by_pod: Mapping[str, Sequence[LatencySnapshot]] | None = None,
     window_seconds: float = 0.0,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
