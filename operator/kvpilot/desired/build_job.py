@@ -96,4 +96,5 @@ def build_job(
             },
         },
     }
-    return P.prune(job)  # type: ignore[no-any-return]
+    pruned: dict[str, Any] = P.prune(job)
+    return pruned

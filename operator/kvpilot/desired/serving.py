@@ -168,7 +168,8 @@ def deployment(
             },
         },
     }
-    return P.prune(dep)  # type: ignore[no-any-return]
+    pruned: dict[str, Any] = P.prune(dep)
+    return pruned
 
 
 def service(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any]:
