@@ -17,7 +17,7 @@ from kvpilot.api.conditions import (
     true,
 )
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.desired.engine import BuildDecision
+from kvpilot.desired.build import BuildDecision
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.redact import redact
 

@@ -23,7 +23,7 @@ from kvpilot.desired import serving
 from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
 from kvpilot.desired.build_job import build_job
 from kvpilot.desired.conditions import compute_conditions
-from kvpilot.desired.engine import BuildDecision, decide_build, served_engine
+from kvpilot.desired.build import BuildDecision, decide_build, served_engine
 from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.pod_parts import image_for

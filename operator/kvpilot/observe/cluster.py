@@ -7,7 +7,7 @@ from typing import Any
 
 from kvpilot.api.models import InferenceEngine
 from kvpilot.desired import labels as L
-from kvpilot.desired.engine import target_fingerprint
+from kvpilot.desired.build import target_fingerprint
 from kvpilot.desired.observed import (
     KvWindow,
     Observed,
