@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kvpilot.api.status import parse_status
 from kvpilot import loop as loop_module
 from kvpilot import telemetry
 from kvpilot.desired.contract import metrics_condition
@@ -142,7 +143,7 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any) -> Any:
         state["reconciles"] += 1
-        p = plan(engine, Observed(status=status, claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         return p, Observed(pods=(POD,))
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)

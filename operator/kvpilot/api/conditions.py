@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+
+from kvpilot.api.status import ConditionRecord, ConditionStatus
 
 ENGINE_READY = "EngineReady"
 AVAILABLE = "Available"
@@ -23,7 +24,7 @@ class Condition:
     """A condition as computed by a pure status function (time is stamped when merged)."""
 
     type: str
-    status: str  # "True" | "False" | "Unknown"
+    status: ConditionStatus
     reason: str
     message: str
 
@@ -41,26 +42,26 @@ def rfc3339(now: datetime) -> str:
 
 
 def merge_conditions(
-    existing: list[dict[str, Any]] | None,
+    existing: tuple[ConditionRecord, ...] | None,
     computed: list[Condition],
     generation: int,
     now: datetime,
-) -> list[dict[str, Any]]:
+) -> tuple[ConditionRecord, ...]:
     """Return the new condition list: computed ones replace their type, keeping the transition time
     when the status did not change; conditions of other types are kept."""
-    by_type = {c["type"]: c for c in existing or []}
-    out: dict[str, dict[str, Any]] = dict(by_type)
+    by_type = {c.type: c for c in existing or ()}
+    out = dict(by_type)
     for cond in computed:
         previous = by_type.get(cond.type)
-        moved = previous is None or previous.get("status") != cond.status
+        kept = previous is not None and previous.status == cond.status
         message = cond.message if len(cond.message) <= MESSAGE_LIMIT else cond.message[: MESSAGE_LIMIT - 3] + "..."
-        out[cond.type] = {
-            "type": cond.type,
-            "status": cond.status,
-            "reason": cond.reason,
-            "message": message,
-            "observedGeneration": generation,
-            "lastTransitionTime": rfc3339(now) if moved else previous["lastTransitionTime"],  # type: ignore[index]
-        }
+        out[cond.type] = ConditionRecord(
+            type=cond.type,
+            status=cond.status,
+            reason=cond.reason,
+            message=message,
+            observed_generation=generation,
+            last_transition_time=previous.last_transition_time if previous is not None and kept else rfc3339(now),
+        )
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
-    return sorted(out.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
+    return tuple(sorted(out.values(), key=lambda c: (order.get(c.type, len(order)), c.type)))

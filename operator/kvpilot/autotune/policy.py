@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from kvpilot.api.models import AutotuneSpec
+from kvpilot.api.status import Action
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
@@ -86,7 +87,7 @@ class TunerInput:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # Raise | Lower | Hold | Rebuild
+    action: Action
     target: int  # the runtime max_batch_size to run with (== current for Hold)
     reason: str
     message: str
@@ -94,7 +95,10 @@ class Decision:
 
     @property
     def changes(self) -> bool:
-        return self.action in ("Raise", "Lower", "Rebuild")
+        return self.action != Action.HOLD
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
 
 
 def bounds(inp: TunerInput) -> tuple[int, int]:
@@ -104,7 +108,7 @@ def bounds(inp: TunerInput) -> tuple[int, int]:
 
 
 def _hold(inp: TunerInput, reason: str, message: str) -> Decision:
-    return Decision("Hold", inp.current, reason, message)
+    return Decision(Action.HOLD, inp.current, reason, message)
 
 
 def _move(inp: TunerInput, target: int, reason: str, message: str, min_step: float = MIN_RELATIVE_STEP) -> Decision:
@@ -114,7 +118,7 @@ def _move(inp: TunerInput, target: int, reason: str, message: str, min_step: flo
         return _hold(inp, reason, message + f"; already at the bound {target}")
     if abs(target - inp.current) < min_step * inp.current:
         return _hold(inp, "ChangeTooSmall", message + f"; {inp.current}->{target} is not worth a restart")
-    action = "Raise" if target > inp.current else "Lower"
+    action = Action.RAISE if target > inp.current else Action.LOWER
     return Decision(action, target, reason, message + f"; {inp.current}->{target}")
 
 
@@ -311,7 +315,7 @@ def decide(inp: TunerInput) -> Decision:
         return _hold(inp, "RolloutInProgress", "A build or rollout is under way; observing only")
     if inp.current > hi or inp.current < lo:
         clamped = max(lo, min(hi, inp.current))
-        action = "Lower" if clamped < inp.current else "Raise"
+        action = Action.LOWER if clamped < inp.current else Action.RAISE
         return Decision(action, clamped, "OutOfBounds", f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
@@ -414,7 +418,7 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         if not worth:
             return _hold(inp, "RebuildNotWorthIt", f"{why}; the engine's ceiling {inp.ceiling} binds, but a "
                          f"{inp.build_seconds:.0f}s build and a restart would cost more than they save ({verdict})")
-        return Decision("Rebuild", cur, "CeilingTooLow",
+        return Decision(Action.REBUILD, cur, "CeilingTooLow",
                         f"{why}; the pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; "
                         f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)
     return _move(inp, wanted, "QueueWithHeadroom", f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "

@@ -29,6 +29,7 @@ from kvsim.workload import load_workload
 
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
+from kvpilot.api.status import parse_status
 from kvpilot.api.validate import validate_manifest
 from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.bench.fleet import Fleet
@@ -192,7 +193,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
                              fleet.gave_up - gave_up_before)
             gave_up_before = fleet.gave_up
-            observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
+            observed = Observed(status=parse_status(status), claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s)
             started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kvpilot.api.status import EngineStatus
+
 
 @dataclass(frozen=True)
 class JobState:
@@ -113,7 +115,7 @@ class KvWindow:
 
 @dataclass(frozen=True)
 class Observed:
-    status: dict[str, Any] = field(default_factory=dict)
+    status: EngineStatus = field(default_factory=EngineStatus)  # the engine's own status as last written
     engine_index: dict[str, dict[str, Any]] = field(default_factory=dict)
     job: JobState | None = None
     deployment: DeploymentState | None = None
