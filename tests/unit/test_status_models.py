@@ -106,3 +106,14 @@ JSON = st.recursive(
 def test_parsing_any_json_never_raises_and_what_it_keeps_round_trips(raw: object) -> None:
     parsed = parse_status(raw)
     assert parse_status(status_dict(parsed)) == parsed
+
+
+def test_every_condition_reason_is_pascal_case() -> None:
+    import re
+    import typing
+
+    from kvpilot.api.conditions import ConditionReason
+
+    reasons = typing.get_args(ConditionReason)
+    assert len(set(reasons)) == len(reasons)
+    assert [r for r in reasons if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", r)] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from kvpilot.api.status import ConditionRecord, ConditionStatus
 
@@ -18,6 +19,20 @@ DEGRADED = "Degraded"
 CONDITION_TYPES = (ENGINE_READY, AVAILABLE, PROGRESSING, DEGRADED)
 MESSAGE_LIMIT = 2048
 
+# Every reason kvpilot computes (a reason read back from status may be any string: an older operator's).
+ConditionReason = Literal[
+    # EngineReady
+    "NoBuildRequired", "EngineBuilt", "CacheHit", "CacheClaimMissing", "BuildFailed", "BuildUnschedulable", "Building",
+    # Available
+    "ScaledToZero", "EngineNotReady", "MinimumReplicasAvailable", "PodsUnschedulable", "PodsNotReady",
+    # Progressing (also "Building")
+    "RollingOut", "ProgressDeadlineExceeded", "Settled",
+    # Degraded (also "BuildFailed", "CacheClaimMissing", "PodsUnschedulable")
+    "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed",
+    # ReleaseContract and MetricsValid (desired/contract.py)
+    "ReleaseMismatch", "UnknownRelease", "Matches", "SamplesRejected", "Accepted",
+]
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -25,15 +40,15 @@ class Condition:
 
     type: str
     status: ConditionStatus
-    reason: str
+    reason: ConditionReason
     message: str
 
 
-def true(type_: str, reason: str, message: str) -> Condition:
+def true(type_: str, reason: ConditionReason, message: str) -> Condition:
     return Condition(type_, "True", reason, message)
 
 
-def false(type_: str, reason: str, message: str) -> Condition:
+def false(type_: str, reason: ConditionReason, message: str) -> Condition:
     return Condition(type_, "False", reason, message)
 
 

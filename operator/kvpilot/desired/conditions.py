@@ -13,6 +13,7 @@ from kvpilot.api.conditions import (
     ENGINE_READY,
     PROGRESSING,
     Condition,
+    ConditionReason,
     false,
     true,
 )
@@ -33,7 +34,7 @@ def engine_ready(
         return true(ENGINE_READY, "NoBuildRequired", "The pytorch backend serves the checkpoint directly")
     if build.ready is not None:
         cache_hit = build.status is not None and build.status.state == BuildState.CACHE_HIT
-        reason = "CacheHit" if cache_hit else "EngineBuilt"
+        reason: ConditionReason = "CacheHit" if cache_hit else "EngineBuilt"
         return true(ENGINE_READY, reason, f"Engine {build.fingerprint[:10]} is published on claim {claim}")
     if claim_phase is None:
         return false(ENGINE_READY, "CacheClaimMissing", f"PersistentVolumeClaim {claim} (spec.engineCache) was not found")
@@ -117,7 +118,7 @@ def compute_conditions(
     elif ready.reason == "CacheClaimMissing":
         degraded = true(DEGRADED, "CacheClaimMissing", ready.message)
     elif waiting_msg:
-        reason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
+        reason: ConditionReason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
         who = f"Pod {waiting_pod.name}" if waiting_pod else "The build pod"
         degraded = true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
     elif crashing:
