@@ -6,9 +6,13 @@ fits the schema must survive a round trip unchanged.
 
 from __future__ import annotations
 
+import re
+import typing
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvpilot.api.conditions import ConditionReason
 from kvpilot.api.status import (
     Action,
     BuildState,
@@ -109,11 +113,6 @@ def test_parsing_any_json_never_raises_and_what_it_keeps_round_trips(raw: object
 
 
 def test_every_condition_reason_is_pascal_case() -> None:
-    import re
-    import typing
-
-    from kvpilot.api.conditions import ConditionReason
-
     reasons = typing.get_args(ConditionReason)
     assert len(set(reasons)) == len(reasons)
     assert [r for r in reasons if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", r)] == []
