@@ -204,8 +204,8 @@ class EngineLoops:
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             return  # the server keeps the history; queried once per reconcile
         await loop.sampler.tick(
-            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True,
-            EngineFacts.from_status(loop.body.get("status")),
+            self.session(), pods, port=spec.serving.port, now=datetime.now(timezone.utc),
+            warmup_seconds=tune.warmup_seconds, want_latency=True, facts=EngineFacts.from_status(loop.body.get("status")),
         )
 
     async def _window(self, loop: EngineLoop, engine: Any, pods: list[Any]) -> Any:

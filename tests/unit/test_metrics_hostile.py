@@ -75,7 +75,8 @@ def test_each_hostile_reply_is_a_counted_rejection_never_an_exception(entry: dic
         {"/metrics": (200, b"[]"), "/prometheus/metrics": (200, body)}
     session = FakeSession(replies)
     before = rejected_total()
-    asyncio.run(sampler.tick(session, [POD], 8000, datetime.now(timezone.utc), 0, True, FACTS))  # type: ignore[arg-type]
+    asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
+                             warmup_seconds=0, want_latency=True, facts=FACTS))
     assert rejected_total() == before + 1, entry["note"]
     assert not any(sampler.samples.values()) and not any(sampler.latency.values())
     clock[0] += 1
@@ -99,7 +100,8 @@ def test_a_large_reply_arriving_in_pieces_is_read_whole() -> None:
     body = json.dumps([GOOD] * 500).encode()  # ~130 kB, as a busy engine drains
     sampler = EngineSampler(clock=lambda: 1000.0)
     session = FakeSession({"/metrics": (200, body)})
-    asyncio.run(sampler.tick(session, [POD], 8000, datetime.now(timezone.utc), 0, False, FACTS))  # type: ignore[arg-type]
+    asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
+                             warmup_seconds=0, want_latency=False, facts=FACTS))
     assert len(sampler.samples["e1-x"]) == 500 and not sampler.rejections
 
 

@@ -151,7 +151,7 @@ class EngineSampler:
             self.rejections.popleft()
 
     async def tick(
-        self, session: aiohttp.ClientSession, pods: list[PodState], port: int, now: datetime,
+        self, session: aiohttp.ClientSession, pods: list[PodState], *, port: int, now: datetime,
         warmup_seconds: int, want_latency: bool, facts: EngineFacts | None = None,
     ) -> None:
         """Scrape every warm pod once. Never raises for what a pod sends: see ``accept``."""
