@@ -19,6 +19,7 @@ def build_job(
     owner: ObjectRef,
     spec: InferenceEngineSpec,
     fingerprint: str,
+    *,
     image: str,
     claim: str,
     ceiling: int,

@@ -86,12 +86,12 @@ class Plan:
 
 
 def _serving_children(
-    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int,
+    engine: InferenceEngine, served: ServedEngine | None, *, image: str, claim: str | None, batch: int,
     surface: Surface | None = None, spare_gpu: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
-    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm,
-                             rolling_update(engine.spec.serving.rollout, spare_gpu))
+    dep = serving.deployment(engine.meta, engine.spec, served, image=image, claim=claim, max_batch_size=batch,
+                             config_map=cm, rolling_update=rolling_update(engine.spec.serving.rollout, spare_gpu))
     return cm, dep
 
 
@@ -187,8 +187,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     can_serve = served is not None or not spec.builds_engine
     recorded = engine_info.trtllm if engine_info is not None else None
     surface, known_by, mismatch = serving_surface(spec, serve_image, to_wire(recorded) if recorded else None)
-    cm, dep = (_serving_children(engine, served, serve_image, claim, batch, surface, observed.spare_gpu)
-               if can_serve else ({}, {}))
+    cm, dep = (_serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
+                                 spare_gpu=observed.spare_gpu) if can_serve else ({}, {}))
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
@@ -204,7 +204,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         batch = decision.target
         reason = "AutotuneRaised" if decision.action == Action.RAISE else "AutotuneLowered"
         message = decision.message
-        cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface, observed.spare_gpu)
+        cm, dep = _serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
+                                    spare_gpu=observed.spare_gpu)
         conds, rolling = compute_conditions(
             spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve, desired_batch=str(batch),
             desired_hash=serving.config_hash(cm),
@@ -214,7 +215,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)] + ([pdb] if pdb else [])
     job = None
     if build.create_job and claim is not None:
-        job = build_job(meta, spec, build.fingerprint, image, claim, build.ceiling, claim_uid=observed.claim_uid)
+        job = build_job(meta, spec, build.fingerprint, image=image, claim=claim, ceiling=build.ceiling,
+                        claim_uid=observed.claim_uid)
     index = (claim, build.fingerprint, build.record_in_index) if build.record_in_index and claim else None
 
     conds = [*conds, release_condition(serve_image, surface, known_by, mismatch)]

@@ -85,6 +85,7 @@ def deployment(
     owner: ObjectRef,
     spec: InferenceEngineSpec,
     engine: ServedEngine | None,
+    *,
     image: str,
     claim: str | None,
     max_batch_size: int,
