@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 import typing
+from datetime import datetime, timezone
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.api.conditions import ConditionReason
+from kvpilot.desired.observed import Observed
+from kvpilot.desired.plan import Settings, plan
 from kvpilot.api.status import (
     Action,
     BuildState,
@@ -23,6 +26,7 @@ from kvpilot.api.status import (
     parse_status,
     status_dict,
 )
+from tests.unit.helpers import engine
 
 WRITTEN = {
     "observedGeneration": 3,
@@ -70,6 +74,7 @@ def test_values_that_do_not_fit_read_as_absent() -> None:
             {"type": "Degraded", "status": "Maybe", "reason": "X", "message": "",
              "lastTransitionTime": "t"},  # status outside its enumeration: the record is dropped
             "not a record",
+            {"status": "True", "reason": "R", "message": "m", "lastTransitionTime": "t"},  # no type: dropped
             {"type": "Available", "status": "True", "reason": "R", "message": "m", "lastTransitionTime": "t",
              "observedGeneration": True},  # a boolean is not an integer: that field alone is dropped
         ],
@@ -116,3 +121,20 @@ def test_every_condition_reason_is_pascal_case() -> None:
     reasons = typing.get_args(ConditionReason)
     assert len(set(reasons)) == len(reasons)
     assert [r for r in reasons if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", r)] == []
+
+
+def test_a_plan_over_a_hand_edited_status_neither_raises_nor_keeps_the_remnants() -> None:
+    """Values of the right types that the operator would never write (each used to raise in plan())."""
+    edited = parse_status({
+        "engine": {"maxBatchSize": 128},  # no fingerprint: nothing serves from this record
+        "batching": {"maxBatchSize": 100, "source": "Autotune", "specValue": 64},  # a tuned value with no reason
+        "build": {"state": "Succeeded", "startedAt": "yesterday", "finishedAt": "today"},
+        "autotune": {"lastAppliedAt": "not a time",
+                     "history": [{"applied": True, "action": "Raise", "at": "soon", "fromBatchSize": 1}]},
+    })
+    e = engine(autotune={"enabled": True, "mode": "Auto"}, batching__maxBatchSize=64)
+    p = plan(e, Observed(status=edited, claim_phase="Bound"), Settings(), datetime(2026, 11, 29, tzinfo=timezone.utc))
+    written = parse_status(p.status)
+    assert written.engine is None or written.engine.fingerprint is not None
+    assert written.batching is not None and written.batching.reason
+    assert status_dict(written) == p.status
