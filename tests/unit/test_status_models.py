@@ -10,6 +10,7 @@ import re
 import typing
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,7 +124,8 @@ def test_every_condition_reason_is_pascal_case() -> None:
     assert [r for r in reasons if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", r)] == []
 
 
-def test_a_plan_over_a_hand_edited_status_neither_raises_nor_keeps_the_remnants() -> None:
+@pytest.mark.parametrize("backend", ["simulated", "pytorch"])  # pytorch serves at once: the tuner reads the rest
+def test_a_plan_over_a_hand_edited_status_neither_raises_nor_keeps_the_remnants(backend: str) -> None:
     """Values of the right types that the operator would never write (each used to raise in plan())."""
     edited = parse_status({
         "engine": {"maxBatchSize": 128},  # no fingerprint: nothing serves from this record
@@ -132,7 +134,7 @@ def test_a_plan_over_a_hand_edited_status_neither_raises_nor_keeps_the_remnants(
         "autotune": {"lastAppliedAt": "not a time",
                      "history": [{"applied": True, "action": "Raise", "at": "soon", "fromBatchSize": 1}]},
     })
-    e = engine(autotune={"enabled": True, "mode": "Auto"}, batching__maxBatchSize=64)
+    e = engine(backend, autotune={"enabled": True, "mode": "Auto"}, batching__maxBatchSize=64)
     p = plan(e, Observed(status=edited, claim_phase="Bound"), Settings(), datetime(2026, 11, 29, tzinfo=timezone.utc))
     written = parse_status(p.status)
     assert written.engine is None or written.engine.fingerprint is not None
