@@ -20,13 +20,18 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
+def optional_of(tp: Any) -> Any | None:
+    """``X`` for ``X | None`` (the models' only unions), None for any other type."""
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return None
+    (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner
+
+
 def _convert(tp: Any, value: Any) -> Any:
     origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        if value is None:
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(inner, value)
+    if (inner := optional_of(tp)) is not None:
+        return None if value is None else _convert(inner, value)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value)
     if origin is tuple:

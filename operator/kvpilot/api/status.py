@@ -12,13 +12,12 @@ next write replaces both with what the operator decides.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from enum import Enum, StrEnum
 from functools import cache
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar
 
-from kvpilot.api.convert import camel
+from kvpilot.api.convert import camel, optional_of
 
 T = TypeVar("T")
 
@@ -242,11 +241,8 @@ def _record(cls: type[T], raw: object) -> T | _Invalid:
 
 def _value(tp: Any, raw: object) -> object:
     origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        if raw is None:
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _value(inner, raw)
+    if (inner := optional_of(tp)) is not None:
+        return None if raw is None else _value(inner, raw)
     if origin is Literal:
         return raw if isinstance(raw, str) and raw in typing.get_args(tp) else _INVALID
     if origin is tuple:
