@@ -368,7 +368,7 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         return _protect(inp, w, math.floor(cur * scale), "KvCachePressure", f"{util} is above target")
     broken = _slo_broken(inp, w)
     if broken:
-        objective = inp.spec.slo.time_per_output_token_millis or 1  # type: ignore[union-attr]
+        objective = (inp.spec.slo.time_per_output_token_millis if inp.spec.slo else None) or 1
         scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
         misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
         worth, verdict = _lower_pays(inp, w, misses)
