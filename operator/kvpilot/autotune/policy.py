@@ -93,12 +93,12 @@ class Decision:
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
+
     @property
     def changes(self) -> bool:
         return self.action != Action.HOLD
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
 
 
 def bounds(inp: TunerInput) -> tuple[int, int]:
