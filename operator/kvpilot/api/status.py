@@ -14,8 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from enum import Enum, StrEnum
-from functools import cache
-from typing import Any, Literal, TypeVar
+from typing import Any, Callable, Literal, TypeVar
 
 from kvpilot.api.convert import camel, optional_of
 
@@ -181,6 +180,7 @@ class _Invalid:
 
 
 _INVALID = _Invalid()
+Parser = Callable[[object], object]  # raw JSON value -> model value, or _INVALID
 
 
 def parse_status(raw: object) -> EngineStatus:
@@ -202,62 +202,91 @@ def status_dict(status: EngineStatus) -> dict[str, Any]:
 
 def to_wire(record: object) -> dict[str, Any]:
     """Any status model -> its camelCase dict (None fields left out, enumerations as plain strings)."""
-    out = _wire(record)
-    if not isinstance(out, dict):
+    if not dataclasses.is_dataclass(record) or isinstance(record, type):
         raise TypeError(f"{type(record).__name__} is not a status model")
+    return _wire_record(record)
+
+
+def _wire_record(record: object) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, key in _keys(type(record)):
+        value = getattr(record, name)
+        if value is not None:
+            out[key] = _wire(value)
     return out
 
 
 def _wire(value: object) -> object:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {camel(f.name): _wire(v) for f in dataclasses.fields(value) if (v := getattr(value, f.name)) is not None}
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, (str, int)):  # bool is an int
+        return value
     if isinstance(value, tuple):
         return [_wire(v) for v in value]
-    return value
+    return _wire_record(value)
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+# The tables below are built once per model class: status is parsed and written on every reconcile pass.
+
+_KEYS: dict[type, tuple[tuple[str, str], ...]] = {}
+_FIELDS: dict[type, tuple[tuple[str, str, Parser, bool], ...]] = {}
+
+
+def _keys(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field name, camelCase key) of a model class."""
+    if cls not in _KEYS:
+        _KEYS[cls] = tuple((f.name, camel(f.name)) for f in dataclasses.fields(cls))
+    return _KEYS[cls]
+
+
+def _fields(cls: type) -> tuple[tuple[str, str, Parser, bool], ...]:
+    """(field name, camelCase key, parser, required) of a model class."""
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)
+        _FIELDS[cls] = tuple(
+            (f.name, camel(f.name), _parser(hints[f.name]),
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls)
+        )
+    return _FIELDS[cls]
 
 
 def _record(cls: type[T], raw: object) -> T | _Invalid:
-    if not isinstance(raw, dict) or not dataclasses.is_dataclass(cls):
+    if not isinstance(raw, dict):
         return _INVALID
-    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        key = camel(f.name)
-        if key in raw:
-            value = _value(hints[f.name], raw[key])
-            if not isinstance(value, _Invalid):
-                kwargs[f.name] = value
-        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+    for name, key, parse, required in _fields(cls):
+        value = parse(raw[key]) if key in raw else _INVALID
+        if not isinstance(value, _Invalid):
+            kwargs[name] = value
+        elif required:
             return _INVALID  # a required field (a condition's type, say) is missing or malformed
     return cls(**kwargs)
 
 
-def _value(tp: Any, raw: object) -> object:
-    origin = typing.get_origin(tp)
+def _parser(tp: Any) -> Parser:
+    """The parser of one field type; an unknown type is a programming error (the parity test catches it)."""
     if (inner := optional_of(tp)) is not None:
-        return None if raw is None else _value(inner, raw)
+        parse_inner = _parser(inner)
+        return lambda raw: None if raw is None else parse_inner(raw)
+    origin = typing.get_origin(tp)
     if origin is Literal:
-        return raw if isinstance(raw, str) and raw in typing.get_args(tp) else _INVALID
+        allowed = frozenset(typing.get_args(tp))
+        return lambda raw: raw if isinstance(raw, str) and raw in allowed else _INVALID
     if origin is tuple:
-        if not isinstance(raw, list):
-            return _INVALID
-        item_tp = typing.get_args(tp)[0]
-        return tuple(v for v in (_value(item_tp, item) for item in raw) if not isinstance(v, _Invalid))
+        parse_item = _parser(typing.get_args(tp)[0])
+        return lambda raw: tuple(v for v in map(parse_item, raw) if not isinstance(v, _Invalid)) \
+            if isinstance(raw, list) else _INVALID
     if isinstance(tp, type) and issubclass(tp, Enum):
-        return tp(raw) if isinstance(raw, str) and raw in {m.value for m in tp} else _INVALID
+        members: dict[object, object] = {m.value: m for m in tp}
+        return lambda raw: members.get(raw, _INVALID) if isinstance(raw, str) else _INVALID
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _record(tp, raw)
+        model = tp
+        return lambda raw: _record(model, raw)
     if tp is bool:
-        return raw if isinstance(raw, bool) else _INVALID
+        return lambda raw: raw if isinstance(raw, bool) else _INVALID
     if tp is int:
-        return raw if isinstance(raw, int) and not isinstance(raw, bool) else _INVALID
+        return lambda raw: raw if isinstance(raw, int) and not isinstance(raw, bool) else _INVALID
     if tp is str:
-        return raw if isinstance(raw, str) else _INVALID
-    raise TypeError(f"status models use no {tp!r}")  # a programming error, caught by the parity test
+        return lambda raw: raw if isinstance(raw, str) else _INVALID
+    raise TypeError(f"status models use no {tp!r}")
