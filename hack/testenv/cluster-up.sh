@@ -64,7 +64,7 @@ wait_for() {  # wait_for NAME URL [uptools args...]
 start_local_kubelet() {
   testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods: images under podman, else local processes; LOCALKUBELET_RUNNER)"
   rm -f "$T/run/localkubelet.ready"
-  spawn localkubelet "$PY" "$HERE/localkubelet.py" --kubeconfig="$KC" --state-dir="$T" --pod-cidr="$POD_CIDR"
+  spawn localkubelet env PYTHONPATH="$TESTENV_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m hack.testenv.localkubelet --kubeconfig="$KC" --state-dir="$T" --pod-cidr="$POD_CIDR"
   for _ in $(seq 1 $((WAIT_S * 4))); do
     [[ -f "$T/run/localkubelet.ready" ]] && break
     testenv_running "$(<"$PIDS/localkubelet.pid")" || { tail -n 25 "$LOGS/localkubelet.log" >&2; testenv_die "the local kubelet exited (see $LOGS/localkubelet.log)"; }

@@ -43,7 +43,7 @@ def _object_labels(role: str, meta: dict[str, Any]) -> dict[str, str]:
 def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
+    owner: dict[str, Any] = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
     labels = {
         "__meta_kubernetes_namespace": meta["namespace"],
         "__meta_kubernetes_pod_name": meta["name"],

@@ -15,7 +15,7 @@ Which one ran shows in the log and in each containerStatus's containerID (podman
 Started by hack/testenv/cluster-up.sh (log: .testenv/logs/localkubelet.log, container output:
 .testenv/logs/pods/<namespace>/<pod>/<container>.log). Needs the project venv (kubernetes client).
 
-    .venv/bin/python hack/testenv/localkubelet.py --kubeconfig .testenv/kubeconfig --state-dir .testenv
+    .venv/bin/python -m hack.testenv.localkubelet --kubeconfig .testenv/kubeconfig --state-dir .testenv
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import sys
 import threading
 from pathlib import Path
 
-from podagent import SIMULATED_SELECTOR
-from podagent.agent import Agent
-from podagent.kube import Kube
-from podagent.podman import podman_binary
-from podagent.worker import AgentConfig
+from hack.testenv.podagent import SIMULATED_SELECTOR
+from hack.testenv.podagent.agent import Agent
+from hack.testenv.podagent.kube import Kube
+from hack.testenv.podagent.podman import podman_binary
+from hack.testenv.podagent.worker import AgentConfig
 
 log = logging.getLogger("localkubelet")
 

@@ -165,6 +165,8 @@ def _discovery(sd_role: str, monitor: Mapping[str, Any], kubeconfig: Path | None
     """kubernetes_sd_configs (upstream builds) or the same role through kubesd.py's HTTP SD (Debian's build)."""
     namespaces = _namespaces(monitor)
     if sd_url is None:
+        if kubeconfig is None:
+            raise ValueError("Prometheus discovery needs a kubeconfig (kubernetes_sd_configs) or an HTTP SD URL")
         return {"kubernetes_sd_configs": [{"role": sd_role, "kubeconfig_file": os.fspath(kubeconfig), **namespaces}]}
     names = ",".join(namespaces.get("namespaces", {}).get("names", []))
     url = f"{sd_url}/{sd_role}" + (f"?{urllib.parse.urlencode({'namespaces': names})}" if names else "")

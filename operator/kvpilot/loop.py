@@ -144,8 +144,9 @@ class EngineLoops:
         """List and watch every child kind (in each namespace, or cluster-wide) into the cache."""
         loop = asyncio.get_running_loop()
         self.synced.clear()
+        scopes: list[str | None] = [*namespaces] or [None]  # None: cluster-wide
         for kind in CHILD_KINDS:
-            for ns in namespaces or [None]:
+            for ns in scopes:
                 self._unsynced.add((kind.kind, ns))
 
                 def on_list(kind_name: str, items: list[dict[str, Any]], ns: str | None = ns) -> None:
@@ -217,8 +218,8 @@ class EngineLoops:
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             return  # the server keeps the history; queried once per reconcile
         await loop.sampler.tick(
-            self.session(), pods, spec.serving.port, datetime.now(timezone.utc), tune.warmup_seconds, True,
-            EngineFacts.from_status(loop.body.get("status")),
+            self.session(), pods, port=spec.serving.port, now=datetime.now(timezone.utc),
+            warmup_seconds=tune.warmup_seconds, want_latency=True, facts=EngineFacts.from_status(loop.body.get("status")),
         )
 
     async def _window(self, loop: EngineLoop, engine: Any, pods: list[Any]) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 from kvpilot import telemetry
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
+from kvpilot.api.status import parse_status, status_dict
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import KvWindow, Observed
@@ -172,18 +173,19 @@ async def reconcile(
             failed.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}", exc))
     new_status = p.status
     if failed:
-        what, exc = failed[0]
+        what, error = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {exc}{more}")
-        new_status = {**new_status, "conditions": merge_conditions(
-            new_status["conditions"], [cond], engine.meta.generation, now or datetime.now(timezone.utc))}
+        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {error}{more}")
+        planned = parse_status(new_status)
+        merged = merge_conditions(planned.conditions, [cond], engine.meta.generation, now or datetime.now(timezone.utc))
+        new_status = status_dict(replace(planned, conditions=merged))
     new_status = stamp_transitions(status, new_status, now or datetime.now(timezone.utc))
     p = replace(p, status=new_status)
     patch = status_patch(status, p.status)
     if patch:
         await api.patch_engine_status(engine.meta.name, ns, patch)
     involved = {"metadata": {"name": engine.meta.name, "namespace": ns, "uid": engine.meta.uid}}
-    for event in events_between(status, p.status) if failed else p.events:
+    for event in events_between(parse_status(status), parse_status(p.status)) if failed else p.events:
         try:
             await api.post_event(involved, event.type, event.reason, event.message)
         except Exception as exc:  # noqa: BLE001 — an event lost must not fail the reconcile

@@ -83,9 +83,9 @@ def forget(namespace: str, name: str) -> None:
                 gauge.remove(namespace, name, *([extra] if extra else []))
             except KeyError:
                 pass
-    for labels in list(DECISIONS._metrics):  # the per-engine series of the decisions counter
-        if labels[:2] == (namespace, name):
-            DECISIONS.remove(*labels)
+    for series in list(DECISIONS._metrics):  # the per-engine series of the decisions counter
+        if series[:2] == (namespace, name):
+            DECISIONS.remove(*series)
 
 # Scale: what the operator asks of the API server, and what its watch cache holds (issue 12).
 API_REQUESTS = Counter("kvpilot_api_requests_total", "API-server requests the operator made, by verb and resource.",

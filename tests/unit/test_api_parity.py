@@ -1,12 +1,13 @@
-"""The typed models and the CRD schema agree field for field (and in optionality)."""
+"""The typed models (spec and status) and the CRD schema agree field for field (and in optionality)."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 
-from kvpilot.api import models
+from kvpilot.api import models, status
 from kvpilot.api.convert import dataclass_fields
 from kvpilot.api.crd import spec_openapi
 
@@ -21,7 +22,17 @@ def _unwrap(tp: typing.Any) -> tuple[typing.Any, bool]:
     return tp, False
 
 
-def _compare(cls: type, schema: dict, path: str, problems: list[str]) -> None:
+def _enum_values(tp: typing.Any) -> tuple[str, ...] | None:
+    """The values of a Literal or an Enum, None for any other type."""
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tuple(m.value for m in tp)
+    return None
+
+
+def _compare(cls: type, schema: dict, path: str, problems: list[str], typed_enums: bool = False) -> None:
+    """Problems where ``cls`` and ``schema`` differ; ``typed_enums``: a schema enum must be a Literal or Enum."""
     fields = dataclass_fields(cls)
     props = schema["properties"]
     for name in sorted(set(fields) - set(props)):
@@ -40,15 +51,20 @@ def _compare(cls: type, schema: dict, path: str, problems: list[str]) -> None:
         if not schema_sure and not has_model_default:
             problems.append(f"{path}.{name}: may be absent but {cls.__name__} has no default for it")
         if dataclasses.is_dataclass(inner):
-            _compare(inner, sub, f"{path}.{name}", problems)
+            _compare(inner, sub, f"{path}.{name}", problems, typed_enums)
         elif typing.get_origin(inner) is tuple:
             item = typing.get_args(inner)[0]
             assert sub["type"] == "array", f"{path}.{name}"
             if dataclasses.is_dataclass(item):
-                _compare(item, sub["items"], f"{path}.{name}[]", problems)
+                _compare(item, sub["items"], f"{path}.{name}[]", problems, typed_enums)
         elif typing.get_origin(inner) is dict:
             if "additionalProperties" not in sub:
                 problems.append(f"{path}.{name}: a dict in the model but not a map in the schema")
+        elif (values := _enum_values(inner)) is not None:
+            if sub.get("type") != "string" or sorted(values) != sorted(sub.get("enum", ())):
+                problems.append(f"{path}.{name}: schema enum {sub.get('enum')} vs model {sorted(values)}")
+        elif typed_enums and "enum" in sub:
+            problems.append(f"{path}.{name}: an enumeration in the schema but {inner} in {cls.__name__}")
         elif "x-kubernetes-int-or-string" in sub:
             if inner is not str:
                 problems.append(f"{path}.{name}: a quantity must be modelled as str")
@@ -73,3 +89,22 @@ def test_the_parity_check_detects_a_missing_field() -> None:
     problems: list[str] = []
     _compare(models.InferenceEngineSpec, schema, "spec", problems)
     assert problems == ["spec.build.extraFlag: in the schema but not in BuildSpec"]
+
+
+def test_status_models_match_the_crd_schema_field_for_field() -> None:
+    problems: list[str] = []
+    _compare(status.EngineStatus, spec_openapi()["properties"]["status"], "status", problems, typed_enums=True)
+    assert problems == []
+
+
+def test_the_status_parity_check_detects_a_drifted_enumeration_and_a_missing_field() -> None:
+    schema = spec_openapi()["properties"]["status"]
+    schema["properties"]["build"]["properties"]["state"]["enum"].append("Queued")
+    del schema["properties"]["kvCache"]["properties"]["pausedRequests"]
+    problems: list[str] = []
+    _compare(status.EngineStatus, schema, "status", problems, typed_enums=True)
+    assert problems == [
+        "status.build.state: schema enum ['Building', 'Succeeded', 'Failed', 'CacheHit', 'Queued'] vs model "
+        "['Building', 'CacheHit', 'Failed', 'Succeeded']",
+        "status.kvCache.pausedRequests: in KvCacheStatus but not in the schema",
+    ]

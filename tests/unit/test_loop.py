@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kvpilot.api.status import parse_status
 from kvpilot import loop as loop_module
 from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import Settings, plan
@@ -27,7 +28,7 @@ def fake_reconcile(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any) -> Any:
         calls.append(status)
-        p = plan(engine, Observed(status=status, claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         pod = PodState("e1-x", ready=True, fingerprint=None, ip="127.0.0.9")
         return p, Observed(pods=(pod,))
 

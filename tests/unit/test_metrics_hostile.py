@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kvpilot.api.status import parse_status
 from kvpilot import loop as loop_module
 from kvpilot import telemetry
 from kvpilot.desired.contract import metrics_condition
@@ -75,7 +76,8 @@ def test_each_hostile_reply_is_a_counted_rejection_never_an_exception(entry: dic
         {"/metrics": (200, b"[]"), "/prometheus/metrics": (200, body)}
     session = FakeSession(replies)
     before = rejected_total()
-    asyncio.run(sampler.tick(session, [POD], 8000, datetime.now(timezone.utc), 0, True, FACTS))  # type: ignore[arg-type]
+    asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
+                             warmup_seconds=0, want_latency=True, facts=FACTS))
     assert rejected_total() == before + 1, entry["note"]
     assert not any(sampler.samples.values()) and not any(sampler.latency.values())
     clock[0] += 1
@@ -99,7 +101,8 @@ def test_a_large_reply_arriving_in_pieces_is_read_whole() -> None:
     body = json.dumps([GOOD] * 500).encode()  # ~130 kB, as a busy engine drains
     sampler = EngineSampler(clock=lambda: 1000.0)
     session = FakeSession({"/metrics": (200, body)})
-    asyncio.run(sampler.tick(session, [POD], 8000, datetime.now(timezone.utc), 0, False, FACTS))  # type: ignore[arg-type]
+    asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
+                             warmup_seconds=0, want_latency=False, facts=FACTS))
     assert len(sampler.samples["e1-x"]) == 500 and not sampler.rejections
 
 
@@ -143,7 +146,7 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any) -> Any:
         state["reconciles"] += 1
-        p = plan(engine, Observed(status=status, claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         return p, Observed(pods=(POD,))
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Literal
+
+from kvpilot.api.status import ConditionRecord, ConditionStatus
 
 from kvpilot.api.timestamps import rfc3339
 
@@ -19,46 +21,60 @@ DEGRADED = "Degraded"
 CONDITION_TYPES = (ENGINE_READY, AVAILABLE, PROGRESSING, DEGRADED)
 MESSAGE_LIMIT = 2048
 
+# Every reason kvpilot computes (a reason read back from status may be any string: an older operator's).
+ConditionReason = Literal[
+    # EngineReady
+    "NoBuildRequired", "EngineBuilt", "CacheHit", "CacheClaimMissing", "BuildFailed", "BuildUnschedulable", "Building",
+    # Available
+    "ScaledToZero", "EngineNotReady", "MinimumReplicasAvailable", "PodsUnschedulable", "PodsNotReady",
+    # Progressing (also "Building")
+    "RollingOut", "ProgressDeadlineExceeded", "Settled",
+    # Degraded (also "BuildFailed", "CacheClaimMissing", "PodsUnschedulable")
+    "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed",
+    # ReleaseContract and MetricsValid (desired/contract.py)
+    "ReleaseMismatch", "UnknownRelease", "Matches", "SamplesRejected", "Accepted",
+]
+
 
 @dataclass(frozen=True)
 class Condition:
     """A condition as computed by a pure status function (time is stamped when merged)."""
 
     type: str
-    status: str  # "True" | "False" | "Unknown"
-    reason: str
+    status: ConditionStatus
+    reason: ConditionReason
     message: str
 
 
-def true(type_: str, reason: str, message: str) -> Condition:
+def true(type_: str, reason: ConditionReason, message: str) -> Condition:
     return Condition(type_, "True", reason, message)
 
 
-def false(type_: str, reason: str, message: str) -> Condition:
+def false(type_: str, reason: ConditionReason, message: str) -> Condition:
     return Condition(type_, "False", reason, message)
 
 
 def merge_conditions(
-    existing: list[dict[str, Any]] | None,
+    existing: tuple[ConditionRecord, ...] | None,
     computed: list[Condition],
     generation: int,
     now: datetime,
-) -> list[dict[str, Any]]:
+) -> tuple[ConditionRecord, ...]:
     """Return the new condition list: computed ones replace their type, keeping the transition time
     when the status did not change; conditions of other types are kept."""
-    by_type = {c["type"]: c for c in existing or []}
-    out: dict[str, dict[str, Any]] = dict(by_type)
+    by_type = {c.type: c for c in existing or ()}
+    out = dict(by_type)
     for cond in computed:
         previous = by_type.get(cond.type)
-        moved = previous is None or previous.get("status") != cond.status
+        kept = previous is not None and previous.status == cond.status
         message = cond.message if len(cond.message) <= MESSAGE_LIMIT else cond.message[: MESSAGE_LIMIT - 3] + "..."
-        out[cond.type] = {
-            "type": cond.type,
-            "status": cond.status,
-            "reason": cond.reason,
-            "message": message,
-            "observedGeneration": generation,
-            "lastTransitionTime": rfc3339(now) if moved else previous["lastTransitionTime"],  # type: ignore[index]
-        }
+        out[cond.type] = ConditionRecord(
+            type=cond.type,
+            status=cond.status,
+            reason=cond.reason,
+            message=message,
+            observed_generation=generation,
+            last_transition_time=previous.last_transition_time if previous is not None and kept else rfc3339(now),
+        )
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
-    return sorted(out.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
+    return tuple(sorted(out.values(), key=lambda c: (order.get(c.type, len(order)), c.type)))

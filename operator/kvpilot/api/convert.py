@@ -20,15 +20,20 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
+def optional_of(tp: Any) -> Any | None:
+    """``X`` for ``X | None`` (the models' only unions), None for any other type."""
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return None
+    (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner
+
+
 def _convert(tp: Any, value: Any) -> Any:
     origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        if value is None:
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(inner, value)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value)  # type: ignore[arg-type]
+    if (inner := optional_of(tp)) is not None:
+        return None if value is None else _convert(inner, value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return from_dict(tp, value)
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         return tuple(_convert(item_tp, v) for v in value)
@@ -43,7 +48,9 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """Instantiate dataclass ``cls`` from a camelCase dict; missing keys fall back to the field default."""
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} is not a dataclass")
+    for f in dataclasses.fields(cls):
         key = camel(f.name)
         if key in data:
             kwargs[f.name] = _convert(hints[f.name], data[key])

@@ -105,4 +105,5 @@ def render_crd_yaml() -> str:
 
 
 def spec_openapi() -> dict[str, Any]:
-    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+    schema: dict[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema

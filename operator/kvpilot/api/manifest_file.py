@@ -10,7 +10,7 @@ Duplicate keys are errors, not silently last-wins as PyYAML (and YAML 1.1) would
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from yaml.nodes import MappingNode, Node
@@ -38,18 +38,29 @@ class StrictLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self._next_event()
+            anchor = event.anchor if isinstance(event, yaml.events.NodeEvent) else ""
             raise yaml.composer.ComposerError(
-                None, None, f"YAML aliases (*{event.anchor}) are not accepted in manifests: write the value out",
-                event.start_mark)
+                None, None, f"YAML aliases (*{anchor}) are not accepted in manifests: write the value out",
+                self._next_mark())
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise yaml.composer.ComposerError(
-                None, None, f"nesting deeper than {MAX_DEPTH} levels is not accepted", self.peek_event().start_mark)
+                None, None, f"nesting deeper than {MAX_DEPTH} levels is not accepted", self._next_mark())
         try:
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def _next_event(self) -> yaml.events.Event:
+        """The event the parser reads next (types-PyYAML leaves ``Parser.peek_event`` unannotated)."""
+        peek: Callable[[], yaml.events.Event] = self.peek_event
+        return peek()
+
+    def _next_mark(self) -> yaml.error.Mark | None:
+        """Where the next event starts (the pure-Python parser SafeLoader uses marks with ``yaml.error.Mark``)."""
+        mark = self._next_event().start_mark
+        return mark if isinstance(mark, yaml.error.Mark) else None
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
@@ -65,7 +76,7 @@ class StrictLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark,
                     f"duplicate key {_cut(repr(key))} (first at line {first.line + 1})", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
 def decode(data: bytes, source: str) -> str:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -95,7 +96,7 @@ def pinned_request(url: str, pins: Iterable[MetricsPin]) -> tuple[str, dict[str,
     return urlunsplit(parts._replace(netloc=f"{host}:{pin.port}")), {"Host": parts.netloc}
 
 
-def resolved_problem(url: str, resolve=socket.getaddrinfo,  # type: ignore[no-untyped-def]
+def resolved_problem(url: str, resolve: Callable[..., Iterable[tuple[Any, ...]]] = socket.getaddrinfo,
                      pins: Iterable[MetricsPin] = ()) -> str | None:
     """``url_problem`` plus the addresses its host resolves to (``resolve`` is injected in tests), unless the
     administrator pinned the host (``--resolve``)."""

@@ -1,7 +1,8 @@
 """The OpenAPI schema of ``InferenceEngine.status`` — what the operator observed and decided.
 
 Only the operator writes status. The runtime batch size in force lives here (``status.batching``), never
-in spec, so a GitOps tool that owns spec never fights the tuner.
+in spec, so a GitOps tool that owns spec never fights the tuner. ``api/status.py`` holds the typed models of
+this schema; ``tests/unit/test_api_parity.py`` keeps the two in step.
 """
 
 from __future__ import annotations

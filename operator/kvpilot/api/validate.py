@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 import re2  # the API server's regex engine (Go's regexp is RE2), shipped with cel-python: `$` is end of text
 
 from kvpilot import API_VERSION, KIND
@@ -82,7 +83,7 @@ def _program(cel: str) -> Any:
 
 
 def _cel_holds(cel: str, value: Any) -> bool:
-    return bool(_program(cel).evaluate({"self": celpy.json_to_cel(value)}))
+    return bool(_program(cel).evaluate({"self": json_to_cel(value)}))
 
 
 def _type_errors(schema: Schema, value: Any, path: str) -> list[FieldError]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from kvpilot.api.models import AutotuneSpec
+from kvpilot.api.status import Action
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
@@ -86,15 +87,18 @@ class TunerInput:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # Raise | Lower | Hold | Rebuild
+    action: Action
     target: int  # the runtime max_batch_size to run with (== current for Hold)
     reason: str
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
+
     @property
     def changes(self) -> bool:
-        return self.action in ("Raise", "Lower", "Rebuild")
+        return self.action != Action.HOLD
 
 
 def bounds(inp: TunerInput) -> tuple[int, int]:
@@ -104,7 +108,7 @@ def bounds(inp: TunerInput) -> tuple[int, int]:
 
 
 def _hold(inp: TunerInput, reason: str, message: str) -> Decision:
-    return Decision("Hold", inp.current, reason, message)
+    return Decision(Action.HOLD, inp.current, reason, message)
 
 
 def _move(inp: TunerInput, target: int, reason: str, message: str, min_step: float = MIN_RELATIVE_STEP) -> Decision:
@@ -114,7 +118,7 @@ def _move(inp: TunerInput, target: int, reason: str, message: str, min_step: flo
         return _hold(inp, reason, message + f"; already at the bound {target}")
     if abs(target - inp.current) < min_step * inp.current:
         return _hold(inp, "ChangeTooSmall", message + f"; {inp.current}->{target} is not worth a restart")
-    action = "Raise" if target > inp.current else "Lower"
+    action = Action.RAISE if target > inp.current else Action.LOWER
     return Decision(action, target, reason, message + f"; {inp.current}->{target}")
 
 
@@ -293,7 +297,7 @@ def _headroom(inp: TunerInput, w: KvWindow, util: str) -> Decision:
     target_u = inp.spec.target_kv_cache_utilization_percent / 100
     if w.peak_utilization >= target_u - HYSTERESIS or not _tpot_margin(inp, w):
         return idle
-    fit = _kv_fit(w, target_u, cur * MAX_STEP_FACTOR)
+    fit = _kv_fit(w, target_u, math.floor(cur * MAX_STEP_FACTOR))
     bound = _tpot_bound(inp, w)
     wanted = min(fit, bound if bound is not None else math.floor(cur * MAX_RAISE_FACTOR),
                  math.floor(cur * MAX_STEP_FACTOR))
@@ -311,7 +315,7 @@ def decide(inp: TunerInput) -> Decision:
         return _hold(inp, "RolloutInProgress", "A build or rollout is under way; observing only")
     if inp.current > hi or inp.current < lo:
         clamped = max(lo, min(hi, inp.current))
-        action = "Lower" if clamped < inp.current else "Raise"
+        action = Action.LOWER if clamped < inp.current else Action.RAISE
         return Decision(action, clamped, "OutOfBounds", f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
@@ -364,7 +368,7 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         return _protect(inp, w, math.floor(cur * scale), "KvCachePressure", f"{util} is above target")
     broken = _slo_broken(inp, w)
     if broken:
-        objective = inp.spec.slo.time_per_output_token_millis or 1  # type: ignore[union-attr]
+        objective = (inp.spec.slo.time_per_output_token_millis if inp.spec.slo else None) or 1
         scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
         misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
         worth, verdict = _lower_pays(inp, w, misses)
@@ -414,7 +418,7 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
         if not worth:
             return _hold(inp, "RebuildNotWorthIt", f"{why}; the engine's ceiling {inp.ceiling} binds, but a "
                          f"{inp.build_seconds:.0f}s build and a restart would cost more than they save ({verdict})")
-        return Decision("Rebuild", cur, "CeilingTooLow",
+        return Decision(Action.REBUILD, cur, "CeilingTooLow",
                         f"{why}; the pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; "
                         f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)
     return _move(inp, wanted, "QueueWithHeadroom", f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "

@@ -82,7 +82,8 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
     import random
 
     rng = random.Random(SEED)
-    out, t = [], 0.0
+    out: list[Request] = []
+    t = 0.0
     sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
     while True:
         t += rng.expovariate(fit.rate_per_s)

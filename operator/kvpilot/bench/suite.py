@@ -15,9 +15,9 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from kvsim import Request
+from kvsim import Request, RequestRecord
 from kvsim.workload import parse_workload
 
 from kvpilot.bench.fleet import Fleet
@@ -122,7 +122,7 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def _phase_goodput(records: list, case: Case, start: float, end: float) -> int:
+def _phase_goodput(records: list[RequestRecord], case: Case, start: float, end: float) -> int:
     slo = Slo(case.ttft_ms, case.tpot_ms)
     return sum(
         1 for r in records
@@ -131,7 +131,7 @@ def _phase_goodput(records: list, case: Case, start: float, end: float) -> int:
     )
 
 
-def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: float) -> tuple[dict, list]:
+def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: float) -> tuple[dict[str, float], list[RequestRecord]]:
     fleet = Fleet(engine_config(case.profile, CEILING, mbs, policy=case.policy), case.replicas, restart_s=0.0,
                   queue_timeout_s=case.queue_timeout_s)
     for req in requests:
@@ -141,7 +141,7 @@ def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: 
     return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s), fleet.records
 
 
-def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict:
+def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict[str, float]:
     """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
     fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
                   case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
@@ -159,7 +159,7 @@ def _run_schedule(requests: list[Request], case: Case, schedule: list[int], hori
     return goodput(fleet.records, len(requests), Slo(case.ttft_ms, case.tpot_ms), case.duration_s)
 
 
-def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float, int]], horizon: float) -> dict:
+def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float, int]], horizon: float) -> dict[str, Any]:
     """From START, roll to each (time, value) in turn (the reactive bound), paying every rollout."""
     fleet = Fleet(engine_config(case.profile, CEILING, START, policy=case.policy), case.replicas,
                   case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
@@ -203,7 +203,7 @@ def _advance_through_rollout(fleet: Fleet, t: float) -> None:
     fleet.advance(t)
 
 
-def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
+def run_case(case: Case, series: bool = False, log: Callable[[str], object] = print) -> dict[str, Any]:
     started = time.process_time()
     requests = case.requests()
     horizon = case.duration_s + 120.0
@@ -214,16 +214,18 @@ def run_case(case: Case, series: bool = False, log=print) -> dict[str, Any]:
         sweep[mbs] = result["goodput"]
         per_phase[mbs] = [_phase_goodput(records, case, edges[k], edges[k + 1]) for k in range(len(edges) - 1)]
     oracle = max(sweep, key=lambda m: (sweep[m], -abs(math.log(m / START))))
-    hindsight = {"schedule": [oracle], "goodput": sweep[oracle]}
+    hindsight: dict[str, Any] = {"schedule": [oracle], "goodput": sweep[oracle]}
     if case.boundaries:
-        schedule = [max(SWEEP, key=lambda m, k=k: (per_phase[m][k], -abs(math.log(m / oracle))))
-                    for k in range(len(edges) - 1)]
+        def best_in(k: int) -> int:
+            return max(SWEEP, key=lambda m: (per_phase[m][k], -abs(math.log(m / oracle))))
+
+        schedule = [best_in(k) for k in range(len(edges) - 1)]
         if len(set(schedule)) > 1:
             scheduled = _run_schedule(requests, case, schedule, horizon)
             if scheduled["goodput"] > hindsight["goodput"]:
                 hindsight = {"schedule": schedule, "goodput": scheduled["goodput"]}
     changes = reactive_changes(phase_best(per_phase, len(edges) - 1), case.boundaries)
-    reactive = {"changes": [[t, v] for t, v in changes],
+    reactive: dict[str, Any] = {"changes": [[t, v] for t, v in changes],
                 "goodput": _run_changes(requests, case, changes, horizon)["goodput"] if changes else sweep[START]}
     tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
                           Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,

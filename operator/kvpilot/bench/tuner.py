@@ -29,6 +29,7 @@ from kvsim.workload import load_workload
 
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
+from kvpilot.api.status import parse_status
 from kvpilot.api.validate import validate_manifest
 from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.bench.fleet import Fleet
@@ -67,7 +68,7 @@ def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: boo
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
-               duration_s: float, queue_timeout_s: float | None = None) -> dict:
+               duration_s: float, queue_timeout_s: float | None = None) -> dict[str, float]:
     fleet = Fleet(config, replicas, restart_s=0.0, queue_timeout_s=queue_timeout_s)
     for req in requests:
         fleet.advance(req.arrival_s)
@@ -192,7 +193,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
                              fleet.gave_up - gave_up_before)
             gave_up_before = fleet.gave_up
-            observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
+            observed = Observed(status=parse_status(status), claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s)
             started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
@@ -206,7 +207,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
-    result = goodput(fleet.records, len(requests), slo, duration_s)
+    result: dict[str, Any] = {**goodput(fleet.records, len(requests), slo, duration_s)}
     result.update({"changes": changes, "final": _target(fleet), "history": history,
                    "restarts": sum(r.restarts for r in fleet.replicas),
                    "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),

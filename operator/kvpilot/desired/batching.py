@@ -8,32 +8,34 @@ so a tuned value clamped to a lower engine ceiling stays tuned.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
+from kvpilot.api.status import Action, AutotuneStatus, BatchingSource, BatchingStatus, DecisionRecord
 from kvpilot.api.status_schema import HISTORY_LIMIT
 from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
-
-TUNED = "Autotune"  # status.batching.source of a value the tuner set
 
 
 def tuning_applies(spec: InferenceEngineSpec) -> bool:
     return spec.autotune.enabled and spec.autotune.mode == "Auto"
 
 
-def value_in_force(spec: InferenceEngineSpec, previous: dict[str, Any], ceiling: int | None) -> tuple[int, str, str]:
+def value_in_force(spec: InferenceEngineSpec, previous: BatchingStatus, ceiling: int | None) -> tuple[int, str, str]:
     """(value, reason, message) before this interval's decision."""
     spec_value = spec.batching.max_batch_size
     if (
         tuning_applies(spec)
-        and previous.get("source") == TUNED
-        and previous.get("specValue") == spec_value
-        and previous.get("maxBatchSize")
+        and previous.source == BatchingSource.AUTOTUNE
+        and previous.spec_value == spec_value
+        and previous.max_batch_size
     ):
-        value, reason, message = int(previous["maxBatchSize"]), previous["reason"], previous.get("message", "")
+        value = previous.max_batch_size
+        # A tuned value always has its reason; a hand-edited status without one still reads as tuned.
+        reason = previous.reason or ("AutotuneRaised" if value > spec_value else "AutotuneLowered")
+        message = previous.message or ""
     else:
         value, reason, message = spec_value, "SpecValue", "spec.batching.maxBatchSize"
     limit = ceiling if ceiling is not None else MAX_BATCH
@@ -43,56 +45,56 @@ def value_in_force(spec: InferenceEngineSpec, previous: dict[str, Any], ceiling:
 
 
 def batching_status(
-    spec: InferenceEngineSpec, previous: dict[str, Any], value: int, reason: str, message: str,
+    spec: InferenceEngineSpec, previous: BatchingStatus, *, value: int, reason: str, message: str,
     ceiling: int | None, now: datetime,
-) -> dict[str, Any]:
-    changed = previous.get("maxBatchSize") != value
-    tuned = reason.startswith("Autotune") or (reason == "EngineCeiling" and previous.get("source") == TUNED)
-    return {
-        "source": TUNED if tuned else "Spec",
-        "maxBatchSize": value,
-        "reason": reason,
-        "message": message[:1024],
-        "changedAt": rfc3339(now) if changed or not previous.get("changedAt") else previous["changedAt"],
-        "summary": f"{value}/{ceiling}" if ceiling is not None else str(value),
-        "specValue": spec.batching.max_batch_size,
-    }
+) -> BatchingStatus:
+    changed = previous.max_batch_size != value
+    tuned = reason.startswith("Autotune") or (reason == "EngineCeiling" and previous.source == BatchingSource.AUTOTUNE)
+    return BatchingStatus(
+        source=BatchingSource.AUTOTUNE if tuned else BatchingSource.SPEC,
+        max_batch_size=value,
+        reason=reason,
+        message=message[:1024],
+        changed_at=rfc3339(now) if changed or not previous.changed_at else previous.changed_at,
+        summary=f"{value}/{ceiling}" if ceiling is not None else str(value),
+        spec_value=spec.batching.max_batch_size,
+    )
 
 
-def decision_record(decision: Decision, current: int, applied: bool, now: datetime) -> dict[str, Any]:
-    return {
-        "at": rfc3339(now),
-        "action": decision.action,
-        "fromBatchSize": current,
-        "toBatchSize": decision.ceiling_request if decision.action == "Rebuild" else decision.target,
-        "reason": decision.reason,
-        "message": decision.message[:1024],
-        "applied": applied,
-    }
+def decision_record(decision: Decision, current: int, applied: bool, now: datetime) -> DecisionRecord:
+    return DecisionRecord(
+        at=rfc3339(now),
+        action=decision.action,
+        from_batch_size=current,
+        to_batch_size=decision.ceiling_request if decision.action == Action.REBUILD else decision.target,
+        reason=decision.reason,
+        message=decision.message[:1024],
+        applied=applied,
+    )
 
 
 def autotune_status(
-    previous: dict[str, Any], decision: Decision | None, current: int, applied: bool, now: datetime,
+    previous: AutotuneStatus, decision: Decision | None, *, current: int, applied: bool, now: datetime,
     spec_ceiling: int = 0,
-) -> dict[str, Any]:
+) -> AutotuneStatus:
     """Recommendation (refreshed only when it changes, to keep status writes rare) and bounded history."""
-    out = dict(previous)
     if decision is None:
-        return out
+        return previous
     record = decision_record(decision, current, applied, now)
-    old = previous.get("recommendation") or {}
-    same = all(old.get(k) == record[k] for k in ("action", "reason", "applied", "fromBatchSize"))
+    old = previous.recommendation or DecisionRecord()
+    same = (old.action, old.reason, old.applied, old.from_batch_size) == (
+        record.action, record.reason, record.applied, record.from_batch_size)
     if same and not applied:
         # The same advice with a target that jitters window to window is not news (no Event, no history).
-        moved = abs((record["toBatchSize"] or 0) - (old.get("toBatchSize") or 0))
-        same = moved < MIN_RELATIVE_STEP * max(1, old.get("toBatchSize") or 1)
+        moved = abs((record.to_batch_size or 0) - (old.to_batch_size or 0))
+        same = moved < MIN_RELATIVE_STEP * max(1, old.to_batch_size or 1)
+    out = previous
     if not same:
-        out["recommendation"] = record
+        out = replace(out, recommendation=record)
         if decision.changes:
-            out["history"] = ([record] + list(previous.get("history") or []))[:HISTORY_LIMIT]
+            out = replace(out, history=(record, *(previous.history or ()))[:HISTORY_LIMIT])
     if applied:
-        out["lastAppliedAt"] = rfc3339(now)
-        if decision.action == "Rebuild" and decision.ceiling_request:
-            out["ceilingRequest"] = decision.ceiling_request
-            out["ceilingRequestFrom"] = spec_ceiling
+        out = replace(out, last_applied_at=rfc3339(now))
+        if decision.action == Action.REBUILD and decision.ceiling_request:
+            out = replace(out, ceiling_request=decision.ceiling_request, ceiling_request_from=spec_ceiling)
     return out

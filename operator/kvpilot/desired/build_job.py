@@ -19,6 +19,7 @@ def build_job(
     owner: ObjectRef,
     spec: InferenceEngineSpec,
     fingerprint: str,
+    *,
     image: str,
     claim: str,
     ceiling: int,
@@ -96,4 +97,5 @@ def build_job(
             },
         },
     }
-    return P.prune(job)  # type: ignore[no-any-return]
+    pruned: dict[str, Any] = P.prune(job)
+    return pruned

@@ -13,11 +13,13 @@ from kvpilot.api.conditions import (
     ENGINE_READY,
     PROGRESSING,
     Condition,
+    ConditionReason,
     false,
     true,
 )
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.desired.engine import BuildDecision
+from kvpilot.api.status import BuildState, BuildStatus
+from kvpilot.desired.build import BuildDecision
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.redact import redact
 
@@ -25,24 +27,24 @@ CRASH_REASONS = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "Create
 
 
 def engine_ready(
-    spec: InferenceEngineSpec, build: BuildDecision, claim: str | None, claim_phase: str | None,
+    spec: InferenceEngineSpec, build: BuildDecision, *, claim: str | None, claim_phase: str | None,
     unschedulable_build: str | None = None,
 ) -> Condition:
     if not spec.builds_engine:
         return true(ENGINE_READY, "NoBuildRequired", "The pytorch backend serves the checkpoint directly")
     if build.ready is not None:
-        state = (build.status or {}).get("state")
-        reason = "CacheHit" if state == "CacheHit" else "EngineBuilt"
+        cache_hit = build.status is not None and build.status.state == BuildState.CACHE_HIT
+        reason: ConditionReason = "CacheHit" if cache_hit else "EngineBuilt"
         return true(ENGINE_READY, reason, f"Engine {build.fingerprint[:10]} is published on claim {claim}")
     if claim_phase is None:
         return false(ENGINE_READY, "CacheClaimMissing", f"PersistentVolumeClaim {claim} (spec.engineCache) was not found")
-    st = build.status or {}
-    if st.get("state") == "Failed":
-        return false(ENGINE_READY, "BuildFailed", f"Job {st.get('job')} failed: {st.get('message') or 'no message'}")
+    st = build.status or BuildStatus()
+    if st.state == BuildState.FAILED:
+        return false(ENGINE_READY, "BuildFailed", f"Job {st.job} failed: {st.message or 'no message'}")
     if unschedulable_build:
         return false(ENGINE_READY, "BuildUnschedulable",
-                     f"The build pod of Job {st.get('job')} cannot be scheduled: {unschedulable_build}")
-    return false(ENGINE_READY, "Building", f"Job {st.get('job')} is building engine {build.fingerprint[:10]}")
+                     f"The build pod of Job {st.job} cannot be scheduled: {unschedulable_build}")
+    return false(ENGINE_READY, "Building", f"Job {st.job} is building engine {build.fingerprint[:10]}")
 
 
 def _rollout_in_progress(dep: DeploymentState | None, desired_fp: str | None, desired_batch: str, desired_hash: str) -> bool:
@@ -66,6 +68,7 @@ def compute_conditions(
     spec: InferenceEngineSpec,
     build: BuildDecision,
     observed: Observed,
+    *,
     claim: str | None,
     serving_fp: str | None,
     has_deployment: bool,
@@ -74,15 +77,14 @@ def compute_conditions(
 ) -> tuple[list[Condition], bool]:
     """The conditions and whether a rollout is in progress (the tuner holds while one is)."""
     job = observed.job
-    ready = engine_ready(spec, build, claim, observed.claim_phase,
-                         job.unschedulable_message if job is not None and job.active else None)
+    ready = engine_ready(spec, build, claim=claim, claim_phase=observed.claim_phase,
+                         unschedulable_build=job.unschedulable_message if job is not None and job.active else None)
     dep = observed.deployment
     pods = [p for p in observed.pods if not p.deleting]
     unschedulable = [p for p in pods if p.unschedulable_message]
     crashing = [p for p in pods if p.waiting_reason in CRASH_REASONS]
     rolling = has_deployment and _rollout_in_progress(dep, serving_fp if spec.builds_engine else None,
                                                       desired_batch, desired_hash)
-    building = spec.builds_engine and build.ready is None and (build.status or {}).get("state") == "Building"
     waiting_pod = unschedulable[0] if unschedulable else None
     waiting_msg = waiting_pod.unschedulable_message if waiting_pod else (
         job.unschedulable_message if ready.reason == "BuildUnschedulable" and job is not None else None)
@@ -93,7 +95,7 @@ def compute_conditions(
     elif not has_deployment:
         available = false(AVAILABLE, "EngineNotReady", "No engine is ready to serve yet")
     elif available_replicas > 0:
-        note = " (previous engine; the new one is still building)" if building else ""
+        note = " (previous engine; the new one is still building)" if build.building else ""
         available = true(AVAILABLE, "MinimumReplicasAvailable",
                          f"{available_replicas}/{spec.serving.replicas} pods serve{note}")
     elif unschedulable:
@@ -101,7 +103,7 @@ def compute_conditions(
     else:
         available = false(AVAILABLE, "PodsNotReady", "No serving pod is ready yet")
 
-    if building:
+    if build.building:
         progressing = true(PROGRESSING, "Building", ready.message)
     elif rolling:
         progressing = true(PROGRESSING, "RollingOut", "Serving pods are being replaced")
@@ -116,7 +118,7 @@ def compute_conditions(
     elif ready.reason == "CacheClaimMissing":
         degraded = true(DEGRADED, "CacheClaimMissing", ready.message)
     elif waiting_msg:
-        reason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
+        reason: ConditionReason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
         who = f"Pod {waiting_pod.name}" if waiting_pod else "The build pod"
         degraded = true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
     elif crashing:

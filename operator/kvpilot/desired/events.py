@@ -7,7 +7,18 @@ once per transition, even when a reconcile is repeated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from kvpilot.api.conditions import DEGRADED
+from kvpilot.api.status import (
+    Action,
+    AutotuneStatus,
+    BatchingStatus,
+    BuildState,
+    BuildStatus,
+    ConditionRecord,
+    DecisionRecord,
+    EngineStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -17,37 +28,47 @@ class Event:
     message: str
 
 
-def events_between(old: dict[str, Any], new: dict[str, Any]) -> list[Event]:
+def _build_event(build: BuildStatus) -> Event | None:
+    fp, job = (build.fingerprint or "")[:10], build.job
+    if build.state == BuildState.BUILDING:
+        return Event("Normal", "EngineBuildStarted", f"Job {job} builds engine {fp}")
+    if build.state == BuildState.SUCCEEDED:
+        return Event("Normal", "EngineBuilt", f"Job {job} published engine {fp}")
+    if build.state == BuildState.CACHE_HIT:
+        return Event("Normal", "EngineCacheHit", f"Engine {fp} is already in the cache; no build")
+    if build.state == BuildState.FAILED:
+        return Event("Warning", "EngineBuildFailed", f"Job {job} failed: {(build.message or '')[-512:]}")
+    return None
+
+
+def events_between(old: EngineStatus, new: EngineStatus) -> list[Event]:
     out: list[Event] = []
-    ob, nb = old.get("build") or {}, new.get("build") or {}
-    if nb and (nb.get("fingerprint"), nb.get("state")) != (ob.get("fingerprint"), ob.get("state")):
-        fp, job = nb.get("fingerprint", "")[:10], nb.get("job")
-        if nb["state"] == "Building":
-            out.append(Event("Normal", "EngineBuildStarted", f"Job {job} builds engine {fp}"))
-        elif nb["state"] == "Succeeded":
-            out.append(Event("Normal", "EngineBuilt", f"Job {job} published engine {fp}"))
-        elif nb["state"] == "CacheHit":
-            out.append(Event("Normal", "EngineCacheHit", f"Engine {fp} is already in the cache; no build"))
-        elif nb["state"] == "Failed":
-            out.append(Event("Warning", "EngineBuildFailed", f"Job {job} failed: {nb.get('message', '')[-512:]}"))
-    oe, ne = (old.get("engine") or {}).get("fingerprint"), (new.get("engine") or {}).get("fingerprint")
+    ob, nb = old.build or BuildStatus(), new.build
+    if nb is not None and (nb.fingerprint, nb.state) != (ob.fingerprint, ob.state):
+        if (event := _build_event(nb)) is not None:
+            out.append(event)
+    oe, ne = (old.engine.fingerprint if old.engine else None), (new.engine.fingerprint if new.engine else None)
     if ne and oe and ne != oe:
         out.append(Event("Normal", "RolloutStarted", f"Rolling out engine {ne[:10]} (was {oe[:10]})"))
-    obat, nbat = old.get("batching") or {}, new.get("batching") or {}
-    if obat.get("maxBatchSize") and nbat.get("maxBatchSize") != obat.get("maxBatchSize"):
+    obat, nbat = old.batching or BatchingStatus(), new.batching or BatchingStatus()
+    if obat.max_batch_size and nbat.max_batch_size != obat.max_batch_size:
         out.append(
             Event("Normal", "BatchSizeChanged",
-                  f"Runtime max_batch_size {obat['maxBatchSize']} -> {nbat['maxBatchSize']} ({nbat.get('reason')}): "
-                  f"{nbat.get('message', '')}"[:1024])
+                  f"Runtime max_batch_size {obat.max_batch_size} -> {nbat.max_batch_size} ({nbat.reason}): "
+                  f"{nbat.message or ''}"[:1024])
         )
-    orec = (old.get("autotune") or {}).get("recommendation") or {}
-    nrec = (new.get("autotune") or {}).get("recommendation") or {}
-    if nrec and nrec.get("action") != "Hold" and not nrec.get("applied") and nrec != orec:
+    orec = (old.autotune or AutotuneStatus()).recommendation
+    nrec = (new.autotune or AutotuneStatus()).recommendation
+    if nrec is not None and nrec != DecisionRecord() and nrec.action != Action.HOLD and not nrec.applied \
+            and nrec != orec:
         out.append(Event("Normal", "AutotuneRecommendation",
-                         f"Recommend {nrec['action']} to {nrec.get('toBatchSize')}: {nrec.get('message', '')}"[:1024]))
-    odeg = {c["type"]: c for c in old.get("conditions") or []}.get("Degraded", {})
-    ndeg = {c["type"]: c for c in new.get("conditions") or []}.get("Degraded", {})
-    if ndeg.get("status") == "True" and (odeg.get("status"), odeg.get("reason")) != ("True", ndeg.get("reason")):
-        if ndeg.get("reason") != "BuildFailed":  # already reported as EngineBuildFailed
-            out.append(Event("Warning", ndeg["reason"], ndeg.get("message", "")))
+                         f"Recommend {nrec.action} to {nrec.to_batch_size}: {nrec.message or ''}"[:1024]))
+    odeg, ndeg = old.condition(DEGRADED), new.condition(DEGRADED)
+    if ndeg is not None and ndeg.status == "True" and _status_reason(odeg) != ("True", ndeg.reason):
+        if ndeg.reason != "BuildFailed":  # already reported as EngineBuildFailed
+            out.append(Event("Warning", ndeg.reason, ndeg.message))
     return out
+
+
+def _status_reason(condition: ConditionRecord | None) -> tuple[str | None, str | None]:
+    return (condition.status, condition.reason) if condition is not None else (None, None)

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.desired import labels as L
+from kvpilot.api.status import EngineStatus
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class KvWindow:
 
 @dataclass(frozen=True)
 class Observed:
-    status: dict[str, Any] = field(default_factory=dict)
+    status: EngineStatus = field(default_factory=EngineStatus)  # the engine's own status as last written
     engine_index: dict[str, dict[str, Any]] = field(default_factory=dict)
     job: JobState | None = None
     deployment: DeploymentState | None = None

@@ -16,6 +16,16 @@ from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.api.timestamps import parse_rfc3339, rfc3339
+from kvpilot.api.status import (
+    Action,
+    AutotuneStatus,
+    BatchingStatus,
+    BuildState,
+    EngineStatus,
+    KvCacheStatus,
+    status_dict,
+    to_wire,
+)
 from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_in_force
@@ -24,7 +34,7 @@ from kvpilot.desired import serving
 from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
 from kvpilot.desired.build_job import build_job
 from kvpilot.desired.conditions import compute_conditions
-from kvpilot.desired.engine import BuildDecision, decide_build, served_engine
+from kvpilot.desired.build import BuildDecision, decide_build, served_engine
 from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.pod_parts import image_for
@@ -39,13 +49,21 @@ DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
 DEFAULT_BUILD_SECONDS = 1200.0  # until a build has been measured
 
 
-def _last_build_seconds(status: dict[str, Any]) -> float | None:
-    """Duration of the last finished build (status.build), the rebuild cost the tuner weighs."""
-    build = status.get("build") or {}
-    start, end = build.get("startedAt"), build.get("finishedAt")
-    if not start or not end or build.get("state") != "Succeeded":
+def _when(value: str | None, now: datetime) -> datetime | None:
+    """A status timestamp in ``now``'s zone; None when absent or not RFC 3339 (status is user-writable)."""
+    try:
+        return parse_rfc3339(value, now.tzinfo) if value else None
+    except ValueError:
         return None
-    return max(0.0, (parse_rfc3339(end) - parse_rfc3339(start)).total_seconds())
+
+
+def _last_build_seconds(status: EngineStatus, now: datetime) -> float | None:
+    """Duration of the last finished build (status.build), the rebuild cost the tuner weighs."""
+    build = status.build
+    if build is None or build.state != BuildState.SUCCEEDED:
+        return None
+    start, end = _when(build.started_at, now), _when(build.finished_at, now)
+    return max(0.0, (end - start).total_seconds()) if start and end else None
 
 
 @dataclass(frozen=True)
@@ -62,30 +80,29 @@ class Plan:
     apply: list[dict[str, Any]]  # owned children, server-side applied in this order
     build_job: dict[str, Any] | None  # created if absent (shared by engines with the same fingerprint)
     index_entry: tuple[str, str, dict[str, Any]] | None  # (claim, fingerprint, manifest) to record
-    status: dict[str, Any]
+    status: dict[str, Any]  # as written to the API server: status_dict() of the EngineStatus the plan decided
     events: list[Event] = field(default_factory=list)
     decision: Decision | None = None
     fingerprint: str = ""
 
 
 def _serving_children(
-    engine: InferenceEngine, served: ServedEngine | None, image: str, claim: str | None, batch: int,
+    engine: InferenceEngine, served: ServedEngine | None, *, image: str, claim: str | None, batch: int,
     surface: Surface | None = None, spare_gpu: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
-    dep = serving.deployment(engine.meta, engine.spec, served, image, claim, batch, cm,
-                             rolling_update(engine.spec.serving.rollout, spare_gpu))
+    dep = serving.deployment(engine.meta, engine.spec, served, image=image, claim=claim, max_batch_size=batch,
+                             config_map=cm, rolling_update=rolling_update(engine.spec.serving.rollout, spare_gpu))
     return cm, dep
 
 
 def _tune(
-    spec: InferenceEngineSpec, observed: Observed, current: int, ceiling: int, rolling: bool, building: bool,
+    spec: InferenceEngineSpec, observed: Observed, *, current: int, ceiling: int, rolling: bool, building: bool,
     now: datetime,
 ) -> Decision | None:
     if not spec.autotune.enabled:
         return None
-    last = (observed.status.get("autotune") or {}).get("lastAppliedAt")
-    last_at = parse_rfc3339(last, now.tzinfo) if last else None
+    last_at = _when((observed.status.autotune or AutotuneStatus()).last_applied_at, now)
     return decide(
         TunerInput(
             current=current,
@@ -99,7 +116,7 @@ def _tune(
             now=now,
             replicas=spec.serving.replicas,
             restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-            build_seconds=_last_build_seconds(observed.status) or DEFAULT_BUILD_SECONDS,
+            build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
@@ -124,34 +141,33 @@ def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> Wha
         queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
 
 
-def _recent_changes(status: dict[str, Any], now: datetime) -> tuple[AppliedChange, ...]:
+def _recent_changes(status: EngineStatus, now: datetime) -> tuple[AppliedChange, ...]:
     """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
     out = []
-    for record in (status.get("autotune") or {}).get("history") or []:
-        if not record.get("applied") or record.get("action") not in ("Raise", "Lower"):
+    for record in (status.autotune or AutotuneStatus()).history or ():
+        if not record.applied or record.action not in (Action.RAISE, Action.LOWER):
             continue
-        try:
-            at = parse_rfc3339(record["at"], now.tzinfo)
-            out.append(AppliedChange(at, int(record["fromBatchSize"]), int(record["toBatchSize"])))
-        except (KeyError, TypeError, ValueError):
+        at = _when(record.at, now)
+        if at is None or record.from_batch_size is None or record.to_batch_size is None:
             continue  # a hand-edited or older record: ignored, not fatal
+        out.append(AppliedChange(at, record.from_batch_size, record.to_batch_size))
     return tuple(out)
 
 
-def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:
+def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     w = observed.kv
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
-        return observed.status.get("kvCache")
-    return {
-        "utilizationPercent": round(w.peak_utilization * 100),
-        "usedBlocks": w.peak_used_blocks,
-        "maxBlocks": w.max_blocks,
-        "tokensPerBlock": w.tokens_per_block,
-        "waitingRequests": w.peak_queued,
-        "activeRequests": w.peak_active,
-        "pausedRequests": w.paused,
-        "observedAt": rfc3339(now),
-    }
+        return observed.status.kv_cache
+    return KvCacheStatus(
+        utilization_percent=round(w.peak_utilization * 100),
+        used_blocks=w.peak_used_blocks,
+        max_blocks=w.max_blocks,
+        tokens_per_block=w.tokens_per_block,
+        waiting_requests=w.peak_queued,
+        active_requests=w.peak_active,
+        paused_requests=w.paused,
+        observed_at=rfc3339(now),
+    )
 
 
 def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
@@ -160,41 +176,48 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     claim = cache_claim_name(meta, spec)
     claim_obj = cache_claim(meta, spec)
     claim_phase = observed.claim_phase or ("Pending" if claim_obj is not None else None)
-    build: BuildDecision = decide_build(spec, observed, image, meta.generation, now, claim_phase is not None, claim)
+    build: BuildDecision = decide_build(spec, observed, image=image, generation=meta.generation, now=now,
+                                        claim_exists=claim_phase is not None, claim=claim)
     served, engine_info = served_engine(spec, build, observed.status, claim)
-    serve_image = (engine_info or {}).get("image", image) if spec.builds_engine else image
+    recorded_image = engine_info.image if engine_info is not None else None
+    serve_image = recorded_image if spec.builds_engine and recorded_image is not None else image
     ceiling = served.max_batch_size if served else (None if not spec.builds_engine else build.ceiling)
-    previous_batching = observed.status.get("batching") or {}
+    previous_batching = observed.status.batching or BatchingStatus()
     batch, reason, message = value_in_force(spec, previous_batching, ceiling)
 
     can_serve = served is not None or not spec.builds_engine
-    surface, known_by, mismatch = serving_surface(spec, serve_image, (engine_info or {}).get("trtllm"))
-    cm, dep = (_serving_children(engine, served, serve_image, claim, batch, surface, observed.spare_gpu)
-               if can_serve else ({}, {}))
+    recorded = engine_info.trtllm if engine_info is not None else None
+    surface, known_by, mismatch = serving_surface(spec, serve_image, to_wire(recorded) if recorded else None)
+    cm, dep = (_serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
+                                 spare_gpu=observed.spare_gpu) if can_serve else ({}, {}))
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
-    conds, rolling = compute_conditions(spec, build, obs, claim, serving_fp, can_serve, str(batch), desired_hash)
+    conds, rolling = compute_conditions(spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve,
+                                        desired_batch=str(batch), desired_hash=desired_hash)
 
-    building = spec.builds_engine and build.ready is None and (build.status or {}).get("state") == "Building"
     tuner_ceiling = ceiling if ceiling is not None else spec.autotune.max_batch_size
     before = batch
-    decision = _tune(spec, observed, batch, tuner_ceiling, rolling, building, now) if can_serve else None
+    decision = _tune(spec, observed, current=batch, ceiling=tuner_ceiling, rolling=rolling, building=build.building,
+                     now=now) if can_serve else None
     applied = bool(decision and decision.changes and tuning_applies(spec))
-    if applied and decision is not None and decision.action in ("Raise", "Lower"):
+    if applied and decision is not None and decision.action in (Action.RAISE, Action.LOWER):
         batch = decision.target
-        reason = "AutotuneRaised" if decision.action == "Raise" else "AutotuneLowered"
+        reason = "AutotuneRaised" if decision.action == Action.RAISE else "AutotuneLowered"
         message = decision.message
-        cm, dep = _serving_children(engine, served, serve_image, claim, batch, surface, observed.spare_gpu)
+        cm, dep = _serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
+                                    spare_gpu=observed.spare_gpu)
         conds, rolling = compute_conditions(
-            spec, build, obs, claim, serving_fp, can_serve, str(batch), serving.config_hash(cm)
+            spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve, desired_batch=str(batch),
+            desired_hash=serving.config_hash(cm),
         )
 
     pdb = serving.pod_disruption_budget(meta, spec) if dep else None
     apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)] + ([pdb] if pdb else [])
     job = None
     if build.create_job and claim is not None:
-        job = build_job(meta, spec, build.fingerprint, image, claim, build.ceiling, claim_uid=observed.claim_uid)
+        job = build_job(meta, spec, build.fingerprint, image=image, claim=claim, ceiling=build.ceiling,
+                        claim_uid=observed.claim_uid)
     index = (claim, build.fingerprint, build.record_in_index) if build.record_in_index and claim else None
 
     conds = [*conds, release_condition(serve_image, surface, known_by, mismatch)]
@@ -202,22 +225,23 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     if metrics is not None:
         conds.append(metrics)
     dep_state = observed.deployment
-    status: dict[str, Any] = {
-        "observedGeneration": meta.generation,
-        "conditions": merge_conditions(observed.status.get("conditions"), conds, meta.generation, now),
-        "batching": batching_status(spec, previous_batching, batch, reason, message, ceiling, now),
-        "autotune": autotune_status(observed.status.get("autotune") or {}, decision, before, applied, now,
-                                    spec.build.max_batch_size),
-        "replicas": dep_state.pods if dep_state else 0,
-        "readyReplicas": dep_state.ready_replicas if dep_state else 0,
-        "selector": L.selector_string(meta.name),
-        "endpoint": serving.endpoint(meta, spec),
-    }
-    for key, value in (("engine", engine_info), ("build", build.status), ("kvCache", _kv_status(observed, now))):
-        if value:
-            status[key] = value
+    status = EngineStatus(
+        observed_generation=meta.generation,
+        conditions=merge_conditions(observed.status.conditions, conds, meta.generation, now),
+        batching=batching_status(spec, previous_batching, value=batch, reason=reason, message=message,
+                                 ceiling=ceiling, now=now),
+        autotune=autotune_status(observed.status.autotune or AutotuneStatus(), decision, current=before,
+                                 applied=applied, now=now, spec_ceiling=spec.build.max_batch_size),
+        replicas=dep_state.pods if dep_state else 0,
+        ready_replicas=dep_state.ready_replicas if dep_state else 0,
+        selector=L.selector_string(meta.name),
+        endpoint=serving.endpoint(meta, spec),
+        engine=engine_info,
+        build=build.status,
+        kv_cache=_kv_status(observed, now),
+    )
     events = events_between(observed.status, status)
-    return Plan(apply, job, index, status, events, decision, build.fingerprint)
+    return Plan(apply, job, index, status_dict(status), events, decision, build.fingerprint)
 
 
 def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> timedelta:

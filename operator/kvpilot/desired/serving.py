@@ -85,6 +85,7 @@ def deployment(
     owner: ObjectRef,
     spec: InferenceEngineSpec,
     engine: ServedEngine | None,
+    *,
     image: str,
     claim: str | None,
     max_batch_size: int,
@@ -168,7 +169,8 @@ def deployment(
             },
         },
     }
-    return P.prune(dep)  # type: ignore[no-any-return]
+    pruned: dict[str, Any] = P.prune(dep)
+    return pruned
 
 
 def service(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any]:

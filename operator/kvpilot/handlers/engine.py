@@ -34,7 +34,7 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def on_engine_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_engine_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.loops.observe(event.get("type"), dict(body))
 
 

@@ -45,6 +45,12 @@ def load_client_config(pool_size: int = DEFAULT_POOL_SIZE) -> k8s_client.ApiClie
     return k8s_client.ApiClient(conf)
 
 
+def _plain(answer: Any) -> dict[str, Any]:
+    """The dynamic client's ResourceInstance as a plain dict (its to_dict() is unannotated)."""
+    out: dict[str, Any] = answer.to_dict()
+    return out
+
+
 class Api:
     """Typed-enough access to the handful of kinds kvpilot reads and writes."""
 
@@ -94,7 +100,7 @@ class Api:
                 field_manager=FIELD_MANAGER, force_conflicts=True,
             ), verb="apply", resource=obj["kind"],
         )
-        return out.to_dict()  # type: ignore[no-any-return]
+        return _plain(out)
 
     async def apply_owned(self, obj: dict[str, Any]) -> bool:
         """Apply ``obj`` only when the cached child differs from it on what kvpilot owns (or is absent);
@@ -117,7 +123,7 @@ class Api:
                                   verb="get", resource=kind)
         except NotFound:
             return None
-        return out.to_dict()  # type: ignore[no-any-return]
+        return _plain(out)
 
     async def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         out = await self._run(
@@ -129,7 +135,7 @@ class Api:
         out = await self._run(
             lambda: self._resource(obj["apiVersion"], obj["kind"]).create(
                 body=obj, namespace=obj["metadata"].get("namespace")), verb="create", resource=obj["kind"])
-        return out.to_dict()  # type: ignore[no-any-return]
+        return _plain(out)
 
     async def merge_patch(
         self, api_version: str, kind: str, name: str, namespace: str, patch: dict[str, Any],
@@ -142,7 +148,7 @@ class Api:
             return res.patch(body=patch, name=name, namespace=namespace, content_type="application/merge-patch+json")
 
         out = await self._run(call, verb="patch", resource=kind + (f"/{subresource}" if subresource else ""))
-        return out.to_dict()  # type: ignore[no-any-return]
+        return _plain(out)
 
     async def strategic_patch(
         self, api_version: str, kind: str, name: str, namespace: str, patch: dict[str, Any]
@@ -151,7 +157,7 @@ class Api:
             lambda: self._resource(api_version, kind).patch(
                 body=patch, name=name, namespace=namespace, content_type="application/strategic-merge-patch+json"),
             verb="patch", resource=kind)
-        return out.to_dict()  # type: ignore[no-any-return]
+        return _plain(out)
 
     async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
         """The operator's only write to an InferenceEngine: its status subresource (never spec)."""

@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from kvpilot.api.models import InferenceEngine
+from kvpilot.api.status import parse_status
 from kvpilot.desired import labels as L
-from kvpilot.desired.engine import target_fingerprint
+from kvpilot.desired.build import target_fingerprint
 from kvpilot.desired.observed import (
     KvWindow,
     Observed,
@@ -58,6 +59,7 @@ def observe_engine(
 ) -> Observed:
     """Everything one reconcile reads, from the watch cache: no API call (the cache is primed before the
     first reconcile and kept current by the watches, so a deletion or an edit is seen like any change)."""
+    typed_status = parse_status(status)
     spec, meta = engine.spec, engine.meta
     ns = meta.namespace
     claim = cache_claim_name(meta, spec)
@@ -73,7 +75,7 @@ def observe_engine(
     job = None
     if spec.builds_engine:
         image = image_for(spec, settings.kvsim_image, settings.default_image)
-        _ceiling, fp = target_fingerprint(spec, status, image)
+        _ceiling, fp = target_fingerprint(spec, typed_status, image)
         job_obj = cache.get("Job", ns, L.build_job_name(fp, claim, claim_uid))
         if job_obj is not None:
             pods = cache.pods_of_job(ns, job_obj["metadata"]["name"])
@@ -85,7 +87,7 @@ def observe_engine(
             if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
     pod_states = tuple(pod_state(p) for p in pods)
     return Observed(
-        status=status,
+        status=typed_status,
         engine_index=index,
         job=job,
         deployment=deployment_state(dep) if dep else None,

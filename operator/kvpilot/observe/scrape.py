@@ -38,6 +38,11 @@ MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply
 MAX_REJECTIONS_KEPT = 256
 
 
+def _positive_int(value: object) -> int:
+    """``value`` when it is a positive integer (status is user-writable), else 0 (unknown)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 @dataclass(frozen=True)
 class EngineFacts:
     """What the served engine is, from status.engine: samples that contradict it come from another engine (a
@@ -50,8 +55,7 @@ class EngineFacts:
     def from_status(cls, status: dict[str, Any] | None) -> EngineFacts:
         engine = (status or {}).get("engine") or {}
         tpb, mbs = engine.get("tokensPerBlock"), engine.get("maxBatchSize")
-        ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-        return cls(tokens_per_block=tpb if ok(tpb) else 0, max_batch_size_ceiling=mbs if ok(mbs) else 0)
+        return cls(tokens_per_block=_positive_int(tpb), max_batch_size_ceiling=_positive_int(mbs))
 
     def inconsistency(self, s: IterationSample) -> str | None:
         """Why the sample cannot describe this engine, None when it can."""
@@ -148,7 +152,7 @@ class EngineSampler:
             self.rejections.popleft()
 
     async def tick(
-        self, session: aiohttp.ClientSession, pods: list[PodState], port: int, now: datetime,
+        self, session: aiohttp.ClientSession, pods: list[PodState], *, port: int, now: datetime,
         warmup_seconds: int, want_latency: bool, facts: EngineFacts | None = None,
     ) -> None:
         """Scrape every warm pod once. Never raises for what a pod sends: see ``accept``."""

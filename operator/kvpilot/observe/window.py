@@ -6,7 +6,7 @@ worst pod's peak (memory safety) and the mean over pods (load).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvpilot.desired.observed import KvWindow
 from kvpilot.trtllm.metrics import (
@@ -19,8 +19,8 @@ from kvpilot.trtllm.metrics import (
 
 
 def summarize(
-    samples_by_pod: dict[str, Sequence[IterationSample]],
-    latency_by_pod: dict[str, Sequence[LatencySnapshot]] | None = None,
+    samples_by_pod: Mapping[str, Sequence[IterationSample]],
+    latency_by_pod: Mapping[str, Sequence[LatencySnapshot]] | None = None,
     window_seconds: float = 0.0,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
@@ -107,7 +107,8 @@ def _completion_rate(pods: dict[str, list[IterationSample]], counted: dict[str, 
     return total / span / len(pods)
 
 
-def _worst(pairs: list[tuple[Histogram, Histogram]], fn, scale: float) -> float | None:  # type: ignore[no-untyped-def]
+def _worst(pairs: list[tuple[Histogram, Histogram]], fn: Callable[[Histogram, Histogram], float | None],
+           scale: float) -> float | None:
     """Worst pod's value over the window (an objective broken on one pod is broken for its users)."""
     values = [v for before, after in pairs if (v := fn(before, after)) is not None]
     return max(values) * scale if values else None

@@ -58,7 +58,8 @@ class Surface:
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Any]:
     text = resources.files("kvpilot.trtllm").joinpath("options", "releases.yaml").read_text()
-    return yaml.safe_load(text)  # type: ignore[no-any-return]
+    table: dict[str, Any] = yaml.safe_load(text)
+    return table
 
 
 def releases() -> tuple[str, ...]:

@@ -1,0 +1,292 @@
+"""Typed, immutable models of ``InferenceEngine.status``, parsed from and serialized to the CR in this module only.
+
+The pure layer (``kvpilot.desired``) reads and writes these classes, never camelCase dicts. Field names are the
+snake_case of the schema's camelCase (``api/status_schema.py``); ``tests/unit/test_api_parity.py`` proves the two
+agree field for field, in type and in the values of every enumeration.
+
+Status is user-writable (the status subresource), so :func:`parse_status` never raises: a value of the wrong
+type or outside its enumeration reads as absent, a list item that is not a well-formed record is dropped, and the
+next write replaces both with what the operator decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from enum import Enum, StrEnum
+from typing import Any, Callable, Literal, TypeVar
+
+from kvpilot.api.convert import camel, optional_of
+
+T = TypeVar("T")
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class BuildState(StrEnum):
+    """``status.build.state``: where the build of the current fingerprint stands."""
+
+    BUILDING = "Building"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CACHE_HIT = "CacheHit"
+
+
+class BatchingSource(StrEnum):
+    """``status.batching.source``: who set the runtime max_batch_size."""
+
+    SPEC = "Spec"
+    AUTOTUNE = "Autotune"
+
+
+class Action(StrEnum):
+    """What one autotune decision does (``status.autotune.recommendation.action``)."""
+
+    RAISE = "Raise"
+    LOWER = "Lower"
+    HOLD = "Hold"
+    REBUILD = "Rebuild"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConditionRecord:
+    """One entry of ``status.conditions`` (metav1.Condition) as written, with its transition time."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrtllmRecord:
+    """``status.engine.trtllm``: what the build Job's probe found the serving image to be."""
+
+    version: str | None = None
+    trt_llm_args_has_perf_metrics_max_requests: bool | None = None
+    collector_prefix: str | None = None
+    collector_names: tuple[str, ...] | None = None
+    probe_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineInfo:
+    """``status.engine``: the engine in service, the last one that built successfully."""
+
+    fingerprint: str | None = None
+    path: str | None = None
+    claim_name: str | None = None
+    image: str | None = None
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    max_seq_len: int | None = None
+    tokens_per_block: int | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    built_at: str | None = None
+    build_job: str | None = None
+    trtllm: TrtllmRecord | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildStatus:
+    """``status.build``: the most recent build started for the current spec."""
+
+    fingerprint: str | None = None
+    job: str | None = None
+    state: BuildState | None = None
+    message: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    observed_generation: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingStatus:
+    """``status.batching``: the runtime max_batch_size in force and why."""
+
+    max_batch_size: int | None = None
+    source: BatchingSource | None = None
+    reason: str | None = None
+    message: str | None = None
+    changed_at: str | None = None
+    summary: str | None = None
+    spec_value: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KvCacheStatus:
+    """``status.kvCache``: the KV-cache pool as last observed."""
+
+    utilization_percent: int | None = None
+    used_blocks: int | None = None
+    max_blocks: int | None = None
+    tokens_per_block: int | None = None
+    waiting_requests: int | None = None
+    active_requests: int | None = None
+    paused_requests: int | None = None
+    observed_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionRecord:
+    """One autotune decision as status records it."""
+
+    at: str | None = None
+    action: Action | None = None
+    from_batch_size: int | None = None
+    to_batch_size: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    applied: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AutotuneStatus:
+    """``status.autotune``: what the tuner recommends and what it did."""
+
+    recommendation: DecisionRecord | None = None
+    last_applied_at: str | None = None
+    ceiling_request: int | None = None
+    ceiling_request_from: int | None = None
+    history: tuple[DecisionRecord, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStatus:
+    """The whole ``status``. Absent sections are None (an empty section is an instance with no fields set)."""
+
+    observed_generation: int | None = None
+    conditions: tuple[ConditionRecord, ...] | None = None
+    engine: EngineInfo | None = None
+    build: BuildStatus | None = None
+    batching: BatchingStatus | None = None
+    kv_cache: KvCacheStatus | None = None
+    autotune: AutotuneStatus | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    selector: str | None = None
+    endpoint: str | None = None
+
+    def condition(self, type_: str) -> ConditionRecord | None:
+        """The condition of this type, if status has one."""
+        return next((c for c in self.conditions or () if c.type == type_), None)
+
+
+class _Invalid:
+    """A value that does not fit its field (read as absent)."""
+
+
+_INVALID = _Invalid()
+Parser = Callable[[object], object]  # raw JSON value -> model value, or _INVALID
+
+
+def parse_status(raw: object) -> EngineStatus:
+    """``status`` as stored -> EngineStatus. Never raises: what does not fit the schema reads as absent."""
+    parsed = _record(EngineStatus, raw)
+    return EngineStatus() if isinstance(parsed, _Invalid) else parsed
+
+
+def parse_record(cls: type[T], raw: object) -> T | None:
+    """One status section (e.g. a recorded ``TrtllmRecord``), None when it is not a well-formed record."""
+    parsed = _record(cls, raw)
+    return None if isinstance(parsed, _Invalid) else parsed
+
+
+def status_dict(status: EngineStatus) -> dict[str, Any]:
+    """EngineStatus -> the camelCase dict written to the API server (absent fields are left out)."""
+    return to_wire(status)
+
+
+def to_wire(record: object) -> dict[str, Any]:
+    """Any status model -> its camelCase dict (None fields left out, enumerations as plain strings)."""
+    if not dataclasses.is_dataclass(record) or isinstance(record, type):
+        raise TypeError(f"{type(record).__name__} is not a status model")
+    return _wire_record(record)
+
+
+def _wire_record(record: object) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, key in _keys(type(record)):
+        value = getattr(record, name)
+        if value is not None:
+            out[key] = _wire(value)
+    return out
+
+
+def _wire(value: object) -> object:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (str, int)):  # bool is an int
+        return value
+    if isinstance(value, tuple):
+        return [_wire(v) for v in value]
+    return _wire_record(value)
+
+
+# The tables below are built once per model class: status is parsed and written on every reconcile pass.
+
+_KEYS: dict[type, tuple[tuple[str, str], ...]] = {}
+_FIELDS: dict[type, tuple[tuple[str, str, Parser, bool], ...]] = {}
+
+
+def _keys(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field name, camelCase key) of a model class."""
+    if cls not in _KEYS:
+        _KEYS[cls] = tuple((f.name, camel(f.name)) for f in dataclasses.fields(cls))
+    return _KEYS[cls]
+
+
+def _fields(cls: type) -> tuple[tuple[str, str, Parser, bool], ...]:
+    """(field name, camelCase key, parser, required) of a model class."""
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)
+        _FIELDS[cls] = tuple(
+            (f.name, camel(f.name), _parser(hints[f.name]),
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls)
+        )
+    return _FIELDS[cls]
+
+
+def _record(cls: type[T], raw: object) -> T | _Invalid:
+    if not isinstance(raw, dict):
+        return _INVALID
+    kwargs: dict[str, Any] = {}
+    for name, key, parse, required in _fields(cls):
+        value = parse(raw[key]) if key in raw else _INVALID
+        if not isinstance(value, _Invalid):
+            kwargs[name] = value
+        elif required:
+            return _INVALID  # a required field (a condition's type, say) is missing or malformed
+    return cls(**kwargs)
+
+
+def _parser(tp: Any) -> Parser:
+    """The parser of one field type; an unknown type is a programming error (the parity test catches it)."""
+    if (inner := optional_of(tp)) is not None:
+        parse_inner = _parser(inner)
+        return lambda raw: None if raw is None else parse_inner(raw)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = frozenset(typing.get_args(tp))
+        return lambda raw: raw if isinstance(raw, str) and raw in allowed else _INVALID
+    if origin is tuple:
+        parse_item = _parser(typing.get_args(tp)[0])
+        return lambda raw: tuple(v for v in map(parse_item, raw) if not isinstance(v, _Invalid)) \
+            if isinstance(raw, list) else _INVALID
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        members: dict[object, object] = {m.value: m for m in tp}
+        return lambda raw: members.get(raw, _INVALID) if isinstance(raw, str) else _INVALID
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        model = tp
+        return lambda raw: _record(model, raw)
+    if tp is bool:
+        return lambda raw: raw if isinstance(raw, bool) else _INVALID
+    if tp is int:
+        return lambda raw: raw if isinstance(raw, int) and not isinstance(raw, bool) else _INVALID
+    if tp is str:
+        return lambda raw: raw if isinstance(raw, str) else _INVALID
+    raise TypeError(f"status models use no {tp!r}")

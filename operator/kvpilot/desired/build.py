@@ -1,0 +1,149 @@
+"""Which engine to build and which one serves.
+
+The rule that protects users: the engine in service only changes to an engine that is published in the
+cache. A build that runs or fails leaves the last good engine (``status.engine``) serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from kvpilot.api.timestamps import rfc3339
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.api.status import (
+    AutotuneStatus,
+    BuildState,
+    BuildStatus,
+    EngineInfo,
+    EngineStatus,
+    TrtllmRecord,
+    parse_record,
+)
+from kvpilot.desired import labels as L
+from kvpilot.desired.fingerprint import compute_fingerprint
+from kvpilot.desired.observed import Observed
+from kvpilot.desired.redact import redact
+from kvpilot.trtllm.build import CACHE_MOUNT
+from kvpilot.trtllm.build_script import manifest as engine_manifest
+from kvpilot.trtllm.serve import ServedEngine
+from kvpilot.trtllm.surface import clean_record
+
+
+@dataclass(frozen=True)
+class BuildDecision:
+    fingerprint: str
+    ceiling: int
+    image: str
+    ready: dict[str, Any] | None  # the published manifest when the engine is in the cache
+    create_job: bool
+    record_in_index: dict[str, Any] | None  # a manifest to add to the engine index
+    status: BuildStatus | None  # status.build
+
+    @property
+    def building(self) -> bool:
+        """A build of the engine the spec asks for is under way (and no published engine makes it moot)."""
+        return self.ready is None and self.status is not None and self.status.state == BuildState.BUILDING
+
+
+def engine_ceiling(spec: InferenceEngineSpec, status: EngineStatus) -> int:
+    """The build max_batch_size in force: the spec's, or higher if the tuner asked for a rebuild."""
+    tune = status.autotune or AutotuneStatus()
+    requested = tune.ceiling_request or 0
+    # A request holds only against the spec ceiling it was made from: a new build.maxBatchSize wins.
+    same_spec = tune.ceiling_request_from == spec.build.max_batch_size
+    if spec.autotune.enabled and spec.autotune.allow_rebuild and spec.autotune.mode == "Auto" and same_spec:
+        return max(spec.build.max_batch_size, requested)
+    return spec.build.max_batch_size
+
+
+def target_fingerprint(spec: InferenceEngineSpec, status: EngineStatus, image: str) -> tuple[int, str]:
+    """(ceiling, fingerprint) of the engine the spec (and the tuner's ceiling request) asks for."""
+    ceiling = engine_ceiling(spec, status)
+    return ceiling, compute_fingerprint(spec, image, ceiling)
+
+
+def decide_build(
+    spec: InferenceEngineSpec, observed: Observed, *, image: str, generation: int, now: datetime,
+    claim_exists: bool = True, claim: str | None = None,
+) -> BuildDecision:
+    ceiling, fp = target_fingerprint(spec, observed.status, image)
+    previous = observed.status.build or BuildStatus()
+    same = previous.fingerprint == fp
+    base = BuildStatus(fingerprint=fp, job=L.build_job_name(fp, claim, observed.claim_uid),
+                       observed_generation=generation)
+
+    def decision(**kw: Any) -> BuildDecision:
+        return BuildDecision(fingerprint=fp, ceiling=ceiling, image=image, **kw)
+
+    if not spec.builds_engine:
+        return decision(ready=None, create_job=False, record_in_index=None, status=None)
+    published = observed.engine_index.get(fp)
+    if published is not None:
+        state = previous if same and previous.state in (BuildState.SUCCEEDED, BuildState.CACHE_HIT) else replace(
+            base, state=BuildState.CACHE_HIT, finished_at=rfc3339(now))
+        return decision(ready=published, create_job=False, record_in_index=None, status=state)
+    job = observed.job
+    if job is not None and job.succeeded:
+        manifest = job.manifest() or engine_manifest(spec, fp, image, ceiling)
+        finished = job.completion_time or rfc3339(now)
+        manifest = {**manifest, "builtAt": manifest.get("builtAt", finished), "buildJob": job.name}
+        state = replace(base, state=BuildState.SUCCEEDED, started_at=job.start_time, finished_at=finished)
+        return decision(ready=manifest, create_job=False, record_in_index=manifest, status=state)
+    if job is not None and job.failed:
+        state = replace(base, state=BuildState.FAILED, message=redact(job.message[-4000:]), started_at=job.start_time,
+                        finished_at=job.completion_time or (previous.finished_at if same else None) or rfc3339(now))
+        return decision(ready=None, create_job=False, record_in_index=None, status=state)
+    if job is not None:
+        state = replace(base, state=BuildState.BUILDING,
+                        started_at=job.start_time or previous.started_at or rfc3339(now))
+        return decision(ready=None, create_job=False, record_in_index=None, status=state)
+    if not claim_exists:  # nothing can build before the cache volume exists
+        return decision(ready=None, create_job=False, record_in_index=None, status=previous if same else None)
+    # No Job: build. A failed Job is kept for its TTL (a day), so a failure is retried at most once a day,
+    # at once when someone deletes the Job, or when the build inputs (the fingerprint) change.
+    state = replace(base, state=BuildState.BUILDING, started_at=rfc3339(now))
+    return decision(ready=None, create_job=True, record_in_index=None, status=state)
+
+
+def served_engine(
+    spec: InferenceEngineSpec, build: BuildDecision, status: EngineStatus, claim: str | None
+) -> tuple[ServedEngine | None, EngineInfo | None]:
+    """The engine the pods serve, and status.engine: the new one once published, else the last good one."""
+    if not spec.builds_engine:
+        return None, EngineInfo(fingerprint=build.fingerprint, path=spec.model.source, image=build.image,
+                                tensor_parallel_size=spec.build.tensor_parallel_size,
+                                pipeline_parallel_size=spec.build.pipeline_parallel_size)
+    if build.ready is not None:
+        m = build.ready
+        info = EngineInfo(
+            fingerprint=build.fingerprint,
+            path=f"{CACHE_MOUNT}/{build.fingerprint}",
+            claim_name=claim,
+            image=m.get("image", build.image),
+            max_batch_size=int(m.get("maxBatchSize", build.ceiling)),
+            max_num_tokens=int(m.get("maxNumTokens", spec.build.max_num_tokens)),
+            max_seq_len=int(m.get("maxSeqLen", spec.build.max_seq_len)),
+            tokens_per_block=int(m.get("tokensPerBlock", spec.build.kv_cache.tokens_per_block)),
+            tensor_parallel_size=int(m.get("tensorParallelSize", spec.build.tensor_parallel_size)),
+            pipeline_parallel_size=int(m.get("pipelineParallelSize", spec.build.pipeline_parallel_size)),
+            built_at=m.get("builtAt"),
+            build_job=m.get("buildJob", L.build_job_name(build.fingerprint, claim)),
+            # What the build Job found the serving image to be (trtllm/probe.py): serving renders from it.
+            trtllm=parse_record(TrtllmRecord, clean_record(m.get("trtllm"))),
+        )
+    elif status.engine is not None:
+        info = status.engine
+    else:
+        return None, None
+    if info.fingerprint is None or info.max_batch_size is None:  # nothing (or a hand-edited remnant) serves
+        return None, None
+    engine = ServedEngine(
+        fingerprint=info.fingerprint,
+        max_batch_size=info.max_batch_size,
+        max_num_tokens=info.max_num_tokens if info.max_num_tokens is not None else spec.build.max_num_tokens,
+        tensor_parallel_size=info.tensor_parallel_size if info.tensor_parallel_size is not None else 1,
+        pipeline_parallel_size=info.pipeline_parallel_size if info.pipeline_parallel_size is not None else 1,
+    )
+    return engine, info
