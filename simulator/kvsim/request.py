@@ -50,6 +50,13 @@ class Request:
         return keys
 
 
+def measured(value: float | None, what: str) -> float:
+    """A time a finished record always has (``finished`` holds); None there would be an engine bookkeeping bug."""
+    if value is None:
+        raise ValueError(f"a finished request record has no {what}")
+    return value
+
+
 @dataclass(slots=True, eq=False)
 class RequestRecord:
     """What happened to one request (times are simulated seconds)."""

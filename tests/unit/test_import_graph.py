@@ -1,0 +1,137 @@
+"""The module import graphs of kvsim and kvpilot have no cycles, and only the listed kvpilot modules import kvsim.
+
+A cycle means two modules can only be understood (and imported) together; one hidden behind an import inside a
+function is still a cycle, so every import statement counts, wherever it is (``TYPE_CHECKING`` blocks excepted:
+they never run). The graph is built from the source with ``ast``; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+PACKAGES = {"kvsim": ROOT / "simulator" / "kvsim", "kvpilot": ROOT / "operator" / "kvpilot"}
+
+# kvpilot uses kvsim only as a model library, in these modules (and their packages): the autotuner's what-if
+# check, the benchmark's fleet of simulated engines and the benchmark itself. Everything else in the operator,
+# in particular what talks to the API server or renders objects, must not depend on the simulator.
+KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.bench")
+
+
+def module_name(package: str, path: Path) -> str:
+    parts = path.relative_to(PACKAGES[package]).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join((package, *parts))
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imported_modules(package: str, path: Path) -> set[str]:
+    """Every module ``path`` imports (relative imports resolved; ``from m import x`` also yields ``m.x``)."""
+    name = module_name(package, path)
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
+    while stack:
+        node = stack.pop()
+        if _type_checking_only(node):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (only names that are modules of the package)."""
+    files = {module_name(package, p): p for p in PACKAGES[package].rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        # An edge to one's own package is no dependency: the package is imported before any module in it.
+        graph[name] = {m for m in imported_modules(package, path)
+                       if m in files and m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path [a, b, ..., a], or None (iterative depth-first search)."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    for start in sorted(graph):
+        if colour[start] != WHITE:
+            continue
+        path = [start]
+        iters = [iter(sorted(graph[start]))]
+        colour[start] = GREY
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                colour[path.pop()] = BLACK
+                iters.pop()
+            elif colour[nxt] == GREY:
+                return path[path.index(nxt):] + [nxt]
+            elif colour[nxt] == WHITE:
+                colour[nxt] = GREY
+                path.append(nxt)
+                iters.append(iter(sorted(graph[nxt])))
+    return None
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycles(package: str) -> None:
+    cycle = find_cycle(import_graph(package))
+    assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle or [])}"
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """The check above could pass by finding nothing at all: it must see a cycle, a self-contained one included."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    graph = import_graph("kvsim")
+    assert "kvsim.scheduler" in graph["kvsim.engine"], "the graph misses relative imports"
+    assert "kvsim.serve.openai_api" in graph["kvsim.serve.app"]
+
+
+def test_imports_inside_functions_count(tmp_path: Path) -> None:
+    """An import inside a function body is an edge (that is how the serve/app cycle used to hide)."""
+    pkg = tmp_path / "kvsim"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import y\n    return y\nx = 1\n")
+    saved = PACKAGES["kvsim"]
+    PACKAGES["kvsim"] = pkg
+    try:
+        assert find_cycle(import_graph("kvsim")) == ["kvsim.a", "kvsim.b", "kvsim.a"]
+    finally:
+        PACKAGES["kvsim"] = saved
+
+
+def test_kvsim_never_imports_kvpilot() -> None:
+    bad = [f"{module_name('kvsim', p)} imports {m}" for p in PACKAGES["kvsim"].rglob("*.py")
+           for m in imported_modules("kvsim", p) if m.split(".")[0] == "kvpilot"]
+    assert bad == []
+
+
+def test_only_the_model_library_users_import_kvsim() -> None:
+    """kvsim is a model library for the what-if check and the benchmark; nothing else in kvpilot imports it."""
+    users = sorted(module_name("kvpilot", p) for p in PACKAGES["kvpilot"].rglob("*.py")
+                   if any(m.split(".")[0] == "kvsim" for m in imported_modules("kvpilot", p)))
+    assert users, "no kvpilot module imports kvsim: is the scan broken?"
+    bad = [u for u in users if not any(u == allowed or u.startswith(allowed + ".") for allowed in KVSIM_IMPORTERS)]
+    assert bad == [], f"these kvpilot modules import kvsim but are not in KVSIM_IMPORTERS: {bad}"
