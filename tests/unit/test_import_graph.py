@@ -135,3 +135,40 @@ def test_only_the_model_library_users_import_kvsim() -> None:
     assert users, "no kvpilot module imports kvsim: is the scan broken?"
     bad = [u for u in users if not any(u == allowed or u.startswith(allowed + ".") for allowed in KVSIM_IMPORTERS)]
     assert bad == [], f"these kvpilot modules import kvsim but are not in KVSIM_IMPORTERS: {bad}"
+
+
+def closure(graph: dict[str, set[str]], roots: set[str]) -> set[str]:
+    """Every module reachable from ``roots`` (a module also loads the packages above it)."""
+    seen: set[str] = set()
+    todo = sorted(roots)
+    while todo:
+        mod = todo.pop()
+        if mod in seen or mod not in graph:
+            continue
+        seen.add(mod)
+        parents = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
+        todo.extend(graph[mod] | parents)
+    return seen
+
+
+def test_the_operator_image_keeps_exactly_the_kvsim_modules_kvpilot_imports() -> None:
+    """The Dockerfile removes from the operator image the kvsim parts no kvpilot module can reach (its server,
+    trtllm stand-ins, CLI and offline tools). Removing one the operator reaches would break it at run time;
+    forgetting a new part the operator never uses would ship it. The bundled workload files stay (data that
+    ``kvsim.load_workload``, which the operator reaches, reads)."""
+    import re
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    found = re.search(r'^ARG KVSIM_NOT_IN_OPERATOR="([^"]*)"', dockerfile, re.M)
+    assert found, "the Dockerfile no longer names the kvsim parts it removes (ARG KVSIM_NOT_IN_OPERATOR)"
+    removed = {"kvsim." + part.removesuffix(".py") for part in found.group(1).split()}
+    kvsim_graph = import_graph("kvsim")
+    roots = {m for p in PACKAGES["kvpilot"].rglob("*.py") for m in imported_modules("kvpilot", p)
+             if m.split(".")[0] == "kvsim"}
+    reached = closure(kvsim_graph, roots)
+    assert "kvsim.engine" in reached and "kvsim.serve.server" not in reached
+    top_level = {m for m in kvsim_graph if m.count(".") == 1} - {"kvsim.workloads"}
+    assert removed <= top_level, f"the Dockerfile removes what kvsim does not have: {sorted(removed - top_level)}"
+    assert removed & reached == set(), f"the operator imports these, the image must keep them: {sorted(removed & reached)}"
+    assert top_level - reached == removed, (
+        f"kvsim parts no kvpilot module imports, still shipped in the operator image: {sorted(top_level - reached - removed)}")
