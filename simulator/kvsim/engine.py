@@ -10,6 +10,10 @@ O(log n) per event and O(1) per block, independent of how many iterations it liv
 A run ends at the next completion, at the next arrival that could be admitted, at the ``advance_to`` target,
 and (MAX_UTILIZATION) before the pool could run short; that iteration then goes through the full scheduler.
 One iteration-stats sample is emitted per step (see ``stats``).
+
+The batch itself (the fetched requests, their blocks, the decode counter) and the capacity and micro-batch
+stages over it are a ``scheduler.Scheduler`` the engine owns; the engine adds time, arrivals, completions, the
+in-engine tuner and the statistics.
 """
 
 from __future__ import annotations

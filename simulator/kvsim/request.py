@@ -1,7 +1,7 @@
 """Requests going into the engine and the records coming out.
 
 ``Request`` is what a client asks for; ``RequestRecord`` is what the engine measured. The engine keeps its
-per-request bookkeeping on a subclass of the record (``engine._Seq``) so finishing a request costs no copy.
+per-request bookkeeping on a subclass of the record (``sequence.Seq``) so finishing a request costs no copy.
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ from chart_helpers import CHART_DIR, REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "operator"))
 from kvpilot.desired.pod_parts import KVSIM_UID  # noqa: E402
 
-# The tag hack/images/build.sh gave the images: KVPILOT_IMAGE_VERSION there and here, else pyproject's version.
-VERSION = os.environ.get("KVPILOT_IMAGE_VERSION") or tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-OPERATOR = f"ghcr.io/kvpilot/kvpilot:{VERSION}"
-KVSIM = f"ghcr.io/kvpilot/kvsim:{VERSION}"
+VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+# The tag (and version label) hack/images/build.sh gave the images: KVPILOT_IMAGE_VERSION there and here.
+TAG = os.environ.get("KVPILOT_IMAGE_VERSION") or VERSION
+OPERATOR = f"ghcr.io/kvpilot/kvpilot:{TAG}"
+KVSIM = f"ghcr.io/kvpilot/kvsim:{TAG}"
 RUNTIME = "/usr/sbin/runc"  # crun refuses this machine's hybrid cgroups (hack/images/lib.sh)
 VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 BUILD_TOOLS = ("pip", "pip3", "gcc", "cc", "make", "git")  # apt-get is the base distribution's, as in python:3.11-slim
@@ -74,7 +75,7 @@ def test_operator_runs_as_the_chart_uid_with_its_entrypoint_ports_and_labels(pod
     assert config["Cmd"] == ["run", "--all-namespaces"]
     assert {int(p.split("/")[0]) for p in config["ExposedPorts"]} == {VALUES["metrics"]["port"], VALUES["health"]["port"]}
     labels = config["Labels"]
-    assert labels["org.opencontainers.image.version"] == VERSION
+    assert labels["org.opencontainers.image.version"] == TAG
     for key in ("title", "source", "licenses", "revision"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
 
