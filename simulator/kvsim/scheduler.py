@@ -55,11 +55,12 @@ class Scheduler:
     G: int = 0  # decode iterations run so far (the global counter every decoding sequence advances with)
     gen_kv: int = 0  # KV tokens held by decoding sequences
     reserved: int = 0  # blocks promised to running requests but not yet allocated (no-evict policies)
+    # Counters for the iteration stats (kvCacheStats): blocks allocated in all, newly, reused and missed.
     alloc_total: int = 0
     alloc_new: int = 0
     reused: int = 0
     missed: int = 0
-    paused_step: int = 0
+    paused_step: int = 0  # requests paused since the last stats sample
     paused_total: int = 0
 
     def __post_init__(self) -> None:
