@@ -275,11 +275,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return build_main(argv[1:])
     if argv and argv[0] == "trtllm-serve":
-        try:
-            import aiohttp  # noqa: F401  (the serve extra; the library needs only PyYAML)
-        except ImportError:
-            print("kvsim trtllm-serve needs aiohttp, the serve extra: pip install './simulator[serve]' (from the kvpilot repository)",
-                  file=sys.stderr)
+        try:  # the serve extra (the library needs only PyYAML)
+            import aiohttp  # noqa: F401
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:
+            print(f"kvsim trtllm-serve needs the serve extra ({exc.name} is missing): "
+                  "pip install './simulator[serve]' from the kvpilot repository", file=sys.stderr)
             return 1
         from .serve.cli import main as serve_main
 

@@ -172,3 +172,23 @@ def test_the_operator_image_keeps_exactly_the_kvsim_modules_kvpilot_imports() ->
     assert removed & reached == set(), f"the operator imports these, the image must keep them: {sorted(removed & reached)}"
     assert top_level - reached == removed, (
         f"kvsim parts no kvpilot module imports, still shipped in the operator image: {sorted(top_level - reached - removed)}")
+
+
+def test_kvsim_declares_every_distribution_it_imports() -> None:
+    """kvsim is installed on its own (the kvsim image holds nothing else), so every third-party module it imports
+    must come from a requirement or an extra of simulator/pyproject.toml."""
+    import re
+    import sys
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "simulator" / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    declared_names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in declared}
+    providers = packages_distributions()
+    third_party = {m.split(".")[0] for p in PACKAGES["kvsim"].rglob("*.py") for m in imported_modules("kvsim", p)
+                   if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "kvsim"}
+    assert "yaml" in third_party
+    missing = {m: providers.get(m) for m in third_party
+               if not {d.lower().replace("_", "-") for d in providers.get(m, [m])} & declared_names}
+    assert missing == {}, f"kvsim imports these without declaring their distribution: {missing}"
