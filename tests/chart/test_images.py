@@ -144,3 +144,7 @@ def test_kvsim_image_holds_kvsim_and_its_server_not_the_operator(podman: str) ->
                    _python(podman, KVSIM, PROBE, f"{KVSIM_UID}:{KVSIM_UID}")))
     assert has == {"kvpilot": "False", "kvsim": "True", "engine": "True", "serve": "True", "trtllm": "True",
                    "cli": "True", "program": "True"}
+    # `trtllm-serve --help` answers before the server's modules load: import them, dependencies and all.
+    imported = _python(podman, KVSIM, "import kvsim.serve.app, kvsim.trtllm.build; print('ok')",
+                       f"{KVSIM_UID}:{KVSIM_UID}")
+    assert imported == ["ok"]
