@@ -22,10 +22,11 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY simulator/ simulator/
-# One wheel for the repository (packages kvpilot and kvsim) plus a wheel of every runtime dependency,
-# resolved here once; the final stage installs exactly these files.
+# A wheel of kvsim (simulator/, its own distribution), one of kvpilot, and one of every runtime dependency,
+# resolved here once; naming ./simulator makes pip take kvpilot's `kvsim==0.1.0` from it, never from an
+# index. The final stage installs exactly these files.
 RUN python3 -m venv /build \
- && /build/bin/pip wheel --wheel-dir /wheels .
+ && /build/bin/pip wheel --wheel-dir /wheels ./simulator .
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
@@ -47,9 +48,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/kvpilot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The wheels are bind-mounted from the builder, so they never become a layer of this image. After the
 # install, pip, setuptools and wheel go too (the venv's, and the public base's own): nothing installs or builds at run time.
+# The operator uses kvsim only as a model library (the tuner's what-if check), so the parts of kvsim it never
+# imports go: the simulated trtllm-serve and trtllm-build, the kvsim CLI and its offline tools. That list is
+# checked against the operator's imports by tests/unit/test_import_graph.py; the import below proves the
+# operator's modules still load without them.
+ARG KVSIM_NOT_IN_OPERATOR="serve trtllm cli.py bench.py calibration.py claims.py plots.py"
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/kvpilot \
  && /opt/kvpilot/bin/pip install --no-index --find-links=/wheels kvpilot \
+ && cd /opt/kvpilot/lib/python3*/site-packages/kvsim \
+ && for part in $KVSIM_NOT_IN_OPERATOR; do rm -r -- "$part" && rm -f -- __pycache__/"${part%.py}".*.pyc; done \
+ && rm -- /opt/kvpilot/bin/kvsim && cd / \
+ && /opt/kvpilot/bin/python -c 'import kvpilot.operator, kvpilot.autotune.policy, kvpilot.desired.plan, kvpilot.bench.cli' \
  && /opt/kvpilot/bin/pip uninstall --yes setuptools wheel pip \
  && { python3 -m pip uninstall --yes setuptools wheel pip 2>/dev/null || true; } \
  && kvpilot --help >/dev/null

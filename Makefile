@@ -10,11 +10,14 @@ STAMP := $(VENV)/.installed
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-$(STAMP): pyproject.toml
-	@echo "==> Creating $(VENV) and installing kvpilot + kvsim with test extras"
+# Two distributions, both editable: kvsim (simulator/, with its server and plots extras) first, so that
+# kvpilot's requirement `kvsim==0.1.0` is met by this repository's copy and never looked up on PyPI.
+$(STAMP): pyproject.toml simulator/pyproject.toml
+	@echo "==> Creating $(VENV) and installing kvsim and kvpilot (editable) with the test and bench extras"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,plots]'
+	$(BIN)/pip install -q -e './simulator[serve,plots]'
+	$(BIN)/pip install -q -e '.[test,bench]'
 	@touch $@
 
 venv: $(STAMP) ## Create the virtualenv with kvpilot, kvsim and the test tools
@@ -63,8 +66,8 @@ lint: venv typecheck ## Static checks: ruff, then mypy (typecheck)
 # mypy (pinned in the test extras; settings in pyproject.toml [tool.mypy]). Strict on the operator; default
 # mode on the other code. Add a path to the list that fits it.
 MYPY_STRICT_PATHS := operator/kvpilot
-MYPY_DEFAULT_PATHS := hack
-typecheck: venv ## Type checks (mypy): strict on operator/kvpilot, default on the tools
+MYPY_DEFAULT_PATHS := hack simulator/kvsim
+typecheck: venv ## Type checks (mypy): strict on operator/kvpilot, default on the simulator and the tools
 	$(BIN)/mypy --strict $(MYPY_STRICT_PATHS)
 	$(BIN)/mypy $(MYPY_DEFAULT_PATHS)
 

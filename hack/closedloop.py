@@ -32,7 +32,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 OPERATOR_NS = "kvpilot-system"
-KVSIM_IMAGE = f"ghcr.io/kvpilot/kvsim:{__import__('kvpilot').__version__}"
+# The images' tag: KVPILOT_IMAGE_VERSION as hack/images/build.sh used it (e.g. a branch's own build), else
+# kvpilot's version. The chart runs the operator image with the same tag.
+IMAGE_TAG = os.environ.get("KVPILOT_IMAGE_VERSION") or __import__("kvpilot").__version__
+KVSIM_IMAGE = f"ghcr.io/kvpilot/kvsim:{IMAGE_TAG}"
 
 
 def free_port() -> int:
@@ -43,7 +46,7 @@ def free_port() -> int:
 
 def install_chart() -> None:
     cluster.helm("upgrade", "--install", "kvpilot", str(ROOT / "charts/kvpilot"), "-n", OPERATOR_NS,
-                 "--create-namespace", "--set", f"kvsimImage.tag={KVSIM_IMAGE.rsplit(':', 1)[1]}")
+                 "--create-namespace", "--set", f"kvsimImage.tag={IMAGE_TAG}", "--set", f"image.tag={IMAGE_TAG}")
     cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceengines.serving.kvpilot.io",
                     "--timeout=60s")
     deadline = time.monotonic() + 60

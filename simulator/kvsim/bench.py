@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .config import CapacityPolicy, EngineConfig
 from .engine import Engine
 from .profiles import Profile, get_profile
-from .request import Request
+from .request import Request, measured
 
 GIB = 1 << 30
 
@@ -105,12 +105,12 @@ def bench_throughput(profile: Profile | str, isl: int, osl: int, num_requests: i
         engine.advance_to(engine.now + 1.0)
         max_concurrency = max(max_concurrency, engine.counts()["running"])
     records = engine.finished_requests()
-    duration = max(r.finish_s for r in records)
+    duration = max(measured(r.finish_s, "finish_s") for r in records)
     total_out = sum(r.output_tokens for r in records)
     return BenchResult(
         profile=prof.name, isl=isl, osl=osl, num_requests=n, max_batch_size=bs, max_num_tokens=tokens,
         kv_blocks=engine.memory.num_blocks, duration_s=duration, output_tokens_per_s=total_out / duration,
-        request_per_s=n / duration, mean_ttft_s=sum(r.ttft_s for r in records) / n,
-        mean_tpot_s=sum(r.tpot_s for r in records) / n, max_concurrency=max_concurrency,
+        request_per_s=n / duration, mean_ttft_s=sum(measured(r.ttft_s, "ttft_s") for r in records) / n,
+        mean_tpot_s=sum(measured(r.tpot_s, "tpot_s") for r in records) / n, max_concurrency=max_concurrency,
         iterations=engine.iteration,
     )

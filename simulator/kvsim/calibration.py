@@ -8,6 +8,7 @@ and Llama-3.3-70B FP8 (same shapes as Llama-3.1-70B) on 2 x H100 and on one H200
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .bench import bench_throughput
@@ -43,7 +44,7 @@ class RowError:
         return self.simulated / self.published - 1.0
 
 
-def evaluate(profile_name: str, table: dict[tuple[int, int], float], calibration: Calibration | None = None,
+def evaluate(profile_name: str, table: Mapping[tuple[int, int], float], calibration: Calibration | None = None,
              request_scale: float = 1.0) -> list[RowError]:
     """Simulate every row of ``table`` (optionally with fewer requests, for fitting) and compare."""
     from dataclasses import replace

@@ -15,7 +15,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from .config import EngineConfig
+from .config import CapacityPolicy, EngineConfig, KvCacheType
 from .request import Request
 from .runner import run_workload
 from .workload import load_workload
@@ -47,7 +47,7 @@ def claim_static_vs_inflight(quick: bool) -> dict:
     base = EngineConfig(profile=profile, build_max_batch_size=64, build_max_num_tokens=65536, max_batch_size=64)
     variants = {
         "in-flight (GUARANTEED_NO_EVICT)": replace(base, max_num_tokens=8192),
-        "static batching (STATIC_BATCH)": replace(base, capacity_policy="STATIC_BATCH", max_num_tokens=65536),
+        "static batching (STATIC_BATCH)": replace(base, capacity_policy=CapacityPolicy.STATIC_BATCH, max_num_tokens=65536),
     }
     curves: dict[str, list[dict]] = {name: [] for name in variants}
     for rate in rates:
@@ -74,9 +74,9 @@ def claim_contiguous_vs_paged(quick: bool) -> dict:
     max_seq_len = 8192
     base = EngineConfig(profile=profile, build_max_batch_size=1024, max_seq_len=max_seq_len, enable_block_reuse=False)
     variants = {
-        "contiguous, max_seq_len reserved": replace(base, kv_cache_type="continuous"),
+        "contiguous, max_seq_len reserved": replace(base, kv_cache_type=KvCacheType.CONTINUOUS),
         "paged, GUARANTEED_NO_EVICT": base,
-        "paged, MAX_UTILIZATION": replace(base, capacity_policy="MAX_UTILIZATION"),
+        "paged, MAX_UTILIZATION": replace(base, capacity_policy=CapacityPolicy.MAX_UTILIZATION),
     }
     workloads = {"chat": (120 if quick else 600, 2.0), "sharegpt": (30 if quick else 150, 1.0)}
     out: dict[str, dict] = {}
@@ -104,7 +104,7 @@ def claim_block_size(quick: bool) -> dict:
     for label, pool in scenarios.items():
         rows = []
         for tpb in sizes:
-            config = EngineConfig(profile=profile, tokens_per_block=tpb, capacity_policy="MAX_UTILIZATION",
+            config = EngineConfig(profile=profile, tokens_per_block=tpb, capacity_policy=CapacityPolicy.MAX_UTILIZATION,
                                   kv_max_tokens=pool, max_seq_len=4096, enable_block_reuse=False)
             result = run_workload(config, requests, timeline_interval_s=0.1)
             s = result.summary()

@@ -275,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return build_main(argv[1:])
     if argv and argv[0] == "trtllm-serve":
+        try:  # the serve extra (the library needs only PyYAML)
+            import aiohttp  # noqa: F401
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:
+            print(f"kvsim trtllm-serve needs the serve extra ({exc.name} is missing): "
+                  "pip install './simulator[serve]' from the kvpilot repository", file=sys.stderr)
+            return 1
         from .serve.cli import main as serve_main
 
         return serve_main(argv[1:])

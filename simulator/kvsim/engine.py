@@ -10,6 +10,10 @@ O(log n) per event and O(1) per block, independent of how many iterations it liv
 A run ends at the next completion, at the next arrival that could be admitted, at the ``advance_to`` target,
 and (MAX_UTILIZATION) before the pool could run short; that iteration then goes through the full scheduler.
 One iteration-stats sample is emitted per step (see ``stats``).
+
+The batch itself (the fetched requests, their blocks, the decode counter) and the capacity and micro-batch
+stages over it are a ``scheduler.Scheduler`` the engine owns; the engine adds time, arrivals, completions, the
+in-engine tuner and the statistics.
 """
 
 from __future__ import annotations
@@ -19,39 +23,19 @@ import itertools
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from .blocks import BlockPool
 from .config import CapacityPolicy, EngineConfig, KvCacheType
 from .latency import IterationModel
 from .memory import plan_memory
 from .request import Request, RequestRecord, RequestRejected
-from .scheduler import ADMITTED, CONTEXT, DONE, GENERATION, QUEUED, SchedulingMixin, ceil_div
+from .scheduler import Scheduler
+from .sequence import ADMITTED, CONTEXT, DONE, GENERATION, QUEUED, Seq, ceil_div
 from .stats import StepSample, TimelinePoint, sample_to_json
 from .tuner import max_capacity_batch_size, runtime_batch_size, runtime_max_num_tokens
 
 
-@dataclass(slots=True, eq=False)
-class _Seq(RequestRecord):
-    """A request inside the engine: its public record plus scheduling state."""
-
-    seq_no: int = 0
-    keys: tuple = ()
-    state: int = QUEUED
-    ctx_target: int = 0
-    ctx_done: int = 0
-    blocks: list = field(default_factory=list)
-    blocks_total: int = 0
-    keyed: int = 0
-    phase: int = 0
-    reserved: bool = False
-    gen_base_G: int = 0
-    gen_base_count: int = 0
-    fin_G: int = 0
-    version: int = 0
-
-
-class Engine(SchedulingMixin):
+class Engine:
     """Drive with ``submit`` and ``advance_to``; read ``drain_iteration_stats`` and ``finished_requests``."""
 
     def __init__(self, config: EngineConfig, *, epoch_s: float | None = None, time_scale: float = 1.0,
@@ -61,41 +45,40 @@ class Engine(SchedulingMixin):
         ``keep_finished``: how many finished-request records to keep (None: all, for offline runs that read
         them at the end; a long-running server passes a bound, since it hands each record to its client)."""
         cfg = config.resolved()
+        profile = cfg.resolved_profile
+        max_seq_len, max_input_len, max_batch_size, max_num_tokens = _resolved_limits(cfg)
         self.config = cfg
-        self.profile = cfg.profile
-        self.memory = plan_memory(self.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens,
+        self.profile = profile
+        self.memory = plan_memory(profile, cfg.build_max_batch_size, cfg.build_max_num_tokens,
                                   cfg.tokens_per_block, cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
-                                  runtime_max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len)
-        self.model = IterationModel.for_profile(self.profile, cfg.tokens_per_block)
-        self._kv_type = cfg.kv_cache_type
+                                  runtime_max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+        self.model = IterationModel.for_profile(profile, cfg.tokens_per_block)
         self.pool = BlockPool(self.memory.num_blocks, cfg.enable_block_reuse and cfg.kv_cache_type is KvCacheType.PAGED)
         self._tpb = cfg.tokens_per_block
         self._policy = cfg.capacity_policy
         self._chunked = cfg.enable_chunked_context
-        self._contiguous_blocks = ceil_div(cfg.max_seq_len, cfg.tokens_per_block)
-        self._max_active = cfg.max_batch_size * self.profile.pp
+        self._contiguous = cfg.kv_cache_type is KvCacheType.CONTINUOUS
+        self._contiguous_blocks = ceil_div(max_seq_len, cfg.tokens_per_block)
+        self._max_seq_len, self._max_input_len = max_seq_len, max_input_len
+        self._max_batch_size = max_batch_size
+        self._max_num_tokens = max_num_tokens
+        self._max_active = max_batch_size * profile.pp
+        # The batch (fetched requests, their blocks, the decode counter) and the two scheduling stages over it.
+        self._sched = Scheduler(
+            pool=self.pool, tpb=self._tpb, policy=self._policy, chunked=self._chunked, contiguous=self._contiguous,
+            contiguous_blocks=self._contiguous_blocks, max_batch_size=max_batch_size, batch_size=max_batch_size,
+            max_num_tokens=max_num_tokens)
         self.epoch_s = time.time() if epoch_s is None else epoch_s
         self.time_scale = time_scale
         self.last_sample: StepSample | None = None
         self.now = 0.0
         self.iteration = 0
-        self._G = 0
         self._seq_numbers = itertools.count()
-        self._pending: list[tuple[float, int, _Seq]] = []
-        self._waiting: deque[_Seq] = deque()
-        self._active: dict[int, _Seq] = {}
-        self._unadmitted: list[int] = []
-        self._ctx: dict[int, _Seq] = {}
-        self._gen: dict[int, _Seq] = {}
+        self._pending: list[tuple[float, int, Seq]] = []
+        self._waiting: deque[Seq] = deque()
         self._fin_heap: list[tuple[int, int, int]] = []
-        self._buckets: list[dict[int, _Seq]] = [{} for _ in range(cfg.tokens_per_block)]
-        self._started_heap: list[tuple[int, int]] = []
-        self._gen_kv = 0
-        self._reserved = 0
-        self._alloc_total = self._alloc_new = self._reused = self._missed = 0
-        self._completed_step = self._paused_step = 0
-        self._completed_total = self._paused_total = 0
-        self._finished: deque[_Seq] = deque(maxlen=keep_finished)
+        self._completed_step = self._completed_total = 0
+        self._finished: deque[Seq] = deque(maxlen=keep_finished)
         self._stats: deque[StepSample] = deque(maxlen=cfg.iter_stats_max_iterations)
         self._tuning = cfg.enable_batch_size_tuning or cfg.enable_max_num_tokens_tuning
         self._tuner_bs = 0
@@ -113,7 +96,7 @@ class Engine(SchedulingMixin):
         max_tokens = request.max_tokens if request.max_tokens is not None else request.output_tokens
         self._validate(request.prompt_tokens, max_tokens)
         seq_no = next(self._seq_numbers)
-        seq = _Seq(request_id=request.request_id if request.request_id is not None else seq_no,
+        seq = Seq(request_id=request.request_id if request.request_id is not None else seq_no,
                    arrival_s=arrival, prompt_tokens=request.prompt_tokens, max_tokens=max_tokens,
                    target_output_tokens=max(1, min(request.output_tokens, max_tokens)), seq_no=seq_no,
                    keys=tuple(request.block_keys(self._tpb)) if self.pool.enable_reuse else (),
@@ -130,7 +113,7 @@ class Engine(SchedulingMixin):
             self._arrive(self.now)
             if self.now >= t_s:
                 return
-            if not self._active and not self._waiting:
+            if not self._sched.active and not self._waiting:
                 if not self._pending:
                     if t_s != math.inf:
                         self.now = t_s
@@ -156,7 +139,7 @@ class Engine(SchedulingMixin):
         return list(self._finished)
 
     def pop_finished(self) -> list[RequestRecord]:
-        out = list(self._finished)
+        out: list[RequestRecord] = list(self._finished)
         self._finished.clear()
         return out
 
@@ -166,20 +149,21 @@ class Engine(SchedulingMixin):
         blocks stay cached for reuse, as on completion). The record gets ``error="cancelled"`` and a finish
         time; it is not counted as completed. False when the request had already finished."""
         seq = record
-        if not isinstance(seq, _Seq) or seq.state == DONE:
+        if not isinstance(seq, Seq) or seq.state == DONE:
             return False
-        if seq.seq_no in self._active:
+        sched = self._sched
+        if seq.seq_no in sched.active:
             if seq.state == QUEUED:  # fetched, waiting for capacity (or paused)
-                self._unadmitted.remove(seq.seq_no)
-                heapq.heapify(self._unadmitted)
+                sched.unadmitted.remove(seq.seq_no)
+                heapq.heapify(sched.unadmitted)
             elif seq.state in (ADMITTED, CONTEXT):
-                del self._ctx[seq.seq_no]
-            generated = self._generated(seq)
-            self._release_all(seq)
+                del sched.ctx[seq.seq_no]
+            generated = sched.generated(seq)
+            sched.release_all(seq)
             if seq.state == GENERATION:
-                self._leave_generation(seq, generated)
+                sched.leave_generation(seq, generated)
             seq.output_tokens = generated
-            del self._active[seq.seq_no]
+            del sched.active[seq.seq_no]
             self._tuner_dirty = True
         else:
             try:
@@ -195,21 +179,26 @@ class Engine(SchedulingMixin):
 
     def progress(self, record: RequestRecord) -> int:
         """Tokens generated so far by the request behind ``record`` (for streaming)."""
-        return self._generated(record) if isinstance(record, _Seq) else record.output_tokens
+        return self._sched.generated(record) if isinstance(record, Seq) else record.output_tokens
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the engine's bookkeeping is inconsistent (property tests call this)."""
+        self._sched.check_invariants()
 
     @property
     def idle(self) -> bool:
-        return not (self._active or self._waiting or self._pending)
+        return not (self._sched.active or self._waiting or self._pending)
 
     def counts(self) -> dict[str, int]:
         """Requests by state: queued (arrived, not yet fetched: beyond max_batch_size), active (fetched),
         running (context or generation), waiting for KV capacity, paused now, and totals."""
-        waiting_capacity = len(self._unadmitted)
-        paused_now = sum(1 for n in self._unadmitted if self._active[n].num_pauses)
-        return {"queued": len(self._waiting), "active": len(self._active),
-                "running": len(self._gen) + len(self._ctx), "generating": len(self._gen),
+        sched = self._sched
+        waiting_capacity = len(sched.unadmitted)
+        paused_now = sum(1 for n in sched.unadmitted if sched.active[n].num_pauses)
+        return {"queued": len(self._waiting), "active": len(sched.active),
+                "running": len(sched.gen) + len(sched.ctx), "generating": len(sched.gen),
                 "waitingForCapacity": waiting_capacity, "paused": paused_now,
-                "pausedTotal": self._paused_total, "completedTotal": self._completed_total}
+                "pausedTotal": sched.paused_total, "completedTotal": self._completed_total}
 
     # -- the loop ----------------------------------------------------------------------------------------
     def _arrive(self, upto_s: float) -> None:
@@ -218,21 +207,23 @@ class Engine(SchedulingMixin):
             self._waiting.append(heapq.heappop(pending)[2])
 
     def _fetch(self) -> None:
-        while self._waiting and len(self._active) < self._max_active:
-            seq = self._waiting.popleft()
-            self._active[seq.seq_no] = seq
-            heapq.heappush(self._unadmitted, seq.seq_no)
+        waiting, active, unadmitted = self._waiting, self._sched.active, self._sched.unadmitted
+        while waiting and len(active) < self._max_active:
+            seq = waiting.popleft()
+            active[seq.seq_no] = seq
+            heapq.heappush(unadmitted, seq.seq_no)
             self._tuner_dirty = True
 
     def _round(self, t_s: float) -> bool:
         """One scheduling step: a full iteration, or a collapsed run of identical decode iterations."""
+        sched = self._sched
         self._fetch()
         if self._tuning and self._tuner_dirty:
             self._update_tuner()
-        self._capacity_step(self._runtime_max_num_tokens() - len(self._gen))
-        chunks = self._context_chunks(self._runtime_max_num_tokens() - len(self._gen)) if self._ctx else []
+        sched.capacity_step(sched.max_num_tokens - len(sched.gen))
+        chunks = sched.context_chunks(sched.max_num_tokens - len(sched.gen)) if sched.ctx else []
         if not chunks:
-            if not self._gen:
+            if not sched.gen:
                 return False
             # pure decode until the next event (a context that does not fit waits for a completion anyway)
             k_safe = self._safe_run_length()
@@ -246,46 +237,49 @@ class Engine(SchedulingMixin):
         """How many decode iterations may be collapsed without the pool possibly running short."""
         if self._policy is not CapacityPolicy.MAX_UTILIZATION or self._contiguous:
             return 1 << 62
-        per_seq = self.pool.free // len(self._gen)
+        per_seq = self.pool.free // len(self._sched.gen)
         return (per_seq - 1) * self._tpb if per_seq > 1 else 0
 
     def _next_finish_G(self) -> int:
         fin = self._fin_heap
+        gen = self._sched.gen
         while fin:
             fin_G, seq_no, version = fin[0]
-            seq = self._gen.get(seq_no)
+            seq = gen.get(seq_no)
             if seq is not None and seq.version == version:
                 return fin_G
             heapq.heappop(fin)
         raise RuntimeError("kvsim engine: decoding sequences without a finish entry")
 
     def _decode_run(self, t_s: float, k_limit: int) -> None:
-        n = len(self._gen)
-        k = min(self._next_finish_G() - self._G, k_limit)
+        sched = self._sched
+        n = len(sched.gen)
+        k = min(self._next_finish_G() - sched.G, k_limit)
         bound = t_s
-        if self._pending and not self._unadmitted and len(self._active) < self._max_active:
+        if self._pending and not sched.unadmitted and len(sched.active) < self._max_active:
             bound = min(bound, self._pending[0][0])
         if bound != math.inf:
-            k = min(k, self.model.decode_iterations_within(n, self._gen_kv, bound - self.now))
+            k = min(k, self.model.decode_iterations_within(n, sched.gen_kv, bound - self.now))
         k = max(1, k)
-        dt = self.model.decode_run_s(n, self._gen_kv, k)
+        dt = self.model.decode_run_s(n, sched.gen_kv, k)
         self.now += dt
         self.iteration += k
-        self._charge_decode_growth(self._G + 2, self._G + k)
-        self._G += k
-        self._gen_kv += n * k
+        sched.charge_decode_growth(sched.G + 2, sched.G + k)
+        sched.G += k
+        sched.gen_kv += n * k
         self._finish_due()
         self._record_step(dt, k, n, 0, 0)
 
-    def _full_iteration(self, chunks: list) -> None:
-        n_gen = len(self._gen)
-        dt = self.model.iteration_s(n_gen, self._gen_kv, [(c, s.ctx_done) for s, c in chunks])
+    def _full_iteration(self, chunks: list[tuple[Seq, int]]) -> None:
+        sched = self._sched
+        n_gen = len(sched.gen)
+        dt = self.model.iteration_s(n_gen, sched.gen_kv, [(c, s.ctx_done) for s, c in chunks])
         start = self.now
         self.now += dt
         self.iteration += 1
         if n_gen:
-            self._G += 1
-            self._gen_kv += n_gen
+            sched.G += 1
+            sched.gen_kv += n_gen
         ctx_tokens = 0
         for seq, chunk in chunks:
             ctx_tokens += chunk
@@ -294,18 +288,19 @@ class Engine(SchedulingMixin):
                 if seq.start_s is None:
                     seq.start_s = start
                 if self._policy is CapacityPolicy.MAX_UTILIZATION:
-                    heapq.heappush(self._started_heap, (-seq.seq_no, seq.version))
+                    heapq.heappush(sched.started_heap, (-seq.seq_no, seq.version))
             done = seq.ctx_done + chunk
             final = done >= seq.ctx_target
-            self._grow(seq, self._blocks_for(seq, done + (1 if final else 0)))
+            sched.grow(seq, sched.blocks_for(seq, done + (1 if final else 0)))
             seq.ctx_done = done
             if final:
                 self._context_finished(seq)
         self._finish_due()
         self._record_step(dt, 1, n_gen, len(chunks), ctx_tokens)
 
-    def _context_finished(self, seq: _Seq) -> None:
+    def _context_finished(self, seq: Seq) -> None:
         """The last chunk ran: its first (or next, after a pause) token exists; register reusable blocks."""
+        sched = self._sched
         generated = seq.output_tokens + 1
         seq.output_tokens = generated
         if seq.first_token_s is None:
@@ -313,66 +308,49 @@ class Engine(SchedulingMixin):
         for block, key in zip(seq.blocks, seq.keys):
             self.pool.register(block, key)
         seq.keyed = min(len(seq.blocks), len(seq.keys))
-        del self._ctx[seq.seq_no]
+        del sched.ctx[seq.seq_no]
         if generated >= seq.target_output_tokens:
             self._finish(seq, generated)
             return
         seq.state = GENERATION
-        seq.gen_base_G = self._G
+        seq.gen_base_G = sched.G
         seq.gen_base_count = generated
-        seq.fin_G = self._G + seq.target_output_tokens - generated
-        self._gen[seq.seq_no] = seq
-        self._gen_kv += seq.prompt_tokens + generated
+        seq.fin_G = sched.G + seq.target_output_tokens - generated
+        sched.gen[seq.seq_no] = seq
+        sched.gen_kv += seq.prompt_tokens + generated
         heapq.heappush(self._fin_heap, (seq.fin_G, seq.seq_no, seq.version))
-        self._join_buckets(seq)
+        sched.join_buckets(seq)
 
     def _finish_due(self) -> None:
         fin = self._fin_heap
-        while fin and fin[0][0] <= self._G:
+        sched = self._sched
+        while fin and fin[0][0] <= sched.G:
             _, seq_no, version = heapq.heappop(fin)
-            seq = self._gen.get(seq_no)
+            seq = sched.gen.get(seq_no)
             if seq is not None and seq.version == version:
                 self._finish(seq, seq.target_output_tokens)
 
-    def _leave_generation(self, seq: _Seq, generated: int) -> None:
-        del self._gen[seq.seq_no]
-        self._gen_kv -= seq.prompt_tokens + generated
-
-    def _finish(self, seq: _Seq, generated: int) -> None:
+    def _finish(self, seq: Seq, generated: int) -> None:
+        sched = self._sched
         seq.output_tokens = generated
         seq.finish_s = self.now
-        self._release_all(seq)
+        sched.release_all(seq)
         if seq.state == GENERATION:
-            self._leave_generation(seq, generated)
+            sched.leave_generation(seq, generated)
         seq.state = DONE
         seq.version += 1
-        del self._active[seq.seq_no]
+        del sched.active[seq.seq_no]
         self._finished.append(seq)
         self._completed_step += 1
         self._completed_total += 1
         self._tuner_dirty = True
 
-    def _generated(self, seq: RequestRecord) -> int:
-        if isinstance(seq, _Seq) and seq.state == GENERATION:
-            return seq.gen_base_count + self._G - seq.gen_base_G
-        return seq.output_tokens
-
     # -- limits and tuner --------------------------------------------------------------------------------
-    def _runtime_batch_size(self) -> int:
-        static = self.config.max_batch_size
-        if self.config.enable_batch_size_tuning and self._tuner_bs:
-            return min(static, self._tuner_bs)
-        return static
-
-    def _runtime_max_num_tokens(self) -> int:
-        static = self.config.max_num_tokens
-        if self.config.enable_max_num_tokens_tuning and self._tuner_nt:
-            return min(static, self._tuner_nt)
-        return static
-
     def _update_tuner(self) -> None:
+        """TensorRT-LLM's in-engine tuner: runtime limits from the mean prompt/max_tokens of the newest requests.
+        The scheduler reads the limits from its own fields, so they are set here, where they change."""
         self._tuner_dirty = False
-        window = list(itertools.islice(reversed(self._active.values()), self.config.tuner_window))
+        window = list(itertools.islice(reversed(self._sched.active.values()), self.config.tuner_window))
         if not window:
             return
         avg_in = sum(s.prompt_tokens for s in window) / len(window)
@@ -380,45 +358,55 @@ class Engine(SchedulingMixin):
         capacity = max_capacity_batch_size(self.memory.num_blocks, avg_in, avg_out, self._tpb)
         if self.config.enable_batch_size_tuning:
             self._tuner_bs = runtime_batch_size(capacity)
+            self._sched.batch_size = min(self._max_batch_size, self._tuner_bs or self._max_batch_size)
         if self.config.enable_max_num_tokens_tuning:
-            self._tuner_nt = runtime_max_num_tokens(self._runtime_batch_size(), avg_in, avg_out)
+            self._tuner_nt = runtime_max_num_tokens(self._sched.batch_size, avg_in, avg_out)
+            self._sched.max_num_tokens = min(self._max_num_tokens, self._tuner_nt or self._max_num_tokens)
 
     # -- validation and stats ----------------------------------------------------------------------------
     def _validate(self, prompt: int, max_tokens: int) -> None:
-        cfg = self.config
+        max_input_len, max_seq_len, max_num_tokens = self._max_input_len, self._max_seq_len, self._max_num_tokens
         if prompt < 1 or max_tokens < 1:
             raise RequestRejected(f"prompt length ({prompt}) and max_tokens ({max_tokens}) must be >= 1")
-        if prompt > cfg.max_input_len:
-            raise RequestRejected(f"Prompt length ({prompt}) exceeds maximum input length ({cfg.max_input_len}).")
-        if prompt + max_tokens > cfg.max_seq_len:
+        if prompt > max_input_len:
+            raise RequestRejected(f"Prompt length ({prompt}) exceeds maximum input length ({max_input_len}).")
+        if prompt + max_tokens > max_seq_len:
             raise RequestRejected(f"The sum of prompt length ({prompt}) and max_tokens ({max_tokens}) should not "
-                                  f"exceed max_seq_len ({cfg.max_seq_len})")
-        if not self._chunked and prompt > cfg.max_num_tokens:
+                                  f"exceed max_seq_len ({max_seq_len})")
+        if not self._chunked and prompt > max_num_tokens:
             raise RequestRejected(f"Without enabling chunked context, the max context length ({prompt}) needs to be "
-                                  f"less than or equal to the max number of tokens ({cfg.max_num_tokens}).")
+                                  f"less than or equal to the max number of tokens ({max_num_tokens}).")
         need = self._contiguous_blocks if self._contiguous else ceil_div(prompt + max_tokens, self._tpb)
         if need > self.memory.num_blocks:
             raise RequestRejected(f"request needs {need} KV blocks (prompt {prompt} + max_tokens {max_tokens}) but "
                                   f"the KV pool has {self.memory.num_blocks}")
 
     def _record_step(self, dt: float, k: int, n_gen: int, n_ctx: int, ctx_tokens: int) -> None:
-        cfg = self.config
+        sched = self._sched
         self.last_sample = StepSample(
-            self.now, self.iteration, dt * 1000.0 / k, len(self._active), len(self._waiting),
-            self._completed_step, self._max_active, cfg.max_batch_size, self._tuner_bs,
-            self._runtime_batch_size(), cfg.max_num_tokens, self._tuner_nt, self._runtime_max_num_tokens(),
-            int(self.memory.used_bytes), self.memory.num_blocks, self.pool.used, self._tpb, self._alloc_total,
-            self._alloc_new, self._reused, self._missed, n_gen + n_ctx, n_ctx, n_gen, self._paused_step,
+            self.now, self.iteration, dt * 1000.0 / k, len(sched.active), len(self._waiting),
+            self._completed_step, self._max_active, self._max_batch_size, self._tuner_bs,
+            sched.batch_size, self._max_num_tokens, self._tuner_nt, sched.max_num_tokens,
+            int(self.memory.used_bytes), self.memory.num_blocks, self.pool.used, self._tpb, sched.alloc_total,
+            sched.alloc_new, sched.reused, sched.missed, n_gen + n_ctx, n_ctx, n_gen, sched.paused_step,
             ctx_tokens)
         self._stats.append(self.last_sample)
-        self._completed_step = self._paused_step = 0
+        self._completed_step = sched.paused_step = 0
         if self._timeline_interval is not None and self.now >= self._next_sample_s:
             self.timeline.append(self.snapshot())
             self._next_sample_s = (math.floor(self.now / self._timeline_interval) + 1) * self._timeline_interval
 
     def snapshot(self) -> TimelinePoint:
-        kv_tokens = self._gen_kv + sum(s.ctx_done for s in self._ctx.values())
-        return TimelinePoint(self.now, self.pool.used, self.memory.num_blocks, self._reserved + self.pool.used,
-                             kv_tokens, len(self._active), len(self._waiting),
-                             len(self._gen) + len(self._ctx), len(self._unadmitted), self._paused_total,
-                             self._completed_total, self._runtime_batch_size())
+        sched = self._sched
+        kv_tokens = sched.gen_kv + sum(s.ctx_done for s in sched.ctx.values())
+        return TimelinePoint(self.now, self.pool.used, self.memory.num_blocks, sched.reserved + self.pool.used,
+                             kv_tokens, len(sched.active), len(self._waiting),
+                             len(sched.gen) + len(sched.ctx), len(sched.unadmitted), sched.paused_total,
+                             self._completed_total, sched.batch_size)
+
+
+def _resolved_limits(cfg: EngineConfig) -> tuple[int, int, int, int]:
+    """max_seq_len, max_input_len, max_batch_size and max_num_tokens of a config ``resolved()`` filled in."""
+    if cfg.max_seq_len is None or cfg.max_input_len is None or cfg.max_batch_size is None or cfg.max_num_tokens is None:
+        raise ValueError("EngineConfig: the engine needs a resolved() config (every limit filled in)")
+    return cfg.max_seq_len, cfg.max_input_len, cfg.max_batch_size, cfg.max_num_tokens

@@ -11,7 +11,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError("plots need matplotlib: pip install 'kvpilot[plots]'") from exc
+        raise RuntimeError("plots need matplotlib, the plots extra: pip install './simulator[plots]' from the kvpilot repository") from exc
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "kvsim", "font.size": 9,
                                 "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3})

@@ -1,7 +1,7 @@
 """Requests going into the engine and the records coming out.
 
 ``Request`` is what a client asks for; ``RequestRecord`` is what the engine measured. The engine keeps its
-per-request bookkeeping on a subclass of the record (``engine._Seq``) so finishing a request costs no copy.
+per-request bookkeeping on a subclass of the record (``sequence.Seq``) so finishing a request costs no copy.
 """
 
 from __future__ import annotations
@@ -48,6 +48,13 @@ class Request:
             shared = min(self.prefix_tokens, self.prompt_tokens)
             keys = [(self.prefix_id, tokens_per_block, i) for i in range(shared // tokens_per_block)]
         return keys
+
+
+def measured(value: float | None, what: str) -> float:
+    """A time a finished record always has (``finished`` holds); None there would be an engine bookkeeping bug."""
+    if value is None:
+        raise ValueError(f"a finished request record has no {what}")
+    return value
 
 
 @dataclass(slots=True, eq=False)

@@ -38,9 +38,10 @@ class RunResult:
         return out
 
 
-def run_workload(config: EngineConfig, requests: list[Request], timeline_interval_s: float = 1.0,
+def run_workload(config: EngineConfig, requests: list[Request], timeline_interval_s: float | None = 1.0,
                  horizon_s: float | None = None) -> RunResult:
-    """Simulate ``requests``; stop at ``horizon_s`` if given (requests still running count as unfinished)."""
+    """Simulate ``requests``; stop at ``horizon_s`` if given (requests still running count as unfinished).
+    ``timeline_interval_s``: how often to sample the timeline (None: no timeline, faster)."""
     started = time.process_time()
     engine = Engine(config, epoch_s=0.0, timeline_interval_s=timeline_interval_s)
     records: list[RequestRecord] = []

@@ -1,4 +1,4 @@
-"""The two scheduling stages of TensorRT-LLM's batch manager, as a mixin of ``Engine``.
+"""The two scheduling stages of TensorRT-LLM's batch manager, over the batch state the engine owns.
 
 Capacity stage (capacityScheduler.cpp):
 - GUARANTEED_NO_EVICT: running requests keep the blocks they will need to completion; waiting requests are
@@ -11,62 +11,106 @@ Capacity stage (capacityScheduler.cpp):
 Micro-batch stage (microBatchScheduler.cpp): generation requests first, then context requests in order under
 max_num_tokens; without chunked context a context that does not fit the remaining budget stops the step; with
 chunked context (FCFS) a context gets the largest chunk that fits, in multiples of tokens_per_block.
+
+``Scheduler`` is a slotted dataclass: every piece of state the scheduling stages read or write is a declared,
+typed field (the type checker sees a typo or a missing field), and the ``Engine`` owns one and drives it. It
+is one object rather than state + functions because this is the simulator's hot path: its methods reach their
+state in one attribute load.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from .config import CapacityPolicy, KvCacheType
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import _Seq
-
-QUEUED, ADMITTED, CONTEXT, GENERATION, DONE = range(5)
+from .blocks import BlockPool
+from .config import CapacityPolicy
+from .sequence import ADMITTED, CONTEXT, GENERATION, QUEUED, Seq, ceil_div
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+@dataclass(slots=True, eq=False)
+class Scheduler:
+    """Capacity admission, pausing and block bookkeeping of the requests in the batch.
 
+    The engine's loop moves requests in (``active``, ``unadmitted``) and out (``leave_generation``), advances the
+    decode-iteration counter ``G`` and the KV tokens of decoding sequences ``gen_kv``, and keeps the runtime
+    limits ``batch_size`` / ``max_num_tokens`` current (the in-engine tuner changes them).
+    """
 
-class SchedulingMixin:
-    """Capacity admission, pausing and block bookkeeping; state lives on the Engine."""
+    pool: BlockPool
+    tpb: int  # tokens per block
+    policy: CapacityPolicy
+    chunked: bool  # enable_chunked_context
+    contiguous: bool  # kv_cache_type continuous: max_seq_len reserved per request
+    contiguous_blocks: int  # blocks of one max_seq_len request (continuous KV cache)
+    max_batch_size: int  # the configured runtime limit (the invariant checks hold it)
+    batch_size: int  # the runtime batch size now (the tuner's, when on, capped by max_batch_size)
+    max_num_tokens: int  # the runtime token budget now (likewise)
+    active: dict[int, Seq] = field(default_factory=dict)  # fetched into the batch, by seq_no, in fetch order
+    unadmitted: list[int] = field(default_factory=list)  # heap of seq_nos fetched or paused, waiting for blocks
+    ctx: dict[int, Seq] = field(default_factory=dict)  # admitted, prefilling, in admission order
+    gen: dict[int, Seq] = field(default_factory=dict)  # decoding
+    buckets: list[dict[int, Seq]] = field(default_factory=list)  # decoding sequences by block-crossing phase
+    started_heap: list[tuple[int, int]] = field(default_factory=list)  # (-seq_no, version): last started first
+    G: int = 0  # decode iterations run so far (the global counter every decoding sequence advances with)
+    gen_kv: int = 0  # KV tokens held by decoding sequences
+    reserved: int = 0  # blocks promised to running requests but not yet allocated (no-evict policies)
+    # Counters for the iteration stats (kvCacheStats): blocks allocated in all, newly, reused and missed.
+    alloc_total: int = 0
+    alloc_new: int = 0
+    reused: int = 0
+    missed: int = 0
+    paused_step: int = 0  # requests paused since the last stats sample
+    paused_total: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.buckets:
+            self.buckets = [{} for _ in range(self.tpb)]
+
+    def generated(self, seq: Seq) -> int:
+        """Tokens ``seq`` has generated so far (a decoding sequence's count follows the counter G)."""
+        if seq.state == GENERATION:
+            return seq.gen_base_count + self.G - seq.gen_base_G
+        return seq.output_tokens
+
+    def leave_generation(self, seq: Seq, generated: int) -> None:
+        del self.gen[seq.seq_no]
+        self.gen_kv -= seq.prompt_tokens + generated
 
     # -- block needs -------------------------------------------------------------------------------------
-    def _blocks_for(self, seq: _Seq, tokens: int) -> int:
-        if self._contiguous:
-            return self._contiguous_blocks
-        return ceil_div(tokens, self._tpb)
+    def blocks_for(self, seq: Seq, tokens: int) -> int:
+        if self.contiguous:
+            return self.contiguous_blocks
+        return ceil_div(tokens, self.tpb)
 
-    def _reservation_blocks(self, seq: _Seq) -> int:
+    def _reservation_blocks(self, seq: Seq) -> int:
         """Blocks a request needs to run to completion (what GUARANTEED_NO_EVICT reserves)."""
-        return self._blocks_for(seq, seq.prompt_tokens + seq.max_tokens)
+        return self.blocks_for(seq, seq.prompt_tokens + seq.max_tokens)
 
-    def _grow(self, seq: _Seq, blocks_needed: int) -> None:
+    def grow(self, seq: Seq, blocks_needed: int) -> None:
         """Allocate blocks so ``seq`` holds ``blocks_needed`` (its reservation shrinks by as many)."""
         extra = blocks_needed - len(seq.blocks)
         if extra > 0:
             seq.blocks.extend(self.pool.allocate(extra))
-            self._alloc_new += extra
-            self._alloc_total += extra
+            self.alloc_new += extra
+            self.alloc_total += extra
             if seq.reserved:
-                self._reserved -= extra
+                self.reserved -= extra
 
-    def _charged_blocks(self, seq: _Seq) -> int:
+    def _charged_blocks(self, seq: Seq) -> int:
         """Decode blocks counted for ``seq`` but not materialized (see blocks.BlockPool.charge)."""
-        if seq.state != GENERATION or self._contiguous:
+        if seq.state != GENERATION or self.contiguous:
             return 0
-        tokens = seq.prompt_tokens + seq.gen_base_count + self._G - seq.gen_base_G
-        return max(0, ceil_div(tokens, self._tpb) - len(seq.blocks))
+        tokens = seq.prompt_tokens + seq.gen_base_count + self.G - seq.gen_base_G
+        return max(0, ceil_div(tokens, self.tpb) - len(seq.blocks))
 
-    def _release_all(self, seq: _Seq) -> None:
+    def release_all(self, seq: Seq) -> None:
         charged = self._charged_blocks(seq)
         if seq.reserved:
-            self._reserved -= seq.blocks_total - len(seq.blocks) - charged
+            self.reserved -= seq.blocks_total - len(seq.blocks) - charged
             seq.reserved = False
-        if seq.state == GENERATION and not self._contiguous:
-            del self._buckets[seq.phase][seq.seq_no]
+        if seq.state == GENERATION and not self.contiguous:
+            del self.buckets[seq.phase][seq.seq_no]
         self.pool.release(seq.blocks, seq.keyed)
         self.pool.uncharge(charged)
         seq.blocks = []
@@ -74,40 +118,40 @@ class SchedulingMixin:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the engine's bookkeeping is inconsistent (property tests call this)."""
-        self.pool.check(s.blocks for s in self._active.values())
-        charged = sum(self._charged_blocks(s) for s in self._gen.values())
+        self.pool.check(s.blocks for s in self.active.values())
+        charged = sum(self._charged_blocks(s) for s in self.gen.values())
         assert charged == self.pool.charged, f"charged blocks {self.pool.charged} != sum over sequences {charged}"
-        running = list(self._ctx.values()) + list(self._gen.values())
-        if self._policy is not CapacityPolicy.MAX_UTILIZATION:
+        running = list(self.ctx.values()) + list(self.gen.values())
+        if self.policy is not CapacityPolicy.MAX_UTILIZATION:
             expected = sum(s.blocks_total - len(s.blocks) - self._charged_blocks(s) for s in running)
-            assert self._reserved == expected, f"reserved {self._reserved} != outstanding reservations {expected}"
-            assert self._reserved >= 0 and self.pool.free >= self._reserved, "reservations exceed the pool"
-            assert self._paused_total == 0, "a request was paused under a no-evict policy"
-        for s in self._gen.values():
-            assert s.state == GENERATION and s.seq_no in self._active
-        assert len(running) <= self.config.max_batch_size, "more requests running than max_batch_size"
+            assert self.reserved == expected, f"reserved {self.reserved} != outstanding reservations {expected}"
+            assert self.reserved >= 0 and self.pool.free >= self.reserved, "reservations exceed the pool"
+            assert self.paused_total == 0, "a request was paused under a no-evict policy"
+        for s in self.gen.values():
+            assert s.state == GENERATION and s.seq_no in self.active
+        assert len(running) <= self.max_batch_size, "more requests running than max_batch_size"
 
     # -- capacity stage ----------------------------------------------------------------------------------
     def _admission_limit(self) -> int:
         """Requests that may hold a slot at once: the runtime batch size (tuner included), and never more
         generation requests than max_num_tokens can carry."""
-        return min(self._runtime_batch_size(), self._runtime_max_num_tokens())
+        return min(self.batch_size, self.max_num_tokens)
 
-    def _capacity_step(self, token_budget: int) -> None:
+    def capacity_step(self, token_budget: int) -> None:
         """Allocate the blocks the next iteration's decodes need, pause if MAX_UTILIZATION must, then admit."""
-        policy = self._policy
+        policy = self.policy
         if policy is CapacityPolicy.MAX_UTILIZATION:
             self._make_room()
-        self._charge_decode_growth(self._G + 1, self._G + 1)
-        if not self._unadmitted:
+        self.charge_decode_growth(self.G + 1, self.G + 1)
+        if not self.unadmitted:
             return
-        if policy is CapacityPolicy.STATIC_BATCH and self._gen:
+        if policy is CapacityPolicy.STATIC_BATCH and self.gen:
             return
         limit = self._admission_limit()
         budget = token_budget if policy is CapacityPolicy.STATIC_BATCH else None
         committed = self._ctx_step_need() if policy is CapacityPolicy.MAX_UTILIZATION else 0
-        while self._unadmitted and len(self._ctx) + len(self._gen) < limit:
-            seq = self._active[self._unadmitted[0]]
+        while self.unadmitted and len(self.ctx) + len(self.gen) < limit:
+            seq = self.active[self.unadmitted[0]]
             if budget is not None:
                 first_chunk = self._first_chunk(seq, budget)
                 if first_chunk == 0:
@@ -115,19 +159,19 @@ class SchedulingMixin:
             needed = self._try_admit(seq, committed)
             if needed is None:
                 break
-            heapq.heappop(self._unadmitted)
+            heapq.heappop(self.unadmitted)
             committed += needed
             if budget is not None:
                 budget -= first_chunk
 
-    def _try_admit(self, seq: _Seq, committed: int) -> int | None:
+    def _try_admit(self, seq: Seq, committed: int) -> int | None:
         """Admit ``seq`` if its blocks fit; returns the blocks it committed this step, None if it does not fit."""
-        tpb = self._tpb
-        keys = seq.keys if not self._contiguous else ()
+        tpb = self.tpb
+        keys = seq.keys if not self.contiguous else ()
         usable_keys = keys[: max(0, (seq.ctx_target - 1) // tpb)]  # the last prompt token is always recomputed
         matched, matched_free = self.pool.peek_prefix(usable_keys)
-        if self._policy is CapacityPolicy.MAX_UTILIZATION:
-            total = self._blocks_for(seq, seq.ctx_target + 1)
+        if self.policy is CapacityPolicy.MAX_UTILIZATION:
+            total = self.blocks_for(seq, seq.ctx_target + 1)
             consume = total - matched + matched_free
             if consume > self.pool.free - committed:
                 return None
@@ -135,7 +179,7 @@ class SchedulingMixin:
         else:
             total = self._reservation_blocks(seq)
             consume = total - matched + matched_free
-            if consume > self.pool.free - self._reserved:
+            if consume > self.pool.free - self.reserved:
                 return None
             reserved = True
         seq.blocks = self.pool.acquire_prefix(usable_keys[:matched])
@@ -144,76 +188,76 @@ class SchedulingMixin:
         seq.blocks_total = total
         seq.reserved = reserved
         if reserved:
-            self._reserved += total - len(seq.blocks)
-        self._alloc_total += matched
-        self._reused += matched
-        self._missed += ceil_div(seq.prompt_tokens, tpb) - matched
+            self.reserved += total - len(seq.blocks)
+        self.alloc_total += matched
+        self.reused += matched
+        self.missed += ceil_div(seq.prompt_tokens, tpb) - matched
         seq.reused_blocks += matched
         seq.state = ADMITTED
-        self._ctx[seq.seq_no] = seq
+        self.ctx[seq.seq_no] = seq
         return 0 if reserved else total - matched
 
     def _ctx_step_need(self) -> int:
         """Blocks the admitted contexts still need (MAX_UTILIZATION counts them before new admissions)."""
         need = 0
-        for seq in self._ctx.values():
-            need += max(0, self._blocks_for(seq, seq.ctx_target + 1) - len(seq.blocks))
+        for seq in self.ctx.values():
+            need += max(0, self.blocks_for(seq, seq.ctx_target + 1) - len(seq.blocks))
         return need
 
     def _make_room(self) -> None:
         """MAX_UTILIZATION: pause the most recently started requests until this step's blocks fit."""
-        due = self._buckets[(self._G + 1) % self._tpb] if not self._contiguous else {}
+        due = self.buckets[(self.G + 1) % self.tpb] if not self.contiguous else {}
         while len(due) + self._ctx_step_need() > self.pool.free:
             victim = self._last_started()
             if victim is None:
                 break
             self._pause(victim)
 
-    def _last_started(self) -> _Seq | None:
-        heap = self._started_heap
+    def _last_started(self) -> Seq | None:
+        heap = self.started_heap
         while heap:
             neg_no, version = heap[0]
-            seq = self._active.get(-neg_no)
+            seq = self.active.get(-neg_no)
             if seq is not None and seq.version == version and seq.state in (CONTEXT, GENERATION):
                 return seq
             heapq.heappop(heap)
         return None
 
-    def _pause(self, seq: _Seq) -> None:
+    def _pause(self, seq: Seq) -> None:
         """Free a started request's blocks and put it back in line; it will re-prefill prompt + generated."""
         if seq.state == GENERATION:
-            generated = self._generated(seq)
-            self._release_all(seq)
-            self._leave_generation(seq, generated)
+            generated = self.generated(seq)
+            self.release_all(seq)
+            self.leave_generation(seq, generated)
             seq.output_tokens = generated
         else:
-            self._ctx.pop(seq.seq_no, None)
-            self._release_all(seq)
+            self.ctx.pop(seq.seq_no, None)
+            self.release_all(seq)
         seq.version += 1
         seq.state = QUEUED
         seq.ctx_target = seq.prompt_tokens + seq.output_tokens
         seq.ctx_done = 0
         seq.num_pauses += 1
-        self._paused_step += 1
-        self._paused_total += 1
-        heapq.heappush(self._unadmitted, seq.seq_no)
+        self.paused_step += 1
+        self.paused_total += 1
+        heapq.heappush(self.unadmitted, seq.seq_no)
 
     # -- micro-batch stage -------------------------------------------------------------------------------
-    def _first_chunk(self, seq: _Seq, budget: int) -> int:
+    def _first_chunk(self, seq: Seq, budget: int) -> int:
         """The context tokens ``seq`` gets this step. A paused request's re-prefill (prompt + generated) may exceed
         max_num_tokens, so it is always chunked; otherwise it could never run again."""
         remaining = seq.ctx_target - seq.ctx_done
         if remaining <= budget:
             return remaining
-        if not (self._chunked or seq.num_pauses):
+        if not (self.chunked or seq.num_pauses):
             return 0
-        return budget // self._tpb * self._tpb
+        return budget // self.tpb * self.tpb
 
-    def _context_chunks(self, token_budget: int) -> list[tuple[_Seq, int]]:
+    def context_chunks(self, token_budget: int) -> list[tuple[Seq, int]]:
         """Context work of this iteration, in admission order, under the token and batch budgets."""
-        chunks: list[tuple[_Seq, int]] = []
-        slots = self._runtime_batch_size() - len(self._gen)
-        for seq in self._ctx.values():
+        chunks: list[tuple[Seq, int]] = []
+        slots = self.batch_size - len(self.gen)
+        for seq in self.ctx.values():
             if slots <= 0 or token_budget <= 0:
                 break
             chunk = self._first_chunk(seq, token_budget)
@@ -225,32 +269,28 @@ class SchedulingMixin:
         return chunks
 
     # -- decode growth: a decoding sequence needs a new block every tpb iterations, at a fixed phase -------
-    def _join_buckets(self, seq: _Seq) -> None:
+    def join_buckets(self, seq: Seq) -> None:
         """File a sequence that starts decoding under the phase (iteration mod tpb) of its block crossings."""
-        if self._contiguous:
+        if self.contiguous:
             return
         tokens = seq.prompt_tokens + seq.gen_base_count
-        first_cross = seq.gen_base_G + len(seq.blocks) * self._tpb + 1 - tokens
-        seq.phase = first_cross % self._tpb
-        self._buckets[seq.phase][seq.seq_no] = seq
+        first_cross = seq.gen_base_G + len(seq.blocks) * self.tpb + 1 - tokens
+        seq.phase = first_cross % self.tpb
+        self.buckets[seq.phase][seq.seq_no] = seq
 
-    def _charge_decode_growth(self, first_G: int, last_G: int) -> None:
+    def charge_decode_growth(self, first_G: int, last_G: int) -> None:
         """Charge the blocks decoding sequences grow into during iterations first_G..last_G."""
-        if self._contiguous or last_G < first_G:
+        if self.contiguous or last_G < first_G:
             return
-        tpb, buckets = self._tpb, self._buckets
+        tpb, buckets = self.tpb, self.buckets
         k = last_G - first_G + 1
         full, rest = divmod(k, tpb)
         total = 0
         if full:
-            total = full * len(self._gen)
+            total = full * len(self.gen)
         for offset in range(rest):
             total += len(buckets[(first_G + offset) % tpb])
         if total:
             self.pool.charge(total)
-            if self._policy is not CapacityPolicy.MAX_UTILIZATION:
-                self._reserved -= total
-
-    @property
-    def _contiguous(self) -> bool:
-        return self._kv_type is KvCacheType.CONTINUOUS
+            if self.policy is not CapacityPolicy.MAX_UTILIZATION:
+                self.reserved -= total

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from .request import RequestRecord
+from .request import RequestRecord, measured
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -40,10 +40,10 @@ def summarize(records: Sequence[RequestRecord], slo_ttft_ms: float | None = None
     finished = [r for r in records if r.finished]
     if duration_s is None:
         start = min((r.arrival_s for r in records), default=0.0)
-        end = max((r.finish_s for r in finished), default=start)
+        end = max((measured(r.finish_s, "finish_s") for r in finished), default=start)
         duration_s = max(end - start, 1e-9)
-    ttft_ok = (lambda r: True) if slo_ttft_ms is None else (lambda r: r.ttft_s * 1e3 <= slo_ttft_ms)
-    tpot_ok = (lambda r: True) if slo_tpot_ms is None else (lambda r: r.tpot_s * 1e3 <= slo_tpot_ms)
+    ttft_ok = (lambda r: True) if slo_ttft_ms is None else (lambda r: measured(r.ttft_s, "ttft_s") * 1e3 <= slo_ttft_ms)
+    tpot_ok = (lambda r: True) if slo_tpot_ms is None else (lambda r: measured(r.tpot_s, "tpot_s") * 1e3 <= slo_tpot_ms)
     good = sum(1 for r in finished if ttft_ok(r) and tpot_ok(r))
     output_tokens = sum(r.output_tokens for r in finished)
     return {
@@ -52,9 +52,9 @@ def summarize(records: Sequence[RequestRecord], slo_ttft_ms: float | None = None
         "rejected": sum(1 for r in records if r.error is not None),
         "unfinished": sum(1 for r in records if r.error is None and r.finish_s is None),
         "durationS": duration_s,
-        "ttftMs": distribution((r.ttft_s for r in finished), 1e3),
-        "tpotMs": distribution((r.tpot_s for r in finished), 1e3),
-        "e2eMs": distribution((r.e2e_s for r in finished), 1e3),
+        "ttftMs": distribution((measured(r.ttft_s, "ttft_s") for r in finished), 1e3),
+        "tpotMs": distribution((measured(r.tpot_s, "tpot_s") for r in finished), 1e3),
+        "e2eMs": distribution((measured(r.e2e_s, "e2e_s") for r in finished), 1e3),
         "outputTokensPerSecond": output_tokens / duration_s,
         "requestsPerSecond": len(finished) / duration_s,
         "goodputRequestsPerSecond": good / duration_s,

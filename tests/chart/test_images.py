@@ -8,6 +8,7 @@ cannot exist: podman missing or the images not built.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tomllib
@@ -19,8 +20,10 @@ from chart_helpers import CHART_DIR, REPO_ROOT
 from kvpilot.desired.pod_parts import KVSIM_UID
 
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-OPERATOR = f"ghcr.io/kvpilot/kvpilot:{VERSION}"
-KVSIM = f"ghcr.io/kvpilot/kvsim:{VERSION}"
+# The tag (and version label) hack/images/build.sh gave the images: KVPILOT_IMAGE_VERSION there and here.
+TAG = os.environ.get("KVPILOT_IMAGE_VERSION") or VERSION
+OPERATOR = f"ghcr.io/kvpilot/kvpilot:{TAG}"
+KVSIM = f"ghcr.io/kvpilot/kvsim:{TAG}"
 RUNTIME = "/usr/sbin/runc"  # crun refuses this machine's hybrid cgroups (hack/images/lib.sh)
 VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 BUILD_TOOLS = ("pip", "pip3", "gcc", "cc", "make", "git")  # apt-get is the base distribution's, as in python:3.11-slim
@@ -70,7 +73,7 @@ def test_operator_runs_as_the_chart_uid_with_its_entrypoint_ports_and_labels(pod
     assert config["Cmd"] == ["run", "--all-namespaces"]
     assert {int(p.split("/")[0]) for p in config["ExposedPorts"]} == {VALUES["metrics"]["port"], VALUES["health"]["port"]}
     labels = config["Labels"]
-    assert labels["org.opencontainers.image.version"] == VERSION
+    assert labels["org.opencontainers.image.version"] == TAG
     for key in ("title", "source", "licenses", "revision"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
 
@@ -109,3 +112,37 @@ def test_kvsim_default_command_is_trtllm_serve_help(podman: str) -> None:
     done = run(podman, KVSIM, user=f"{KVSIM_UID}:{KVSIM_UID}")
     assert done.returncode == 0, done.stderr
     assert "usage: trtllm-serve" in done.stdout
+
+
+def _python(podman: str, image: str, code: str, user: str) -> list[str]:
+    done = run(podman, image, "-c", code, user=user, entrypoint="python3")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+# What each image can import, and whether a `kvsim` program is on its PATH.
+PROBE = ("import importlib.util as u, shutil; "
+         "print(*[u.find_spec(m) is not None for m in ('kvpilot', 'kvsim', 'kvsim.engine', 'kvsim.serve', "
+         "'kvsim.trtllm', 'kvsim.cli')], shutil.which('kvsim') is not None)")
+
+
+def test_operator_image_holds_kvsim_only_as_the_library_the_operator_imports(podman: str) -> None:
+    """kvsim is in the operator image as the tuner's what-if model; its server, stand-ins and CLI are not."""
+    user = f"{VALUES['podSecurityContext']['runAsUser']}:{VALUES['podSecurityContext']['runAsGroup']}"
+    has = dict(zip(["kvpilot", "kvsim", "engine", "serve", "trtllm", "cli", "program"],
+                   _python(podman, OPERATOR, PROBE, user)))
+    assert has == {"kvpilot": "True", "kvsim": "True", "engine": "True", "serve": "False", "trtllm": "False",
+                   "cli": "False", "program": "False"}
+    imported = _python(podman, OPERATOR, "import kvpilot.operator, kvpilot.autotune.whatif; print('ok')", user)
+    assert imported == ["ok"]
+
+
+def test_kvsim_image_holds_kvsim_and_its_server_not_the_operator(podman: str) -> None:
+    has = dict(zip(["kvpilot", "kvsim", "engine", "serve", "trtllm", "cli", "program"],
+                   _python(podman, KVSIM, PROBE, f"{KVSIM_UID}:{KVSIM_UID}")))
+    assert has == {"kvpilot": "False", "kvsim": "True", "engine": "True", "serve": "True", "trtllm": "True",
+                   "cli": "True", "program": "True"}
+    # `trtllm-serve --help` answers before the server's modules load: import them, dependencies and all.
+    imported = _python(podman, KVSIM, "import kvsim.serve.app, kvsim.trtllm.build; print('ok')",
+                       f"{KVSIM_UID}:{KVSIM_UID}")
+    assert imported == ["ok"]

@@ -2,7 +2,7 @@
 
 One SVG per case, what a platform engineer looks at before turning on ``mode: Auto``: offered load and the
 limit in force, KV-pool utilization, p95 TTFT and TPOT against the objectives, SLO attainment per tuning
-interval, and every applied change as a vertical marker. Needs the ``plots`` extra (matplotlib).
+interval, and every applied change as a vertical marker. Needs the ``bench`` extra (matplotlib).
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Any
 
 
 def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = None) -> Path:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise SystemExit("kvpilot bench plots need matplotlib, the bench extra: pip install '.[bench]'") from exc
 
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small files

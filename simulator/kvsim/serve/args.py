@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 LOG_LEVELS = ["internal_error", "error", "warning", "info", "verbose", "debug", "trace"]
 
 
 class ClickStyleParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             message = "No such option: " + message.split(": ", 1)[1]
         elif "the following arguments are required: MODEL" in message:

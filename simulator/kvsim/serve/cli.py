@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = settings.engine
     from ..memory import plan_memory
 
-    plan = plan_memory(cfg.profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
+    plan = plan_memory(cfg.resolved_profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
                        cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
                        runtime_max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len)
     for warning in settings.warnings:
         print(f"[TensorRT-LLM][WARNING] {warning}", flush=True)
     _log(f"kvsim plays TensorRT-LLM {settings.version} (KVSIM_TRTLLM_RELEASE)")
-    _log(f"kvsim simulated backend: profile {settings.profile_name} ({cfg.profile.name}), backend {settings.backend}, "
+    _log(f"kvsim simulated backend: profile {settings.profile_name} ({cfg.resolved_profile.name}), backend {settings.backend}, "
          f"speedup x{settings.speedup:g}")
     _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")
     time.sleep(settings.startup_s)  # bound but not listening: connections are refused, as during a real load

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from ..request import RequestRejected
-from .app import DEFAULT_MAX_TOKENS, ClientGone, Handle, SimServer, error_response
+from .server import DEFAULT_MAX_TOKENS, ClientGone, Handle, SimServer, error_response
 from .text import chat_ids, filler, prompt_ids
 
 BODY_READ_TIMEOUT_S = 30.0  # a client that sends its headers but trickles the body is cut off

@@ -161,7 +161,7 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
     dyn = scheduler.get("dynamic_batch_config") or {}
     policy = CapacityPolicy.parse(scheduler.get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT"))
     runtime_bs, runtime_nt = int(llm_args["max_batch_size"]), int(llm_args["max_num_tokens"])
-    common = dict(
+    common: dict[str, Any] = dict(
         capacity_policy=policy, free_gpu_memory_fraction=float(kv.get("free_gpu_memory_fraction", 0.9)),
         kv_max_tokens=kv.get("max_tokens"), enable_block_reuse=bool(kv.get("enable_block_reuse", True)),
         enable_chunked_context=bool(llm_args.get("enable_chunked_prefill", False)),
@@ -219,7 +219,7 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         model_id = args.model if not model_path.is_dir() else model_path.name
     try:
         config = config.resolved()
-        plan_memory(config.profile, config.build_max_batch_size, config.build_max_num_tokens,
+        plan_memory(config.resolved_profile, config.build_max_batch_size, config.build_max_num_tokens,
                     config.tokens_per_block, config.free_gpu_memory_fraction, config.kv_max_tokens,
                     runtime_max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len)
     except ValueError as exc:

@@ -21,7 +21,7 @@ LORA_MODULES = ["attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_t
 DEFAULT_DTYPES = ["auto", "float16", "float32", "bfloat16", "int32", "disable"]
 
 # (name, choices or "bool" or int, default) in PluginConfig field order, restricted to cli_plugin_args.
-PLUGIN_ARGS: list[tuple[str, object, object]] = [
+PLUGIN_ARGS: list[tuple[str, list[str] | str | type[int], str | int | None]] = [
     ("bert_attention_plugin", DEFAULT_DTYPES, "auto"),
     ("gpt_attention_plugin", DEFAULT_DTYPES, "auto"),
     ("gemm_plugin", ["auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"], None),
@@ -108,10 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--max_draft_len", type=int, default=0)
     plugins = p.add_argument_group("Plugin config arguments")
     for name, kind, default in PLUGIN_ARGS:
-        if kind == "bool":
-            plugins.add_argument(f"--{name}", type=str, default=default, choices=["enable", "disable"])
+        if isinstance(kind, list):
+            plugins.add_argument(f"--{name}", type=str, default=default, choices=kind)
         elif kind is int:
             plugins.add_argument(f"--{name}", type=int, default=default)
-        else:
-            plugins.add_argument(f"--{name}", type=str, default=default, choices=kind)
+        else:  # "bool"
+            plugins.add_argument(f"--{name}", type=str, default=default, choices=["enable", "disable"])
     return p
