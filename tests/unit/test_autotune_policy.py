@@ -228,3 +228,35 @@ def test_a_tpot_lower_must_pay_for_its_restart() -> None:
     many = replace(few, tpot_miss_fraction=0.6)
     d = decide(inp(spec=slo, w=many, replicas=2, restart_seconds=90))
     assert d.action == "Lower", d.message
+
+
+def test_a_streak_of_what_if_declines_reruns_the_simulation_only_once_per_period() -> None:
+    from kvpilot.autotune.policy import WHAT_IF_RECHECK_SECONDS
+    from kvpilot.autotune.whatif import Engine
+
+    sim = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
+                 restart_seconds=90.0, surge=True, ttft_ms=2000.0, tpot_ms=50.0)
+    # the window carries no traffic fit, so a simulation that does run answers "no traffic fit" and the rules'
+    # raise stands: the hold below can only come from the recheck period
+    pressed = slo_window(misses=0.4, growth=10.0)
+    base = dict(spec=SLO_SPEC, replicas=2, restart_seconds=90, w=pressed, what_if=sim)
+    assert decide(inp(**base)).action == "Raise"
+    between = decide(inp(**base, declined_since=NOW - timedelta(seconds=60)))
+    assert (between.action, between.reason) == ("Hold", "NoPredictedGain"), between.message
+    assert "reruns every" in between.message
+    at_period = decide(inp(**base, declined_since=NOW - timedelta(seconds=WHAT_IF_RECHECK_SECONDS)))
+    assert at_period.action == "Raise", at_period.message
+    severe = decide(inp(**{**base, "w": slo_window(misses=0.6, growth=10.0)},
+                        declined_since=NOW - timedelta(seconds=60)))
+    assert severe.action == "Raise", severe.message
+
+
+def test_the_decline_streak_starts_when_the_recommendation_became_no_predicted_gain() -> None:
+    from kvpilot.desired.plan import _declined_since
+
+    rec = {"recommendation": {"reason": "NoPredictedGain", "at": "2026-11-29T11:58:00Z"}}
+    assert _declined_since(rec, NOW) == NOW - timedelta(seconds=120)
+    assert _declined_since({"recommendation": {"reason": "QueueWithHeadroom", "at": "2026-11-29T11:58:00Z"}},
+                           NOW) is None
+    assert _declined_since({"recommendation": {"reason": "NoPredictedGain", "at": "yesterday"}}, NOW) is None
+    assert _declined_since({}, NOW) is None

@@ -77,3 +77,13 @@ def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
     assert steady_goodput.cache_info().misses == misses
     assert quantized(fit_traffic(window(11.5))) == quantized(fit_traffic(window(11.4)))  # type: ignore[arg-type]
     assert quantized(fit_traffic(window(11.5))) != quantized(fit_traffic(window(13.0)))  # type: ignore[arg-type]
+
+
+def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
+    from kvpilot.autotune.whatif import DECISION_BUDGET_REQUESTS, MAX_REQUESTS, requests_per_run
+
+    assert requests_per_run(2) == MAX_REQUESTS
+    assert requests_per_run(5) * 5 <= DECISION_BUDGET_REQUESTS
+    steady_goodput.cache_clear()
+    verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    assert steady_goodput.cache_info().currsize == 5  # staying put and four candidates, each within the share

@@ -46,6 +46,9 @@ PROACTIVE_RAISES = False  # raising a limit that does not bind yet ("Headroom") 
 REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
+# While the rules keep proposing a change the simulation keeps declining, it reruns once per this period (or
+# when most requests miss): the CPU bound per engine (docs/tuner-suite.md, "Decision cost").
+WHAT_IF_RECHECK_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class TunerInput:
     # The engine model for a what-if simulation of a proposed change (kvsim; autotune/whatif.py). None: the
     # rules alone decide (a real engine whose model and GPU have no kvsim profile).
     what_if: WhatIfEngine | None = None
+    # Since when the what-if has declined every change the rules proposed (status.autotune.recommendation
+    # NoPredictedGain, unchanged since then); None: it did not decline the last decision.
+    declined_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +341,9 @@ def decide(inp: TunerInput) -> Decision:
                          f"pending: {decision.action} to {decision.target}")
     # Last, so a hold for any other reason costs no simulation.
     if decision.action in ("Raise", "Lower") and inp.what_if is not None:
+        recheck = _what_if_rechecks(inp, w)
+        if recheck is not None:
+            return _hold(inp, "NoPredictedGain", f"{decision.message}; {recheck}")
         options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
                    if _no_harm(inp, w, replace(decision, target=c)).changes]
         load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
@@ -345,6 +354,19 @@ def decide(inp: TunerInput) -> Decision:
         if best is not None:
             decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     return decision
+
+
+def _what_if_rechecks(inp: TunerInput, w: KvWindow) -> str | None:
+    """Why the simulation is skipped this interval (None: run it). A streak of declines reruns it once per
+    WHAT_IF_RECHECK_SECONDS, so a pressure that persists without paying costs a simulation every few
+    minutes, not every interval; most requests missing reruns it at once."""
+    if inp.declined_since is None or (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES:
+        return None
+    streak = (inp.now - inp.declined_since).total_seconds()
+    if streak % WHAT_IF_RECHECK_SECONDS < inp.spec.interval_seconds:
+        return None
+    return (f"the simulation declined it {streak:.0f}s ago and reruns every {WHAT_IF_RECHECK_SECONDS:.0f}s while "
+            f"the pressure does not grow severe")
 
 
 def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:

@@ -28,7 +28,10 @@ MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the h
 HORIZON_SECONDS = 600.0  # how far ahead the traffic is assumed to hold
 WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet
 SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
-MAX_REQUESTS = 6000  # per simulated run: bounds the CPU cost of one decision (a few CPU-seconds)
+MAX_REQUESTS = 6000  # per simulated run
+# Per decision: staying put and every candidate share this many simulated requests (each run gets at most
+# MAX_REQUESTS), so one decision costs about a CPU-second whatever the rate or the number of candidates.
+DECISION_BUDGET_REQUESTS = 20000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8
 
@@ -140,12 +143,17 @@ def quantized(fit: TrafficFit) -> TrafficFit:
     return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), fit.max_tokens)
 
 
+def requests_per_run(runs: int) -> int:
+    """Simulated requests each of ``runs`` runs of one decision may use (DECISION_BUDGET_REQUESTS shared)."""
+    return max(1000, min(MAX_REQUESTS, DECISION_BUDGET_REQUESTS // max(1, runs)))
+
+
 @lru_cache(maxsize=512)
-def steady_goodput(e: Engine, fit: TrafficFit, limit: int) -> float:
+def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_REQUESTS) -> float:
     """Good requests per second at ``limit`` once the fleet is loaded (no restart): the fitted traffic for
-    STEADY_SECONDS (fewer at high rates: MAX_REQUESTS bounds the CPU), counted after the first fifth.
+    STEADY_SECONDS (fewer at high rates: ``max_requests`` bounds the CPU), counted after the first fifth.
     Memoized (pure: seeded traffic, the same engine model)."""
-    duration = min(STEADY_SECONDS, MAX_REQUESTS / fit.rate_per_s)
+    duration = min(STEADY_SECONDS, max_requests / fit.rate_per_s)
     requests = _requests(fit, duration)
     fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s)
     for req in requests:
@@ -172,8 +180,10 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     # costs one simulation per candidate, not one per window.
     fit = quantized(fit)
     started = time.process_time()
-    stay = steady_goodput(e, fit, current)
-    results = {c: steady_goodput(e, fit, c) for c in candidates if c != current}
+    others = [c for c in candidates if c != current]
+    budget = requests_per_run(1 + len(others))
+    stay = steady_goodput(e, fit, current, budget)
+    results = {c: steady_goodput(e, fit, c, budget) for c in others}
     cpu = time.process_time() - started
     rollout_s = e.replicas * e.restart_seconds
     lost = restart_cost_s * stay

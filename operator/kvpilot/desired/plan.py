@@ -84,7 +84,8 @@ def _tune(
 ) -> Decision | None:
     if not spec.autotune.enabled:
         return None
-    last = (observed.status.get("autotune") or {}).get("lastAppliedAt")
+    tune = observed.status.get("autotune") or {}
+    last = tune.get("lastAppliedAt")
     last_at = datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo) if last else None
     return decide(
         TunerInput(
@@ -104,8 +105,21 @@ def _tune(
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
             what_if=_what_if(spec, ceiling, observed),
+            declined_since=_declined_since(tune, now),
         )
     )
+
+
+def _declined_since(tune: dict[str, Any], now: datetime) -> datetime | None:
+    """When the what-if began declining (the recommendation is refreshed only when it changes, so its time is
+    the start of the streak); None when the last recommendation was no decline or is unreadable."""
+    rec = tune.get("recommendation") or {}
+    if rec.get("reason") != "NoPredictedGain" or not isinstance(rec.get("at"), str):
+        return None
+    try:
+        return datetime.strptime(rec["at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+    except ValueError:
+        return None
 
 
 def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
