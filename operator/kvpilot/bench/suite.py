@@ -271,9 +271,9 @@ def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| case | profile | start 64 | oracle (value) | hindsight | reactive bound | autotuned | /start "
-            "| /oracle | /reactive | changes | final | knob matters | criteria |")
-    lines = [head, "|" + "---|" * 14]
+    head = ("| case | profile | start 64 | oracle (value) | hindsight | hindsight/oracle | reactive bound | autotuned "
+            "| /start | /oracle | /reactive | changes | final | knob matters | criteria |")
+    lines = [head, "|" + "---|" * 15]
     for row in rows:
         a = row["autotuned"]
         ok = all(row["criteria"].values())
@@ -281,6 +281,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['case']} | {row['profile']} | {row['start']['goodput']:.3f} | "
             f"{row['oracle']['goodput']:.3f} ({row['oracle']['maxBatchSize']}) | {row['hindsight']['goodput']:.3f} | "
+            f"{row['ratios']['hindsightOverOracle']:.3f} | "
             f"{row['reactive']['goodput']:.3f} | "
             f"{a['goodput']:.3f} | {row['ratios']['overStart']:.3f} | {row['ratios']['overOracle']:.3f} | "
             f"{row['ratios']['overReactive']:.3f} | "

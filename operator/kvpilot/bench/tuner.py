@@ -210,7 +210,8 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             if _target(fleet) != want:
                 fleet.roll_to(engine_config(profile, ceiling, want, policy=policy))
                 changes += 1
-                history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"]})
+                history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"],
+                                "message": (p.decision.message if p.decision is not None else "")[:600]})
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
@@ -241,7 +242,8 @@ def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | N
 
 
 def _target(fleet: Fleet) -> int:
-    return max((r.next_config or r.config).max_batch_size or 0 for r in fleet.replicas)
+    """The limit the fleet is rolling to (or runs): an old pod draining out of a surge rollout does not count."""
+    return max((r.next_config or r.config).max_batch_size or 0 for r in fleet.replicas if not r.retire)
 
 
 def _with_rollout(observed: Observed, fleet: Fleet) -> Observed:

@@ -15,7 +15,7 @@ from kvpilot.api.conditions import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
 from kvpilot.api.status_schema import HISTORY_LIMIT
-from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
+from kvpilot.autotune.policy import MIN_RELATIVE_STEP, WHAT_IF_RECHECK_SECONDS, Decision
 
 TUNED = "Autotune"  # status.batching.source of a value the tuner set
 
@@ -71,6 +71,19 @@ def decision_record(decision: Decision, current: int, applied: bool, now: dateti
     }
 
 
+def _simulated(previous: dict[str, Any], now: datetime) -> bool:
+    """Whether a NoPredictedGain decision now came from a simulation that ran (not from the policy skipping it
+    within WHAT_IF_RECHECK_SECONDS of the last decline)."""
+    at = previous.get("whatIfDeclinedAt")
+    if not isinstance(at, str):
+        return True
+    try:
+        then = datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+    except ValueError:
+        return True
+    return (now - then).total_seconds() >= WHAT_IF_RECHECK_SECONDS
+
+
 def autotune_status(
     previous: dict[str, Any], decision: Decision | None, current: int, applied: bool, now: datetime,
     spec_ceiling: int = 0,
@@ -90,7 +103,10 @@ def autotune_status(
         out["recommendation"] = record
         if decision.changes:
             out["history"] = ([record] + list(previous.get("history") or []))[:HISTORY_LIMIT]
+    if decision.reason == "NoPredictedGain" and _simulated(previous, now):
+        out["whatIfDeclinedAt"] = rfc3339(now)  # the policy reruns the simulation only a period later
     if applied:
+        out.pop("whatIfDeclinedAt", None)
         out["lastAppliedAt"] = rfc3339(now)
         if decision.action == "Rebuild" and decision.ceiling_request:
             out["ceilingRequest"] = decision.ceiling_request

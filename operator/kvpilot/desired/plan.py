@@ -111,10 +111,14 @@ def _tune(
 
 
 def _declined_since(tune: dict[str, Any], now: datetime) -> datetime | None:
-    """When the what-if began declining (the recommendation is refreshed only when it changes, so its time is
-    the start of the streak); None when the last recommendation was no decline or is unreadable."""
-    rec = tune.get("recommendation") or {}
-    if rec.get("reason") != "NoPredictedGain" or not isinstance(rec.get("at"), str):
+    """When the what-if simulation last ran and declined (status.autotune.whatIfDeclinedAt); None when it has
+    not since the last applied change, or the value is unreadable."""
+    at = tune.get("whatIfDeclinedAt")
+    if not isinstance(at, str):
+        return None
+    try:
+        return datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+    except ValueError:
         return None
     try:
         return datetime.strptime(rec["at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
