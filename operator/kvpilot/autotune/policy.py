@@ -352,10 +352,10 @@ def decide(inp: TunerInput) -> Decision:
         options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
                    if _no_harm(inp, w, replace(decision, target=c)).changes]
         load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
-        margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == "Raise"
-                                   and not _tpot_margin(inp, w) else 1.0)
+        tpot_near = not _tpot_margin(inp, w)
+        margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == "Raise" and tpot_near else 1.0)
         best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
-                                    PLANNING_HORIZON_SECONDS, margin)
+                                    PLANNING_HORIZON_SECONDS, margin, tpot_near)
         if best is None and why != "no traffic fit":
             return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
         if best is not None:

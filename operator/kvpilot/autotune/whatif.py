@@ -168,7 +168,7 @@ def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = M
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
-            horizon_s: float, margin: float = MARGIN) -> tuple[int | None, str]:
+            horizon_s: float, margin: float = MARGIN, tpot_near: bool = False) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
     model for the rollout in force) and beats staying put by ``margin``; None when no candidate does. Also the
@@ -191,10 +191,16 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     ok = [c for c in results if results[c] > stay * (1 + margin) + 1e-9 and gains[c] > lost]
     top = max((results[c] for c in ok), default=0.0)
     near = [c for c in ok if results[c] >= 0.99 * top]
-    # Within 1% of the best (the simulation's own noise), the mildest change: a larger step that the model
-    # scores as equal only adds risk where the model errs (tight-tpot-overload at 30 minutes: 96 scored best,
-    # 512 within 1% of it, and 512 was taken while every limit above 64 really loses to the TPOT objective).
-    best = min(near, key=lambda c: abs(math.log(c / current))) if near else None
+    # Within 1% of the best (the simulation's own noise): a lower takes the mildest, and so does a raise near
+    # the TPOT objective (``tpot_near``: a larger batch the model scores as equal only adds TPOT risk); a raise
+    # with TPOT headroom takes the largest (the fit under-counts long outputs still in flight, so capacity to
+    # spare is the safer error).
+    if not near:
+        best = None
+    elif tpot_near:
+        best = min(near, key=lambda c: abs(math.log(c / current)))
+    else:
+        best = max(near)
     tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
     why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
            f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "
