@@ -167,6 +167,25 @@ def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = M
     return good / (duration - start)
 
 
+def choose(results: dict[int, float], stay: float, gains: dict[int, float], lost: float, current: int,
+           margin: float = MARGIN, tpot_near: bool = False) -> int | None:
+    """The candidate to roll to, from its simulated goodput (``results``), staying put's (``stay``), its gain
+    over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
+
+    Within 1% of the best (the simulation's own noise): a lower takes the mildest, and so does a raise near
+    the TPOT objective (``tpot_near``: a larger batch the model scores as equal only adds TPOT risk); a raise
+    with TPOT headroom takes the largest (the fit under-counts long outputs still in flight, so capacity to
+    spare is the safer error)."""
+    ok = [c for c in results if results[c] > stay * (1 + margin) + 1e-9 and gains[c] > lost]
+    if not ok:
+        return None
+    top = max(results[c] for c in ok)
+    near = [c for c in ok if results[c] >= 0.99 * top]
+    if tpot_near:
+        return min(near, key=lambda c: abs(math.log(c / current)))
+    return max(near)
+
+
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
             horizon_s: float, margin: float = MARGIN, tpot_near: bool = False) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
@@ -188,19 +207,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     rollout_s = e.replicas * e.restart_seconds
     lost = restart_cost_s * stay
     gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
-    ok = [c for c in results if results[c] > stay * (1 + margin) + 1e-9 and gains[c] > lost]
-    top = max((results[c] for c in ok), default=0.0)
-    near = [c for c in ok if results[c] >= 0.99 * top]
-    # Within 1% of the best (the simulation's own noise): a lower takes the mildest, and so does a raise near
-    # the TPOT objective (``tpot_near``: a larger batch the model scores as equal only adds TPOT risk); a raise
-    # with TPOT headroom takes the largest (the fit under-counts long outputs still in flight, so capacity to
-    # spare is the safer error).
-    if not near:
-        best = None
-    elif tpot_near:
-        best = min(near, key=lambda c: abs(math.log(c / current)))
-    else:
-        best = max(near)
+    best = choose(results, stay, gains, lost, current, margin, tpot_near)
     tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
     why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
            f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "
