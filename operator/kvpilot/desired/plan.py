@@ -120,10 +120,6 @@ def _declined_since(tune: dict[str, Any], now: datetime) -> datetime | None:
         return datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
     except ValueError:
         return None
-    try:
-        return datetime.strptime(rec["at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
-    except ValueError:
-        return None
 
 
 def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
