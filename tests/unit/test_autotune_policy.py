@@ -228,3 +228,46 @@ def test_a_tpot_lower_must_pay_for_its_restart() -> None:
     many = replace(few, tpot_miss_fraction=0.6)
     d = decide(inp(spec=slo, w=many, replicas=2, restart_seconds=90))
     assert d.action == "Lower", d.message
+
+
+def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> None:
+    from kvpilot.autotune.policy import WHAT_IF_RECHECK_SECONDS
+    from kvpilot.autotune.whatif import Engine
+
+    sim = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
+                 restart_seconds=90.0, surge=True, ttft_ms=2000.0, tpot_ms=50.0)
+    # the window carries no traffic fit, so a simulation that does run answers "no traffic fit" and the rules'
+    # raise stands: the hold below can only come from the recheck period
+    pressed = slo_window(misses=0.4, growth=10.0)
+    base = dict(spec=SLO_SPEC, replicas=2, restart_seconds=90, w=pressed, what_if=sim)
+    assert decide(inp(**base)).action == "Raise"
+    between = decide(inp(**base, declined_since=NOW - timedelta(seconds=60)))
+    assert (between.action, between.reason) == ("Hold", "NoPredictedGain"), between.message
+    assert "reruns" in between.message
+    at_period = decide(inp(**base, declined_since=NOW - timedelta(seconds=WHAT_IF_RECHECK_SECONDS)))
+    assert at_period.action == "Raise", at_period.message
+    severe = decide(inp(**{**base, "w": slo_window(misses=0.6, growth=10.0)},
+                        declined_since=NOW - timedelta(seconds=60)))
+    assert severe.action == "Raise", severe.message
+
+
+def test_the_last_decline_is_read_from_status() -> None:
+    from kvpilot.desired.plan import _declined_since
+
+    assert _declined_since({"whatIfDeclinedAt": "2026-11-29T11:58:00Z"}, NOW) == NOW - timedelta(seconds=120)
+    assert _declined_since({"whatIfDeclinedAt": "yesterday"}, NOW) is None
+    assert _declined_since({}, NOW) is None
+
+
+def test_status_records_a_decline_only_when_the_simulation_ran_and_forgets_it_on_a_change() -> None:
+    from kvpilot.desired.batching import autotune_status
+
+    hold = Decision("Hold", 64, "NoPredictedGain", "no candidate beats staying put")
+    first = autotune_status({}, hold, 64, False, NOW)
+    assert first["whatIfDeclinedAt"] == "2026-11-29T12:00:00Z"
+    skipped = autotune_status(first, hold, 64, False, NOW + timedelta(seconds=60))  # within the period: a skip
+    assert skipped["whatIfDeclinedAt"] == "2026-11-29T12:00:00Z"
+    rerun = autotune_status(first, hold, 64, False, NOW + timedelta(seconds=120))
+    assert rerun["whatIfDeclinedAt"] == "2026-11-29T12:02:00Z"
+    raised = autotune_status(rerun, Decision("Raise", 128, "QueueWithHeadroom", "raise"), 64, True, NOW)
+    assert "whatIfDeclinedAt" not in raised

@@ -77,3 +77,25 @@ def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
     assert steady_goodput.cache_info().misses == misses
     assert quantized(fit_traffic(window(11.5))) == quantized(fit_traffic(window(11.4)))  # type: ignore[arg-type]
     assert quantized(fit_traffic(window(11.5))) != quantized(fit_traffic(window(13.0)))  # type: ignore[arg-type]
+
+
+def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
+    from kvpilot.autotune.whatif import DECISION_BUDGET_REQUESTS, MAX_REQUESTS, requests_per_run
+
+    assert requests_per_run(2) == MAX_REQUESTS
+    assert requests_per_run(5) * 5 <= DECISION_BUDGET_REQUESTS
+    steady_goodput.cache_clear()
+    verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    assert steady_goodput.cache_info().currsize == 5  # staying put and four candidates, each within the share
+
+
+def test_the_choice_within_the_simulations_noise() -> None:
+    from kvpilot.autotune.whatif import choose
+
+    results = {96: 28.25, 128: 28.08, 256: 28.08, 512: 28.08}
+    gains = {c: 1000.0 for c in results}
+    assert choose(results, 27.18, gains, 500.0, 64) == 512  # TPOT headroom: the largest within 1% of the best
+    assert choose(results, 27.18, gains, 500.0, 64, tpot_near=True) == 96  # near the objective: the mildest
+    assert choose(results, 27.18, gains, 500.0, 64, margin=0.06) is None  # +3.9% does not clear a 6% margin
+    assert choose(results, 27.18, {c: 100.0 for c in results}, 500.0, 64) is None  # the restart costs more
+    assert choose({32: 10.5, 48: 10.4}, 10.0, {32: 900.0, 48: 700.0}, 500.0, 64) == 48  # a lower: the mildest

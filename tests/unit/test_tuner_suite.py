@@ -49,3 +49,19 @@ def test_phase_best_keeps_the_value_in_force_unless_another_is_clearly_better() 
     per_phase = {64: [100, 100, 50], 128: [100, 100, 80], 256: [100, 99, 79]}
     assert phase_best(per_phase, 3) == [64, 64, 128]
     assert phase_best({64: [10], 512: [20], 1024: [20]}, 1) == [512]
+
+
+def test_every_case_runs_thirty_minutes_on_a_cluster_with_a_spare_gpu() -> None:
+    from kvpilot.bench.suite import CASE_SECONDS
+
+    assert {c.duration_s for c in CASES} == {CASE_SECONDS}
+    assert all(c.spare_gpu for c in CASES)
+
+
+def test_an_unknown_case_is_named_in_the_error() -> None:
+    import pytest
+
+    from kvpilot.bench.suite import run_suite
+
+    with pytest.raises(SystemExit, match="no-such-case"):
+        run_suite(False, ["no-such-case"])

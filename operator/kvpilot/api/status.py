@@ -152,6 +152,7 @@ class AutotuneStatus:
     ceiling_request: int | None = None
     ceiling_request_from: int | None = None
     history: tuple[DecisionRecord, ...] | None = None
+    what_if_declined_at: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

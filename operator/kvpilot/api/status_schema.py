@@ -127,6 +127,8 @@ def _autotune() -> Schema:
             "recommendation": _decision(),
             "lastAppliedAt": string("When a decision last changed the pods (the cooldown counts from here).", 64,
                                     fmt="date-time"),
+            "whatIfDeclinedAt": string("When the what-if simulation last ran and declined a change the rules "
+                                       "proposed (it reruns a few minutes later).", 64, fmt="date-time"),
             "ceilingRequest": integer(
                 "An engine ceiling the tuner asked to build (allowRebuild); it overrides build.maxBatchSize "
                 "in the fingerprint.", 0),

@@ -21,6 +21,7 @@ from datetime import datetime
 from kvpilot.api.models import AutotuneSpec
 from kvpilot.api.status import Action
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
+from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.desired.observed import KvWindow
@@ -47,6 +48,14 @@ PROACTIVE_RAISES = False  # raising a limit that does not bind yet ("Headroom") 
 REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
+# Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
+# most requests miss): the CPU bound per engine (docs/tuner-suite.md, "How the tuner decides now").
+WHAT_IF_RECHECK_SECONDS = 120.0
+# A raise while p95 TPOT is already near its objective must win the simulation by this many times its margin:
+# the outcome then hinges on the tail of the output lengths, which the fit (means only) does not know.
+# Measured on tight-tpot-overload (30 minutes): the simulation scored 96 +3.9% over 64, the rollout broke the
+# 22 ms objective and the tuner had to lower again.
+TPOT_NEAR_MARGIN_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,8 @@ class TunerInput:
     # The engine model for a what-if simulation of a proposed change (kvsim; autotune/whatif.py). None: the
     # rules alone decide (a real engine whose model and GPU have no kvsim profile).
     what_if: WhatIfEngine | None = None
+    # When the what-if simulation last ran and declined a change (status.autotune.whatIfDeclinedAt).
+    declined_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -339,16 +350,34 @@ def decide(inp: TunerInput) -> Decision:
                          f"pending: {decision.action} to {decision.target}")
     # Last, so a hold for any other reason costs no simulation.
     if decision.action in ("Raise", "Lower") and inp.what_if is not None:
+        recheck = _what_if_rechecks(inp, w)
+        if recheck is not None:
+            return _hold(inp, "NoPredictedGain", f"{decision.message}; {recheck}")
         options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
                    if _no_harm(inp, w, replace(decision, target=c)).changes]
         load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
+        tpot_near = not _tpot_margin(inp, w)
+        margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == "Raise" and tpot_near else 1.0)
         best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
-                                    PLANNING_HORIZON_SECONDS)
+                                    PLANNING_HORIZON_SECONDS, margin, tpot_near)
         if best is None and why != "no traffic fit":
             return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
         if best is not None:
             decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     return decision
+
+
+def _what_if_rechecks(inp: TunerInput, w: KvWindow) -> str | None:
+    """Why the simulation is skipped this interval (None: run it). Once it has declined, it reruns only
+    WHAT_IF_RECHECK_SECONDS later, so a pressure that persists without paying costs a simulation every few
+    minutes, not every interval; most requests missing reruns it at once."""
+    if inp.declined_since is None or (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES:
+        return None
+    ago = (inp.now - inp.declined_since).total_seconds()
+    if ago >= WHAT_IF_RECHECK_SECONDS:
+        return None
+    return (f"the simulation declined it {ago:.0f}s ago and reruns {WHAT_IF_RECHECK_SECONDS:.0f}s after that "
+            f"unless most requests miss")
 
 
 def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:

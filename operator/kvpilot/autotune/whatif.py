@@ -27,7 +27,10 @@ from kvpilot.desired.observed import KvWindow
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
 WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet
 SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
-MAX_REQUESTS = 6000  # per simulated run: bounds the CPU cost of one decision (a few CPU-seconds)
+MAX_REQUESTS = 6000  # per simulated run
+# Per decision: staying put and every candidate share this many simulated requests (each run gets at most
+# MAX_REQUESTS), so one decision costs about a CPU-second whatever the rate or the number of candidates.
+DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8
 
@@ -140,12 +143,17 @@ def quantized(fit: TrafficFit) -> TrafficFit:
     return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), fit.max_tokens)
 
 
+def requests_per_run(runs: int) -> int:
+    """Simulated requests each of ``runs`` runs of one decision may use (DECISION_BUDGET_REQUESTS shared)."""
+    return max(1000, min(MAX_REQUESTS, DECISION_BUDGET_REQUESTS // max(1, runs)))
+
+
 @lru_cache(maxsize=512)
-def steady_goodput(e: Engine, fit: TrafficFit, limit: int) -> float:
+def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_REQUESTS) -> float:
     """Good requests per second at ``limit`` once the fleet is loaded (no restart): the fitted traffic for
-    STEADY_SECONDS (fewer at high rates: MAX_REQUESTS bounds the CPU), counted after the first fifth.
+    STEADY_SECONDS (fewer at high rates: ``max_requests`` bounds the CPU), counted after the first fifth.
     Memoized (pure: seeded traffic, the same engine model)."""
-    duration = min(STEADY_SECONDS, MAX_REQUESTS / fit.rate_per_s)
+    duration = min(STEADY_SECONDS, max_requests / fit.rate_per_s)
     requests = _requests(fit, duration)
     fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s)
     for req in requests:
@@ -159,11 +167,30 @@ def steady_goodput(e: Engine, fit: TrafficFit, limit: int) -> float:
     return good / (duration - start)
 
 
+def choose(results: dict[int, float], stay: float, gains: dict[int, float], lost: float, current: int,
+           margin: float = MARGIN, tpot_near: bool = False) -> int | None:
+    """The candidate to roll to, from its simulated goodput (``results``), staying put's (``stay``), its gain
+    over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
+
+    Within 1% of the best (the simulation's own noise): a lower takes the mildest, and so does a raise near
+    the TPOT objective (``tpot_near``: a larger batch the model scores as equal only adds TPOT risk); a raise
+    with TPOT headroom takes the largest (the fit under-counts long outputs still in flight, so capacity to
+    spare is the safer error)."""
+    ok = [c for c in results if results[c] > stay * (1 + margin) + 1e-9 and gains[c] > lost]
+    if not ok:
+        return None
+    top = max(results[c] for c in ok)
+    near = [c for c in ok if results[c] >= 0.99 * top]
+    if tpot_near:
+        return min(near, key=lambda c: abs(math.log(c / current)))
+    return max(near)
+
+
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
-            horizon_s: float) -> tuple[int | None, str]:
+            horizon_s: float, margin: float = MARGIN, tpot_near: bool = False) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
-    model for the rollout in force) and beats staying put by MARGIN; None when no candidate does. Also the
+    model for the rollout in force) and beats staying put by ``margin``; None when no candidate does. Also the
     figures and the CPU it took. Without a traffic fit: None with the reason "no traffic fit"."""
     fit = fit_traffic(w)
     if fit is None:
@@ -172,18 +199,15 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     # costs one simulation per candidate, not one per window.
     fit = quantized(fit)
     started = time.process_time()
-    stay = steady_goodput(e, fit, current)
-    results = {c: steady_goodput(e, fit, c) for c in candidates if c != current}
+    others = [c for c in candidates if c != current]
+    budget = requests_per_run(1 + len(others))
+    stay = steady_goodput(e, fit, current, budget)
+    results = {c: steady_goodput(e, fit, c, budget) for c in others}
     cpu = time.process_time() - started
     rollout_s = e.replicas * e.restart_seconds
     lost = restart_cost_s * stay
     gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
-    ok = [c for c in results if results[c] > stay * (1 + MARGIN) + 1e-9 and gains[c] > lost]
-    top = max((results[c] for c in ok), default=0.0)
-    near = [c for c in ok if results[c] >= 0.99 * top]
-    # Within 1% of the best, a raise takes the largest (the fit under-counts long outputs still in flight, so
-    # capacity to spare is the safer error) and a lower the mildest.
-    best = max(near) if near else None
+    best = choose(results, stay, gains, lost, current, margin, tpot_near)
     tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
     why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
            f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "

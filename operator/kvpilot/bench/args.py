@@ -11,6 +11,9 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
                         "one table (with --json: one JSON object). The single-workload flags are then ignored.")
     p.add_argument("--case", action="append", default=None,
                    help="With --suite: run only this case (repeatable).")
+    p.add_argument("--no-spare-gpu", action="store_true",
+                   help="With --suite: a cluster with no free GPU of the pods' product, so every rollout is "
+                        "maxSurge 0 / maxUnavailable 1 (capacity drops while a pod restarts).")
     p.add_argument("--workload", help="kvsim workload: a bundled name (chat, code) or a YAML path.")
     p.add_argument("--profile", help="kvsim profile, e.g. llama-3.1-8b-fp8-h100.")
     p.add_argument("--slo-ttft-ms", type=float, help="Time-to-first-token objective (ms).")

@@ -164,7 +164,7 @@ class Fleet:
     def roll_to(self, config: EngineConfig) -> None:
         """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1; or with surge)."""
         for r in self.replicas:
-            if r.config != config:
+            if r.config != config and not r.retire:  # a pod draining out of a surge rollout is gone already
                 r.next_config = config
         self._start_next_restart()
 

@@ -14,7 +14,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kvsim import Request, RequestRecord
@@ -30,9 +30,14 @@ START = 64
 # "Queue model"); clients that see no token give up after the fleet's client timeout either way.
 QUEUE_TIMEOUT_SHARE = 0.5
 # The reactive bound: each phase's best static value, each change made this long after the evidence could exist
-# (t=0 for the start, each phase boundary), paying the rollout. Two 30 s tuning intervals: the first window
-# after a shift is the earliest a tuner that measures can act on.
-REACT_SECONDS = 60.0
+# (t=0 for the start, each phase boundary), paying the rollout. One 30 s tuning interval: the first window after a
+# shift is the earliest a tuner that measures can act on (the pods are warm when the run starts).
+REACT_SECONDS = 30.0
+# Every case runs 30 minutes (the issue's own example is 10 + 20 minutes): a tuner is run over a workload that
+# lasts, and in 10-minute runs one detection interval plus one 90 s rollout was a fifth of the run, which no
+# tuner that must first see the need can win back (docs/tuner-suite.md keeps the 10-minute figures). The phases
+# keep their shares of the run.
+CASE_SECONDS = 1800.0
 
 
 def _lognormal(mean: int, median: int, high: int | None = None) -> dict[str, Any]:
@@ -61,7 +66,9 @@ class Case:
     seed: int = 7
     prompt_cap: int | None = None
     steady: bool = True  # one phase: at most one change after settling is allowed
-    surge: bool = False  # roll with maxSurge 1 / maxUnavailable 0 (a spare GPU exists)
+    # The cluster has a free GPU of the pods' product (2 one- or two-GPU replicas on an 8-GPU node), so the
+    # tuner's `rollout.strategy: Auto` rolls with maxSurge 1 / maxUnavailable 0; False: no spare, maxSurge 0.
+    spare_gpu: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def requests(self) -> list[Request]:
@@ -93,31 +100,31 @@ class Case:
 
 CASES: tuple[Case, ...] = (
     Case("light-chat", "llama-3.1-8b-fp8-h100", "light load: nothing to change",
-         ((900, 4.0),), (600, 400), (250, 180), 1024, 2000, 50),
+         ((1800, 4.0),), (600, 400), (250, 180), 1024, 2000, 50),
     Case("light-a100", "llama-3.1-8b-bf16-a100", "light load on A100",
-         ((900, 2.0),), (800, 500), (300, 220), 1024, 3000, 60),
+         ((1800, 2.0),), (800, 500), (300, 220), 1024, 3000, 60),
     Case("light-l4", "llama-3.1-8b-fp8-l4", "light load on a 24 GB GPU",
-         ((900, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
+         ((1800, 1.0),), (800, 500), (250, 180), 1024, 3000, 80),
     Case("tight-tpot-overload", "llama-3.1-8b-bf16-a100", "overload with a tight TPOT objective (interior optimum)",
-         ((600, 28.0),), (300, 200), (300, 200), 1024, 3000, 22),
+         ((1800, 28.0),), (300, 200), (300, 200), 1024, 3000, 22),
     Case("long-output-a100", "llama-3.1-8b-bf16-a100", "high rate, long outputs: 64 is too low",
-         ((600, 30.0),), (150, 120), (600, 450), 1024, 3000, 60),
-    Case("long-output-l40s-surge", "llama-3.1-8b-fp8-l40s", "64 too low on a 48 GB GPU, surge rollouts",
-         ((600, 36.0),), (150, 120), (600, 450), 1024, 3000, 60, surge=True),
+         ((1800, 30.0),), (150, 120), (600, 450), 1024, 3000, 60),
+    Case("long-output-l40s", "llama-3.1-8b-fp8-l40s", "64 too low on a 48 GB GPU",
+         ((1800, 36.0),), (150, 120), (600, 450), 1024, 3000, 60),
     Case("longctx-maxutil-l4", "llama-3.1-8b-fp8-l4", "long context, KV-scarce 24 GB, MaxUtilization (pausing)",
-         ((900, 0.4),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
+         ((1800, 0.4),), (6000, 4000), (400, 300), 1024, 10000, 80, policy="MaxUtilization", prompt_cap=30000),
     Case("longctx-maxutil-l40s", "llama-3.1-8b-fp8-l40s", "long context, KV-scarce 48 GB, MaxUtilization",
-         ((900, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
+         ((1800, 2.0),), (6000, 4000), (400, 300), 1024, 8000, 60, policy="MaxUtilization", prompt_cap=30000),
     Case("phase-shift-l40s", "llama-3.1-8b-fp8-l40s", "phase shift: light long prompts, then many long outputs",
-         ((600, 2.0), (600, 36.0)), (200, 150), (600, 450), 1024, 3000, 60, steady=False),
+         ((900, 2.0), (900, 36.0)), (200, 150), (600, 450), 1024, 3000, 60, steady=False),
     Case("burst-a100", "llama-3.1-8b-bf16-a100", "bursty arrivals (gamma, cv 3)",
-         ((900, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
+         ((1800, 8.0),), (800, 500), (300, 220), 1024, 3000, 60, process="gamma", cv=3.0),
     Case("70b-tp2-4to12", "llama-3.1-70b-fp8-h100-tp2", "issue case: 70B TP2, 4 then 12 req/s",
          ((600, 4.0), (1200, 12.0)), (700, 500), (300, 220), 1024, 3000, 40, steady=False),
     Case("70b-tp2-steady", "llama-3.1-70b-fp8-h100-tp2", "70B tensor-parallel, steady",
-         ((900, 6.0),), (700, 500), (300, 220), 1024, 3000, 40),
+         ((1800, 6.0),), (700, 500), (300, 220), 1024, 3000, 40),
     Case("ramp-a100", "llama-3.1-8b-bf16-a100", "issue case: held-out ramp on A100",
-         ((300, 2.0), (300, 6.0), (300, 12.0), (300, 20.0), (300, 28.0)), (700, 500), (300, 220), 1024, 3000, 60,
+         ((360, 2.0), (360, 6.0), (360, 12.0), (360, 20.0), (360, 28.0)), (700, 500), (300, 220), 1024, 3000, 60,
          steady=False),
 )
 
@@ -144,7 +151,7 @@ def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: 
 def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict[str, float]:
     """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
     fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
-                  case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
+                  case.restart_s, surge=case.spare_gpu, queue_timeout_s=case.queue_timeout_s)
     boundaries = case.boundaries
     b = 0
     for req in requests:
@@ -162,7 +169,7 @@ def _run_schedule(requests: list[Request], case: Case, schedule: list[int], hori
 def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float, int]], horizon: float) -> dict[str, Any]:
     """From START, roll to each (time, value) in turn (the reactive bound), paying every rollout."""
     fleet = Fleet(engine_config(case.profile, CEILING, START, policy=case.policy), case.replicas,
-                  case.restart_s, surge=case.surge, queue_timeout_s=case.queue_timeout_s)
+                  case.restart_s, surge=case.spare_gpu, queue_timeout_s=case.queue_timeout_s)
     pending = sorted(changes)
     for req in requests:
         while pending and req.arrival_s >= pending[0][0]:
@@ -229,7 +236,7 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
                 "goodput": _run_changes(requests, case, changes, horizon)["goodput"] if changes else sweep[START]}
     tuned = run_autotuned(requests, case.profile, CEILING, case.replicas, case.restart_s,
                           Slo(case.ttft_ms, case.tpot_ms), horizon, case.duration_s, start=START,
-                          policy=case.policy, autotune_max=CEILING, series=series, surge=case.surge,
+                          policy=case.policy, autotune_max=CEILING, series=series, spare_gpu=case.spare_gpu,
                           queue_timeout_s=case.queue_timeout_s)
     a, o, s, h = tuned["goodput"], sweep[oracle], sweep[START], hindsight["goodput"]
     out = {
@@ -266,9 +273,9 @@ def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| case | profile | start 64 | oracle (value) | hindsight | reactive bound | autotuned | /start "
-            "| /oracle | /reactive | changes | final | knob matters | criteria |")
-    lines = [head, "|" + "---|" * 14]
+    head = ("| case | profile | start 64 | oracle (value) | hindsight | hindsight/oracle | reactive bound | autotuned "
+            "| /start | /oracle | /reactive | changes | final | knob matters | criteria |")
+    lines = [head, "|" + "---|" * 15]
     for row in rows:
         a = row["autotuned"]
         ok = all(row["criteria"].values())
@@ -276,6 +283,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['case']} | {row['profile']} | {row['start']['goodput']:.3f} | "
             f"{row['oracle']['goodput']:.3f} ({row['oracle']['maxBatchSize']}) | {row['hindsight']['goodput']:.3f} | "
+            f"{row['ratios']['hindsightOverOracle']:.3f} | "
             f"{row['reactive']['goodput']:.3f} | "
             f"{a['goodput']:.3f} | {row['ratios']['overStart']:.3f} | {row['ratios']['overOracle']:.3f} | "
             f"{row['ratios']['overReactive']:.3f} | "
@@ -284,11 +292,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False) -> dict[str, Any]:
+def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False,
+              spare_gpu: bool = True) -> dict[str, Any]:
+    """Every case (or those named in ``only``). ``spare_gpu=False``: the same cases on a cluster with no free
+    GPU, where every rollout drops a pod's capacity while it restarts."""
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
+    unknown = sorted(set(only or ()) - {c.name for c in CASES})
+    if unknown:
+        raise SystemExit(f"kvpilot bench tuner --case: unknown case(s) {', '.join(unknown)}; "
+                         f"cases: {', '.join(c.name for c in CASES)}")
     started = time.perf_counter()
     cpu = time.process_time()
-    cases = [c for c in CASES if not only or c.name in only]
+    cases = [c if spare_gpu else replace(c, spare_gpu=False) for c in CASES if not only or c.name in only]
     rows = [run_case(c, series=series, log=log) for c in cases]
     decision = [r["autotuned"]["decisionCpuMs"] for r in rows]
     out = {
@@ -297,13 +312,13 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
         "decisionCpuMs": {"mean": sum(d["mean"] * d["decisions"] for d in decision)
                           / max(1, sum(d["decisions"] for d in decision)),
                           "max": max((d["max"] for d in decision), default=0.0)},
-        "allPass": all(all(r["criteria"].values()) for r in rows),
+        "allPass": all(all(r["criteria"].values()) for r in rows), "spareGpu": spare_gpu,
     }
     return out
 
 
-def main(as_json: bool, only: list[str] | None = None) -> int:
-    out = run_suite(as_json, only, series=as_json)
+def main(as_json: bool, only: list[str] | None = None, spare_gpu: bool = True) -> int:
+    out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu)
     if as_json:
         print(json.dumps(out, indent=2))
     else:

@@ -79,8 +79,9 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
 
 def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
                  policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
-                 surge: bool = False) -> InferenceEngine:
-    """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults."""
+                 surge: bool = False, strategy: str | None = None) -> InferenceEngine:
+    """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults.
+    ``strategy``: the rollout strategy (default: Surge or NoSurge by ``surge``)."""
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
         "spec": {
@@ -89,7 +90,7 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
             "batching": {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy},
             "engineCache": {"claimName": "engines"},
-            "serving": {"replicas": replicas, "rollout": {"strategy": "Surge" if surge else "NoSurge"}},
+            "serving": {"replicas": replicas, "rollout": {"strategy": strategy or ("Surge" if surge else "NoSurge")}},
             "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling,
                          "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
         },
@@ -160,10 +161,15 @@ def _share_over(values: list[float], limit: float) -> float | None:
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
                   slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
                   autotune_max: int | None = None, series: bool = False, surge: bool = False,
-                  queue_timeout_s: float | None = None) -> dict[str, Any]:
+                  queue_timeout_s: float | None = None, spare_gpu: bool | None = None) -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
-    interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions)."""
-    engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge)
+    interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions).
+    ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (a free
+    GPU of the pods' product: the rollout surges); otherwise ``surge`` picks Surge or NoSurge explicitly."""
+    if spare_gpu is not None:
+        surge = spare_gpu
+    engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge,
+                          "Auto" if spare_gpu is not None else None)
     interval = float(engine.spec.autotune.interval_seconds)
     status: dict[str, Any] = {}
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
@@ -173,7 +179,9 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     arrived_before = gave_up_before = 0
-    ready_at = {r.name: 0.0 for r in fleet.replicas}
+    # The pods were Ready before the run began (the static runs charge no start-up either): a tuner switched
+    # on for a serving Deployment reads warm pods from its first interval.
+    ready_at = {r.name: -float(engine.spec.autotune.warmup_seconds) for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
     while True:
         t = min(requests[i].arrival_s if i < len(requests) else math.inf, next_tick, fleet.next_transition(),
@@ -194,7 +202,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                              fleet.gave_up - gave_up_before)
             gave_up_before = fleet.gave_up
             observed = Observed(status=parse_status(status), claim_phase="Bound", engine_index=index, kv=window,
-                                startup_seconds=restart_s)
+                                startup_seconds=restart_s, spare_gpu=spare_gpu)
             started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
             decision_cpu.append(time.process_time() - started)
@@ -203,7 +211,8 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             if _target(fleet) != want:
                 fleet.roll_to(engine_config(profile, ceiling, want, policy=policy))
                 changes += 1
-                history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"]})
+                history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"],
+                                "message": (p.decision.message if p.decision is not None else "")[:600]})
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
@@ -234,7 +243,8 @@ def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | N
 
 
 def _target(fleet: Fleet) -> int:
-    return max((r.next_config or r.config).max_batch_size or 0 for r in fleet.replicas)
+    """The limit the fleet is rolling to (or runs): an old pod draining out of a surge rollout does not count."""
+    return max((r.next_config or r.config).max_batch_size or 0 for r in fleet.replicas if not r.retire)
 
 
 def _with_rollout(observed: Observed, fleet: Fleet) -> Observed:

@@ -121,6 +121,7 @@ def _tune(
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
             what_if=_what_if(spec, ceiling, observed),
+            declined_since=_when((observed.status.autotune or AutotuneStatus()).what_if_declined_at, now),
         )
     )
 
