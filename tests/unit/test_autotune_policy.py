@@ -252,22 +252,27 @@ def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> 
 
 
 def test_the_last_decline_is_read_from_status() -> None:
+    from kvpilot.api.status import AutotuneStatus
     from kvpilot.desired.plan import _declined_since
 
-    assert _declined_since({"whatIfDeclinedAt": "2026-11-29T11:58:00Z"}, NOW) == NOW - timedelta(seconds=120)
-    assert _declined_since({"whatIfDeclinedAt": "yesterday"}, NOW) is None
-    assert _declined_since({}, NOW) is None
+    at = AutotuneStatus(what_if_declined_at="2026-11-29T11:58:00Z")
+    assert _declined_since(at, NOW) == NOW - timedelta(seconds=120)
+    assert _declined_since(AutotuneStatus(what_if_declined_at="yesterday"), NOW) is None
+    assert _declined_since(AutotuneStatus(), NOW) is None
+    assert _declined_since(None, NOW) is None
 
 
 def test_status_records_a_decline_only_when_the_simulation_ran_and_forgets_it_on_a_change() -> None:
+    from kvpilot.api.status import AutotuneStatus
     from kvpilot.desired.batching import autotune_status
 
     hold = Decision("Hold", 64, "NoPredictedGain", "no candidate beats staying put")
-    first = autotune_status({}, hold, 64, False, NOW)
-    assert first["whatIfDeclinedAt"] == "2026-11-29T12:00:00Z"
-    skipped = autotune_status(first, hold, 64, False, NOW + timedelta(seconds=60))  # within the period: a skip
-    assert skipped["whatIfDeclinedAt"] == "2026-11-29T12:00:00Z"
-    rerun = autotune_status(first, hold, 64, False, NOW + timedelta(seconds=120))
-    assert rerun["whatIfDeclinedAt"] == "2026-11-29T12:02:00Z"
-    raised = autotune_status(rerun, Decision("Raise", 128, "QueueWithHeadroom", "raise"), 64, True, NOW)
-    assert "whatIfDeclinedAt" not in raised
+    first = autotune_status(AutotuneStatus(), hold, current=64, applied=False, now=NOW)
+    assert first.what_if_declined_at == "2026-11-29T12:00:00Z"
+    skipped = autotune_status(first, hold, current=64, applied=False, now=NOW + timedelta(seconds=60))  # a skip
+    assert skipped.what_if_declined_at == "2026-11-29T12:00:00Z"
+    rerun = autotune_status(first, hold, current=64, applied=False, now=NOW + timedelta(seconds=120))
+    assert rerun.what_if_declined_at == "2026-11-29T12:02:00Z"
+    raised = autotune_status(rerun, Decision("Raise", 128, "QueueWithHeadroom", "raise"), current=64, applied=True,
+                             now=NOW)
+    assert raised.what_if_declined_at is None

@@ -14,6 +14,7 @@ import pytest
 
 from kvpilot import loop as loop_module
 from kvpilot.autotune.policy import Decision
+from kvpilot.api.status import parse_status
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.logjson import JsonFormatter, bind_engine
@@ -118,7 +119,7 @@ def test_a_crash_in_an_engine_loop_logs_the_engine_and_the_traceback(monkeypatch
         passes.append(engine.meta.name)
         if len(passes) > 1:
             raise RuntimeError("a bug in the second pass")
-        p = plan(engine, Observed(status=status, claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         return replace(p, decision=Decision("Hold", 64, "WithinTarget", "the pool is within its target")), Observed()
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)

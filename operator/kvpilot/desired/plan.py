@@ -121,9 +121,15 @@ def _tune(
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
             what_if=_what_if(spec, ceiling, observed),
-            declined_since=_when((observed.status.autotune or AutotuneStatus()).what_if_declined_at, now),
+            declined_since=_declined_since(observed.status.autotune, now),
         )
     )
+
+
+def _declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
+    """When the what-if simulation last ran and declined (status.autotune.whatIfDeclinedAt); None when it has
+    not since the last applied change, or the value is unreadable."""
+    return _when(tune.what_if_declined_at, now) if tune is not None else None
 
 
 def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
