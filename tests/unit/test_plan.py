@@ -57,6 +57,18 @@ def test_engine_in_the_cache_is_not_built_again() -> None:
     assert conds(p)["EngineReady"] == ("True", "CacheHit")
 
 
+def test_a_hand_edited_index_entry_falls_back_to_the_spec_instead_of_failing_every_pass() -> None:
+    first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
+    for bad in ("abc", None, [], True, -3, 2**40, {"x": 1}):
+        index = {first.fingerprint: {"fingerprint": first.fingerprint, "maxBatchSize": bad, "maxSeqLen": bad,
+                                     "image": bad, "builtAt": bad, "buildJob": bad}}
+        p = plan(engine(name="other", uid="uid-2"), Observed(claim_phase="Bound", engine_index=index), S, NOW)
+        info = p.status["engine"]
+        assert isinstance(info["maxBatchSize"], int) and 0 < info["maxBatchSize"] < 2**31, bad
+        assert isinstance(info["image"], str) and info["image"], bad
+        assert conds(p)["EngineReady"] == ("True", "CacheHit")
+
+
 def test_two_engines_with_the_same_build_inputs_share_one_job() -> None:
     a = plan(engine(name="a", uid="ua", batching__maxBatchSize=32), Observed(claim_phase="Bound"), S, NOW)
     b = plan(engine(name="b", uid="ub", serving__replicas=3), Observed(claim_phase="Bound"), S, NOW)

@@ -107,6 +107,24 @@ def decide_build(
     return decision(ready=None, create_job=True, record_in_index=None, status=state)
 
 
+_MAX_COUNT = 2**31 - 1  # the API server's int32 fields (replicas, ports) bound what a sane manifest holds
+
+
+def _count(manifest: dict[str, Any], key: str, default: int) -> int:
+    """A positive count from a published manifest, else ``default``: the manifest comes from an engine-index
+    ConfigMap or a build pod's termination message, both writable by hand, and must not fail every reconcile."""
+    value = manifest.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_COUNT:
+        return value
+    return default
+
+
+def _text(manifest: dict[str, Any], key: str, default: str | None) -> str | None:
+    """A non-empty string from a published manifest, else ``default`` (see _count)."""
+    value = manifest.get(key)
+    return value if isinstance(value, str) and value else default
+
+
 def served_engine(
     spec: InferenceEngineSpec, build: BuildDecision, status: EngineStatus, claim: str | None
 ) -> tuple[ServedEngine | None, EngineInfo | None]:
@@ -121,15 +139,15 @@ def served_engine(
             fingerprint=build.fingerprint,
             path=f"{CACHE_MOUNT}/{build.fingerprint}",
             claim_name=claim,
-            image=m.get("image", build.image),
-            max_batch_size=int(m.get("maxBatchSize", build.ceiling)),
-            max_num_tokens=int(m.get("maxNumTokens", spec.build.max_num_tokens)),
-            max_seq_len=int(m.get("maxSeqLen", spec.build.max_seq_len)),
-            tokens_per_block=int(m.get("tokensPerBlock", spec.build.kv_cache.tokens_per_block)),
-            tensor_parallel_size=int(m.get("tensorParallelSize", spec.build.tensor_parallel_size)),
-            pipeline_parallel_size=int(m.get("pipelineParallelSize", spec.build.pipeline_parallel_size)),
-            built_at=m.get("builtAt"),
-            build_job=m.get("buildJob", L.build_job_name(build.fingerprint, claim)),
+            image=_text(m, "image", build.image),
+            max_batch_size=_count(m, "maxBatchSize", build.ceiling),
+            max_num_tokens=_count(m, "maxNumTokens", spec.build.max_num_tokens),
+            max_seq_len=_count(m, "maxSeqLen", spec.build.max_seq_len),
+            tokens_per_block=_count(m, "tokensPerBlock", spec.build.kv_cache.tokens_per_block),
+            tensor_parallel_size=_count(m, "tensorParallelSize", spec.build.tensor_parallel_size),
+            pipeline_parallel_size=_count(m, "pipelineParallelSize", spec.build.pipeline_parallel_size),
+            built_at=_text(m, "builtAt", None),
+            build_job=_text(m, "buildJob", L.build_job_name(build.fingerprint, claim)),
             # What the build Job found the serving image to be (trtllm/probe.py): serving renders from it.
             trtllm=parse_record(TrtllmRecord, clean_record(m.get("trtllm"))),
         )
