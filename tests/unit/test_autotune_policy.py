@@ -266,10 +266,11 @@ def test_status_records_a_decline_only_when_the_simulation_ran_and_forgets_it_on
     from kvpilot.api.status import AutotuneStatus
     from kvpilot.desired.batching import autotune_status
 
-    hold = Decision("Hold", 64, "NoPredictedGain", "no candidate beats staying put")
+    hold = Decision("Hold", 64, "NoPredictedGain", "no candidate beats staying put", simulated=True)
+    skip = Decision("Hold", 64, "NoPredictedGain", "the simulation declined it 60s ago")  # the recheck period
     first = autotune_status(AutotuneStatus(), hold, current=64, applied=False, now=NOW)
     assert first.what_if_declined_at == "2026-11-29T12:00:00Z"
-    skipped = autotune_status(first, hold, current=64, applied=False, now=NOW + timedelta(seconds=60))  # a skip
+    skipped = autotune_status(first, skip, current=64, applied=False, now=NOW + timedelta(seconds=60))
     assert skipped.what_if_declined_at == "2026-11-29T12:00:00Z"
     rerun = autotune_status(first, hold, current=64, applied=False, now=NOW + timedelta(seconds=120))
     assert rerun.what_if_declined_at == "2026-11-29T12:02:00Z"

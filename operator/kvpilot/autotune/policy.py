@@ -103,6 +103,7 @@ class Decision:
     reason: str
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
+    simulated: bool = False  # the what-if simulation ran for this decision (status records when it declined)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
@@ -340,16 +341,16 @@ def decide(inp: TunerInput) -> Decision:
         elapsed = (inp.now - inp.last_applied_at).total_seconds()
         # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
         # raising again does not wait for the cooldown (which is there to stop flapping, not escalation).
-        escalating = decision.action == "Raise" and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
+        escalating = decision.action == Action.RAISE and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
         # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
         # only a couple of intervals, so the pods that restarted have been measured.
-        protective = decision.action == "Lower" and decision.reason in PROTECTIVE_REASONS
+        protective = decision.action == Action.LOWER and decision.reason in PROTECTIVE_REASONS
         urgent = (escalating or protective) and elapsed >= 2 * inp.spec.interval_seconds
         if elapsed < inp.spec.cooldown_seconds and not urgent:
             return _hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
                          f"pending: {decision.action} to {decision.target}")
     # Last, so a hold for any other reason costs no simulation.
-    if decision.action in ("Raise", "Lower") and inp.what_if is not None:
+    if decision.action in (Action.RAISE, Action.LOWER) and inp.what_if is not None:
         recheck = _what_if_rechecks(inp, w)
         if recheck is not None:
             return _hold(inp, "NoPredictedGain", f"{decision.message}; {recheck}")
@@ -357,13 +358,14 @@ def decide(inp: TunerInput) -> Decision:
                    if _no_harm(inp, w, replace(decision, target=c)).changes]
         load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
         tpot_near = not _tpot_margin(inp, w)
-        margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == "Raise" and tpot_near else 1.0)
+        margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
         best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp, load),
                                     PLANNING_HORIZON_SECONDS, margin, tpot_near)
         if best is None and why != "no traffic fit":
-            return _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
+            held = _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
+            return replace(held, simulated=True)
         if best is not None:
-            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
+            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)
     return decision
 
 
@@ -465,7 +467,7 @@ def _no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
       MIN_CAPACITY_GAIN at least): when the iteration time grows as fast as the batch, a larger batch only
       makes every token slower.
     """
-    if decision.action not in ("Raise", "Lower"):
+    if decision.action not in (Action.RAISE, Action.LOWER):
         return decision
     horizon = PLANNING_HORIZON_SECONDS
     for change in inp.recent_changes:
@@ -477,13 +479,13 @@ def _no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
             return _hold(inp, "WouldOscillate", f"{decision.message}; but the limit left {change.from_value} less "
                          f"than {horizon:.0f}s ago: no A->B->A within a planning horizon")
     last = inp.recent_changes[0] if inp.recent_changes else None
-    if (decision.action == "Lower" and last is not None and last.to_value > last.from_value
+    if (decision.action == Action.LOWER and last is not None and last.to_value > last.from_value
             and (inp.now - last.at).total_seconds() < horizon):
         strong = w.paused > 0 or (w.tpot_miss_fraction or 0.0) >= REVERSAL_MIN_TPOT_MISSES
         if not strong:
             return _hold(inp, "RecentRaise", f"{decision.message}; a lower right after a raise needs stronger "
                          f"evidence (paused requests or >= {REVERSAL_MIN_TPOT_MISSES:.0%} TPOT misses)")
-    if decision.action == "Raise" and decision.reason != "OutOfBounds":
+    if decision.action == Action.RAISE and decision.reason != "OutOfBounds":
         gain = _capacity_gain(w, inp.current, decision.target)
         if gain < MIN_CAPACITY_GAIN:
             return _hold(inp, "NoCapacityGain", f"{decision.message}; but the fitted step latency predicts only "

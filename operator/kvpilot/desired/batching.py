@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from kvpilot.api.timestamps import parse_rfc3339, rfc3339
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
 from kvpilot.api.status import Action, AutotuneStatus, BatchingSource, BatchingStatus, DecisionRecord
 from kvpilot.api.status_schema import HISTORY_LIMIT
-from kvpilot.autotune.policy import MIN_RELATIVE_STEP, WHAT_IF_RECHECK_SECONDS, Decision
+from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
 
 
 def tuning_applies(spec: InferenceEngineSpec) -> bool:
@@ -73,19 +73,6 @@ def decision_record(decision: Decision, current: int, applied: bool, now: dateti
     )
 
 
-def _simulated(previous: AutotuneStatus, now: datetime) -> bool:
-    """Whether a NoPredictedGain decision now came from a simulation that ran (not from the policy skipping it
-    within WHAT_IF_RECHECK_SECONDS of the last decline)."""
-    at = previous.what_if_declined_at
-    if at is None:
-        return True
-    try:
-        then = parse_rfc3339(at, now.tzinfo)
-    except ValueError:
-        return True
-    return (now - then).total_seconds() >= WHAT_IF_RECHECK_SECONDS
-
-
 def autotune_status(
     previous: AutotuneStatus, decision: Decision | None, *, current: int, applied: bool, now: datetime,
     spec_ceiling: int = 0,
@@ -106,7 +93,7 @@ def autotune_status(
         out = replace(out, recommendation=record)
         if decision.changes:
             out = replace(out, history=(record, *(previous.history or ()))[:HISTORY_LIMIT])
-    if decision.reason == "NoPredictedGain" and _simulated(previous, now):
+    if decision.reason == "NoPredictedGain" and decision.simulated:
         out = replace(out, what_if_declined_at=rfc3339(now))  # the policy reruns the simulation only a period later
     if applied:
         out = replace(out, what_if_declined_at=None, last_applied_at=rfc3339(now))
