@@ -60,7 +60,7 @@ demo: venv cluster-build images ## Closed loop on a local cluster: build -> serv
 render: venv ## Render the objects for every example (like helm template)
 	@for f in examples/*.yaml; do echo "# ---- $$f"; $(BIN)/kvpilot render -f $$f; done
 
-lint: venv typecheck ## Static checks: ruff, then mypy (typecheck)
+lint: venv typecheck ## Static checks: mypy (typecheck), then ruff
 	$(BIN)/pip install -q 'ruff>=0.6,<1' && $(BIN)/ruff check operator simulator tests hack
 
 # mypy (pinned in the test extras; settings in pyproject.toml [tool.mypy]). Strict on the operator; default
