@@ -26,7 +26,7 @@ COPY simulator/ simulator/
 # resolved here once; naming ./simulator makes pip take kvpilot's `kvsim==0.1.0` from it, never from an
 # index. The final stage installs exactly these files.
 RUN python3 -m venv /build \
- && /build/bin/pip wheel --wheel-dir /wheels ./simulator .
+ && /build/bin/pip wheel --wheel-dir /wheels './simulator[serve]' .
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
