@@ -18,7 +18,8 @@ from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
-from kvpilot.desired.observed import KvWindow, Observed
+from kvpilot.autotune.window import KvWindow
+from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.events import events_between
 from kvpilot.desired.storage import engine_index_entry

@@ -21,8 +21,8 @@ from functools import lru_cache
 from kvsim import EngineConfig, Request
 from kvsim.config import CapacityPolicy
 
+from kvpilot.autotune.window import KvWindow
 from kvpilot.bench.fleet import Fleet
-from kvpilot.desired.observed import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
 HORIZON_SECONDS = 600.0  # how far ahead the traffic is assumed to hold

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 from kvpilot.api.models import InferenceEngine
+from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import labels as L
 from kvpilot.desired.engine import target_fingerprint
 from kvpilot.desired.observed import (
-    KvWindow,
     Observed,
     deployment_state,
     job_state,

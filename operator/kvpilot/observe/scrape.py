@@ -21,7 +21,8 @@ from typing import Any
 import aiohttp
 
 from kvpilot import telemetry
-from kvpilot.desired.observed import KvWindow, PodState
+from kvpilot.autotune.window import KvWindow
+from kvpilot.desired.observed import PodState
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import (
     IterationSample,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpilot.desired.observed import KvWindow
+from kvpilot.autotune.window import KvWindow
 from kvpilot.trtllm.metrics import (
     Histogram,
     IterationSample,
