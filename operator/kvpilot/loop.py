@@ -20,6 +20,7 @@ import aiohttp
 from kvpilot import telemetry
 from kvpilot.api.validate import InvalidEngineError
 from kvpilot.k8s.cache import CHILD_KINDS, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
+from kvpilot.k8s.capacity import BOUND_POD_KIND, NODE_KIND
 from kvpilot.k8s.informer import Informer
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.desired.storage import cache_claim_name
@@ -140,6 +141,19 @@ class EngineLoops:
                 inf = Informer(self.api.api_client, kind, ns, loop, on_list, self.child_event)
                 self._informers.append(inf)
                 inf.start()
+
+    def start_gpu_informers(self) -> None:
+        """Watch Nodes and the pods of every namespace into ``api.gpus``: whether a surge pod finds a free GPU
+        (``serving.rollout.strategy: Auto``). Not part of ``synced``: until listed, Auto does not surge; a
+        denied watch (RBAC without nodes/pods at cluster scope) retries with back-off and Auto stays NoSurge."""
+        loop = asyncio.get_running_loop()
+        for kind in (NODE_KIND, BOUND_POD_KIND):
+            inf = Informer(self.api.api_client, kind, None, loop, self.api.gpus.listed, self._gpu_event)
+            self._informers.append(inf)
+            inf.start()
+
+    def _gpu_event(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
+        self.api.gpus.event(kind, event_type, body)
 
     def children_listed(self, kind: str, items: list[dict[str, Any]], namespace: str | None) -> None:
         for body in self.api.cache.replace(kind, items, namespace):

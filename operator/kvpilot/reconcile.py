@@ -145,7 +145,7 @@ async def reconcile(
     owns. Every failed write reaches status (Degraded, naming the object and the reason) before the pass
     raises, whatever write failed."""
     started = time.monotonic()
-    observed = observe_engine(api.cache, engine, status, settings, kv)
+    observed = observe_engine(api.cache, engine, status, settings, kv, api.gpus)
     p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
     ns = engine.meta.namespace
     failed: list[tuple[str, ApiError]] = []
