@@ -27,6 +27,7 @@ from kvpilot.k8s.api import Api
 from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions, rfc3339
 from kvpilot.k8s.errors import ApiError, Conflict
 from kvpilot.observe.cluster import observe_engine
+from kvpilot.planning import Planner
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class ApplyFailed(ApiError):
 
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
-    now: datetime | None = None,
+    now: datetime | None = None, planner: Planner | None = None,
 ) -> tuple[Plan, Observed]:
     """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed.
 
@@ -146,7 +147,9 @@ async def reconcile(
     raises, whatever write failed."""
     started = time.monotonic()
     observed = observe_engine(api.cache, engine, status, settings, kv, api.gpus)
-    p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
+    at = now or datetime.now(timezone.utc)
+    # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
+    p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
     failed: list[tuple[str, ApiError]] = []
     for obj in p.apply:

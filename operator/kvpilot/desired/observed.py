@@ -84,6 +84,9 @@ class Observed:
     # Whether a GPU of the serving pods' product is free for one surge pod (None: not observed). Read by
     # desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
     spare_gpu: bool | None = None
+    # False when this engine spent its what-if CPU budget (kvpilot/planning.py): the tuner then holds any
+    # change the simulation would have had to confirm (protective lowers excepted).
+    what_if_allowed: bool = True
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

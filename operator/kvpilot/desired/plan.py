@@ -15,7 +15,7 @@ from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
-from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.policy import PROTECTIVE_REASONS, AppliedChange, Decision, TunerInput, decide
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_in_force
 from kvpilot.desired import labels as L
@@ -86,7 +86,8 @@ def _tune(
         return None
     last = (observed.status.get("autotune") or {}).get("lastAppliedAt")
     last_at = datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo) if last else None
-    return decide(
+    what_if = _what_if(spec, ceiling, observed)
+    decision = decide(
         TunerInput(
             current=current,
             ceiling=ceiling,
@@ -103,9 +104,16 @@ def _tune(
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
-            what_if=_what_if(spec, ceiling, observed),
+            what_if=what_if if observed.what_if_allowed else None,
         )
     )
+    if what_if is not None and not observed.what_if_allowed and decision.changes \
+            and decision.reason not in (*PROTECTIVE_REASONS, "OutOfBounds"):
+        # Unconfirmed by the simulation, a change may cost more than it gains: wait for the budget to refill.
+        return Decision("Hold", current, "WhatIfBudgetSpent",
+                        f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "
+                        f"until the simulation can confirm it")
+    return decision
 
 
 def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
