@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from kvsim import Engine, EngineConfig, Request
@@ -134,3 +135,11 @@ def test_hostile_ctx_tokens_are_rejected_like_any_count() -> None:
         parse_iteration_stats([{"inflightBatchingStats": {"numCtxTokens": -4}}], 0.0)
     with pytest.raises(MetricsRejected, match="numCtxTokens"):
         parse_iteration_stats([{"inflightBatchingStats": {"numCtxTokens": "many"}}], 0.0)
+
+
+def test_prompt_blocks_found_in_the_reuse_cache_count_as_prompt() -> None:
+    # 60 requests of 500 prompt tokens, 400 of them shared: 100 computed each, 60 x 400 / 32 = 750 blocks reused.
+    first = replace(sample(0), reused_blocks=1000)
+    rest = [replace(sample(i, completed=1, gen=99, ctx=100), reused_blocks=1000 + round(i * 12.5)) for i in range(1, 61)]
+    t = traffic_fit({"p": [first, *rest]}, {}, 60.0)
+    assert t.prompt_mean == pytest.approx(500)

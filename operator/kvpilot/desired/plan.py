@@ -158,6 +158,9 @@ def _kv_status(observed: Observed, now: datetime) -> dict[str, Any] | None:
         "waitingRequests": w.peak_queued,
         "activeRequests": w.peak_active,
         "pausedRequests": w.paused,
+        **({"traffic": {"requestsPerMinute": round(w.arrival_rate * 60), "promptTokens": round(w.prompt_mean),
+                        "outputTokens": round(w.output_mean)}}
+           if w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0 else {}),
         "observedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

@@ -99,7 +99,8 @@ def traffic_fit(pods: dict[str, list[IterationSample]], latency_by_pod: dict[str
     * arrivals = finished + growth of the requests in the pod (active + queued) over the window: a queue that
       grows is traffic too (a rate from completions alone would cap at the capacity it should judge);
     * mean prompt: ``trtllm_prompt_tokens_total`` per finished request (1.3), else the context tokens the
-      iterations processed (``numCtxTokens``) per request admitted (finished + growth of the active ones);
+      iterations computed (``numCtxTokens``) plus those found in the KV reuse cache (``reusedBlocks`` growth
+      times ``tokensPerBlock``) per request admitted (finished + growth of the active ones);
     * mean output: ``trtllm_generation_tokens_total`` per finished request (1.3), else the generation steps
       (``numGenRequests`` per iteration, times the iterations a sample stands for by its ``iter``: one token
       per request per step) per finished request, plus the first token, which the context step makes.
@@ -125,7 +126,8 @@ def traffic_fit(pods: dict[str, list[IterationSample]], latency_by_pod: dict[str
             prompt_tokens += max(0.0, snaps[-1].prompt_tokens - snaps[0].prompt_tokens)
             admitted += done
         else:
-            prompt_tokens += sum(s.ctx_tokens for s in samples)
+            reused = max(0, last.reused_blocks - first.reused_blocks) * last.tokens_per_block
+            prompt_tokens += sum(s.ctx_tokens for s in samples) + reused
             admitted += max(0.0, sum(s.completed_requests for s in samples)
                             + last.active_requests - first.active_requests)
         if counted and snaps[0].generation_tokens is not None and snaps[-1].generation_tokens is not None:

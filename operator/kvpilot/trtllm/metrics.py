@@ -46,6 +46,9 @@ class IterationSample:
     # stands for (kvsim reports a run of identical decode iterations once; a server whose stats queue
     # overflowed between two scrapes dropped some), so generation steps are counted per iteration.
     iteration: int = 0
+    # KV blocks found in the reuse cache so far (kvCacheStats.reusedBlocks, a cumulative counter): their prompt
+    # tokens were not computed, so numCtxTokens alone would read shared prompts as short ones.
+    reused_blocks: int = 0
 
     @property
     def kv_utilization(self) -> float:
@@ -168,6 +171,7 @@ def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
                 scheduled_requests=_count(ifb, "numScheduledRequests", ifw) if "numScheduledRequests" in ifb else None,
                 ctx_tokens=_count(ifb, "numCtxTokens", ifw),
                 iteration=_count(item, "iter", where),
+                reused_blocks=_count(kv, "reusedBlocks", kvw),
             )
         )
     return samples
