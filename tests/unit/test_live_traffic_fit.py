@@ -143,3 +143,21 @@ def test_prompt_blocks_found_in_the_reuse_cache_count_as_prompt() -> None:
     rest = [replace(sample(i, completed=1, gen=99, ctx=100), reused_blocks=1000 + round(i * 12.5)) for i in range(1, 61)]
     t = traffic_fit({"p": [first, *rest]}, {}, 60.0)
     assert t.prompt_mean == pytest.approx(500)
+
+
+def test_the_prometheus_source_gets_the_traffic_from_the_1_3_series() -> None:
+    from kvpilot.observe.prometheus import samples_from_matrix
+    from tests.unit.test_prometheus_source import as_matrix, scrape
+
+    def page(done: int, waiting: int) -> str:
+        return scrape(100, waiting, 1, 0, done) + (
+            f'# TYPE trtllm_prompt_tokens counter\ntrtllm_prompt_tokens_total{{model_name="m"}} {done * 700}\n'
+            f'# TYPE trtllm_generation_tokens counter\ntrtllm_generation_tokens_total{{model_name="m"}} {done * 300}\n')
+
+    # 60 s: 120 more finished (+1 "stop" request counted in both scrapes) and 6 more waiting.
+    matrix = as_matrix("e-1", [(100.0, page(10, 0)), (130.0, page(70, 2)), (160.0, page(130, 6))])
+    samples, latency = samples_from_matrix(matrix)
+    w = summarize(samples, latency, window_seconds=60)
+    assert w is not None
+    assert w.arrival_rate == pytest.approx((120 + 6) / 60)
+    assert w.prompt_mean == pytest.approx(700) and w.output_mean == pytest.approx(300)
