@@ -77,6 +77,8 @@ def main() -> int:
 
     step("Local control plane (first run builds Kubernetes from the Go module proxy: ~8 min on 2 cores)")
     C.cluster.ensure_cluster_up()
+    # A cluster started before the L4 node was added lacks it: the fake nodes are declarative, apply them.
+    C.cluster.kubectl("apply", "-f", str(Path(__file__).resolve().parent / "testenv" / "nodes.yaml"))
     print(C.cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product"))
     step("Installing the Helm chart (CRD, RBAC, ServiceAccount) and starting the operator as that account")
     C.install_chart()
