@@ -161,3 +161,12 @@ def test_the_prometheus_source_gets_the_traffic_from_the_1_3_series() -> None:
     assert w is not None
     assert w.arrival_rate == pytest.approx((120 + 6) / 60)
     assert w.prompt_mean == pytest.approx(700) and w.output_mean == pytest.approx(300)
+
+
+def test_implausible_figures_from_a_hostile_pod_are_unknown() -> None:
+    huge = [sample(0), *[sample(i, completed=1, gen=5, ctx=2**40) for i in range(1, 61)]]
+    t = traffic_fit({"p": huge}, {}, 60.0)
+    assert t.prompt_mean == 0 and t.output_mean > 0
+    flood = [sample(0), sample(1, completed=2**40, gen=2**40, ctx=2**40)]
+    t = traffic_fit({"p": flood}, {}, 1.0)
+    assert t.arrival_rate == 0 and t.prompt_mean > 0

@@ -78,6 +78,9 @@ def summarize(
 
 
 MIN_TRAFFIC_REQUESTS = 5  # fewer finished requests in a window say nothing about the traffic's lengths
+# Beyond any real engine (a 1M-token context, 10,000 requests/s on one pod): a hostile or broken pod, not traffic.
+MAX_MEAN_TOKENS = 2**20
+MAX_RATE_PER_POD = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,11 @@ def traffic_fit(pods: dict[str, list[IterationSample]], latency_by_pod: dict[str
 
     def ratio(num: float, den: float) -> float:
         value = num / den if den >= MIN_TRAFFIC_REQUESTS else 0.0
-        return value if math.isfinite(value) and value > 0 else 0.0
+        return value if math.isfinite(value) and 0 < value <= MAX_MEAN_TOKENS else 0.0
 
     rate = arrived / span / len(pods)
-    return Traffic(arrival_rate=rate if math.isfinite(rate) else 0.0, prompt_mean=ratio(prompt_tokens, admitted),
-                   output_mean=ratio(output_tokens, outputs))
+    return Traffic(arrival_rate=rate if math.isfinite(rate) and rate <= MAX_RATE_PER_POD else 0.0,
+                   prompt_mean=ratio(prompt_tokens, admitted), output_mean=ratio(output_tokens, outputs))
 
 
 MIN_FIT_SPREAD = 3  # requests of generation-batch spread needed before a slope means anything
