@@ -13,6 +13,7 @@ interpreter's switch intervals (5 ms); the budget bounds the share of the CPU th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -22,11 +23,46 @@ from datetime import datetime
 
 from kvpilot import telemetry
 from kvpilot.api.models import InferenceEngine
+from kvpilot.autotune.whatif import fit_traffic, quantized, steady_goodput
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Plan, Settings, plan
+from kvpilot.desired.plan import Plan, Settings, _what_if, plan
 
 WHAT_IF_CPU_SECONDS_PER_HOUR = 120.0  # per engine: ~3% of one core at most, averaged over an hour
 BUDGET_WINDOW_SECONDS = 3600.0
+# The model must reproduce the present: where at least this share of requests missed an objective, staying put
+# simulated must not serve nearly all the traffic (MODEL_ALL_SERVED of it) within the objectives.
+MODEL_CHECK_MISSES = 0.10
+MODEL_ALL_SERVED = 0.9
+log = logging.getLogger(__name__)
+
+
+def model_reproduces(engine: InferenceEngine, observed: Observed) -> bool:
+    """Whether kvsim, fed the fitted traffic at the limit in force, shows the misses the pods show.
+
+    The what-if trusts the model to rank the candidates; where the pods miss their objectives while the model,
+    staying put, serves nearly all the traffic within them (pods slower than their profile: another GPU clock,
+    a starved host for simulated pods), its "nothing to gain" is wrong, so the rules decide alone. In a true
+    overload the model misses too and stays in charge. Runs one simulation (memoized), in the worker."""
+    w = observed.kv
+    if w is None:
+        return True
+    misses = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
+    if misses < MODEL_CHECK_MISSES or w.completion_rate <= 0 or w.runtime_batch_size <= 0:
+        return True
+    fit = fit_traffic(w)
+    ceiling = (observed.status.get("engine") or {}).get("maxBatchSize")
+    model = _what_if(engine.spec, ceiling if isinstance(ceiling, int) and ceiling > 0
+                     else engine.spec.build.max_batch_size, observed)
+    if fit is None or model is None:
+        return True
+    fit = quantized(fit)
+    simulated = steady_goodput(model, fit, min(w.runtime_batch_size, model.ceiling))
+    if simulated < MODEL_ALL_SERVED * fit.rate_per_s:
+        return True  # the model sees the misses too (overload): it can rank the candidates
+    log.info("InferenceEngine %s/%s: staying put, the what-if model serves %.2f of %.2f req/s within the objectives "
+             "where the pods missed %.0f%%: the tuner's rules decide alone", engine.meta.namespace, engine.meta.name,
+             simulated, fit.rate_per_s, misses * 100)
+    return False
 
 
 def may_simulate(engine: InferenceEngine, observed: Observed) -> bool:
@@ -74,7 +110,8 @@ class Planner:
 
         def timed() -> tuple[Plan, float]:
             started = time.thread_time()
-            out = plan(engine, observed, settings, now)
+            checked = observed if model_reproduces(engine, observed) else replace(observed, what_if_model_valid=False)
+            out = plan(engine, checked, settings, now)
             return out, time.thread_time() - started
 
         p, cpu = await asyncio.get_running_loop().run_in_executor(self._worker, timed)

@@ -139,3 +139,36 @@ def test_the_live_rate_is_in_the_engines_own_time(speedup: int, expected: float)
     assert out is not None and out.arrival_rate == pytest.approx(expected)
     assert engine_time(window(rate=2.0), engine("tensorrt").spec).arrival_rate == 2.0  # type: ignore[union-attr]
     assert engine_time(None, e.spec) is None
+
+
+SLO = {"timeToFirstTokenMillis": 1000, "timePerOutputTokenMillis": 50}
+
+
+def measured(rate_per_pod: float, misses: float, limit: int = 4) -> Observed:
+    w = replace(window(rate=rate_per_pod, prompt=220, output=250), pods=2, runtime_batch_size=limit,
+                completion_rate=min(rate_per_pod, 3.0), ttft_miss_fraction=misses)
+    return Observed(kv=w, status={"engine": {"maxBatchSize": 256}})
+
+
+def test_the_what_if_is_trusted_only_where_its_model_shows_the_pods_misses() -> None:
+    e = engine(autotune={"mode": "Auto", "minBatchSize": 4, "maxBatchSize": 256, "slo": SLO})
+    # Light traffic that 4 slots serve per the model, yet half the requests missed: pods slower than the
+    # model (a starved host), so the model's "nothing to gain" is not to be trusted.
+    assert planning.model_reproduces(e, measured(1.7, misses=0.5)) is False
+    # The same traffic without misses: nothing to check.
+    assert planning.model_reproduces(e, measured(1.7, misses=0.0)) is True
+    # A true overload (12 req/s per pod on 4 slots): the model misses too and stays in charge.
+    assert planning.model_reproduces(e, measured(12.0, misses=0.9)) is True
+
+
+def test_an_invalid_model_leaves_the_rules_alone_without_holding(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(plan_module, "decide", lambda inp: seen.append(inp.what_if) or Decision(
+        "Raise", 128, "QueueWithHeadroom", "queue"))
+    e = engine(**TUNED)
+    first = plan(e, Observed(claim_phase="Bound"), Settings(), NOW)
+    good = plan(e, built(first), Settings(), NOW)
+    observed = Observed(status=good.status, claim_phase="Bound", kv=window(), what_if_model_valid=False,
+                        engine_index={first.fingerprint: good.index_entry[2]})  # type: ignore[index]
+    p = plan(e, observed, Settings(), NOW)
+    assert seen[-1] is None and p.decision is not None and p.decision.action == "Raise"

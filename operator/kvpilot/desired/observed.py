@@ -87,6 +87,9 @@ class Observed:
     # False when this engine spent its what-if CPU budget (kvpilot/planning.py): the tuner then holds any
     # change the simulation would have had to confirm (protective lowers excepted).
     what_if_allowed: bool = True
+    # False when the what-if's model does not reproduce what the pods show now (kvpilot/planning.py): the
+    # tuner then decides by its rules alone, as for an engine without a kvsim model.
+    what_if_model_valid: bool = True
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

@@ -86,7 +86,7 @@ def _tune(
         return None
     last = (observed.status.get("autotune") or {}).get("lastAppliedAt")
     last_at = datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo) if last else None
-    what_if = _what_if(spec, ceiling, observed)
+    what_if = _what_if(spec, ceiling, observed) if observed.what_if_model_valid else None
     decision = decide(
         TunerInput(
             current=current,
