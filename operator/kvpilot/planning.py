@@ -46,7 +46,13 @@ def model_reproduces(engine: InferenceEngine, observed: Observed) -> bool:
     w = observed.kv
     if w is None:
         return True
-    misses = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
+    if w.ttft_miss_fraction is None and w.tpot_miss_fraction is None:
+        # No latency histograms (1.2's TensorRT backend serves no Prometheus page): requests waiting beside a full
+        # batch are the evidence the rules act on.
+        waiting = w.mean_queued >= 1 and w.runtime_batch_size > 0 and w.peak_active >= w.runtime_batch_size
+        misses = 1.0 if waiting else 0.0
+    else:
+        misses = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
     if misses < MODEL_CHECK_MISSES or w.completion_rate <= 0 or w.runtime_batch_size <= 0:
         return True
     fit = fit_traffic(w)
@@ -60,8 +66,8 @@ def model_reproduces(engine: InferenceEngine, observed: Observed) -> bool:
     if simulated < MODEL_ALL_SERVED * fit.rate_per_s:
         return True  # the model sees the misses too (overload): it can rank the candidates
     log.info("InferenceEngine %s/%s: staying put, the what-if model serves %.2f of %.2f req/s within the objectives "
-             "where the pods missed %.0f%%: the tuner's rules decide alone", engine.meta.namespace, engine.meta.name,
-             simulated, fit.rate_per_s, misses * 100)
+             "where the pods missed them (or queued beside a full batch): the tuner's rules decide alone",
+             engine.meta.namespace, engine.meta.name, simulated, fit.rate_per_s)
     return False
 
 

@@ -159,6 +159,14 @@ def test_the_what_if_is_trusted_only_where_its_model_shows_the_pods_misses() -> 
     assert planning.model_reproduces(e, measured(1.7, misses=0.0)) is True
     # A true overload (12 req/s per pod on 4 slots): the model misses too and stays in charge.
     assert planning.model_reproduces(e, measured(12.0, misses=0.9)) is True
+    # Without latency histograms (1.2, TensorRT backend): a queue beside a full batch is the evidence.
+    no_histograms = measured(1.7, misses=0.0)
+    assert no_histograms.kv is not None
+    queued = replace(no_histograms, kv=replace(no_histograms.kv, ttft_miss_fraction=None, mean_queued=2.0,
+                                               peak_active=4))
+    assert planning.model_reproduces(e, queued) is False
+    idle = replace(no_histograms, kv=replace(no_histograms.kv, ttft_miss_fraction=None, mean_queued=0.0))
+    assert planning.model_reproduces(e, idle) is True
 
 
 def test_an_invalid_model_leaves_the_rules_alone_without_holding(monkeypatch: pytest.MonkeyPatch) -> None:
