@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Reconciles running at once; engines with pending changes go before resyncs.")
     run.add_argument("--api-pool-size", type=_positive_int, default=16,
                      help="Threads (and HTTP connections) for API-server calls.")
+    run.add_argument("--no-gpu-capacity", dest="gpu_capacity", action="store_false",
+                     help="Do not watch Nodes and the pods of every namespace (needs cluster-wide list/watch); "
+                          "serving.rollout.strategy Auto then never surges.")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain", help="Log output format.")
     run.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=cmd_run)

@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
 import aiohttp
 
 from kvpilot import telemetry
+from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.validate import InvalidEngineError
+from kvpilot.autotune.window import KvWindow
 from kvpilot.k8s.cache import CHILD_KINDS, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
+from kvpilot.k8s.capacity import BOUND_POD_KIND, NODE_KIND
 from kvpilot.k8s.informer import Informer
 from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.desired.storage import cache_claim_name
@@ -29,6 +32,7 @@ from kvpilot.logfilter import install as install_repeat_filter
 from kvpilot.logjson import bind_engine
 from kvpilot.observe.prometheus import query_prometheus
 from kvpilot.observe.scrape import EngineFacts, EngineSampler, is_warm
+from kvpilot.planning import Planner
 from kvpilot.reconcile import ApplyFailed, engine_from_body, reconcile
 from kvpilot.trtllm.metrics import MetricsRejected
 from kvpilot.workqueue import CHANGE, RESYNC, PrioritySlots
@@ -78,6 +82,18 @@ class EngineLoop:
         return self.parsed[1]
 
 
+def engine_time(window: KvWindow | None, spec: InferenceEngineSpec) -> KvWindow | None:
+    """The window's arrival rate in the served engine's own time. kvsim pods (the simulated backend) run their
+    clock ``speedupRatio`` times faster than the wall clock the sampler measures, and the tuner's what-if
+    replays the traffic on the same engine model: without this, it would simulate ``speedupRatio`` times the
+    load. A real engine's clock is the wall clock."""
+    sim = spec.runtime.simulation
+    ratio = sim.speedup_ratio if spec.runtime.backend == "simulated" and sim is not None else 1
+    if window is None or ratio <= 1 or window.arrival_rate <= 0:
+        return window
+    return replace(window, arrival_rate=window.arrival_rate / ratio)
+
+
 class EngineLoops:
     """The registry of loops, fed by kopf events."""
 
@@ -100,6 +116,7 @@ class EngineLoops:
         self._informers: list[Informer] = []
         self._unsynced: set[tuple[str, str | None]] = set()
         self.scrape_slots = asyncio.Semaphore(concurrent_scrapes)
+        self.planner = Planner()  # the tuner's what-if runs in its worker thread, within a CPU budget per engine
         install_repeat_filter(("kvpilot.observe.scrape", __name__))
 
     def session(self) -> aiohttp.ClientSession:
@@ -117,6 +134,7 @@ class EngineLoops:
             if loop and loop.task:
                 loop.task.cancel()
             telemetry.forget(*key)
+            self.planner.forget(key)
             return
         loop = self.loops.get(key)
         if loop is None:
@@ -155,6 +173,19 @@ class EngineLoops:
                 inf = Informer(self.api.api_client, kind, ns, loop, on_list, self.child_event)
                 self._informers.append(inf)
                 inf.start()
+
+    def start_gpu_informers(self) -> None:
+        """Watch Nodes and the pods of every namespace into ``api.gpus``: whether a surge pod finds a free GPU
+        (``serving.rollout.strategy: Auto``). Not part of ``synced``: until listed, Auto does not surge; a
+        denied watch (RBAC without nodes/pods at cluster scope) retries with back-off and Auto stays NoSurge."""
+        loop = asyncio.get_running_loop()
+        for kind in (NODE_KIND, BOUND_POD_KIND):
+            inf = Informer(self.api.api_client, kind, None, loop, self.api.gpus.listed, self._gpu_event)
+            self._informers.append(inf)
+            inf.start()
+
+    def _gpu_event(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
+        self.api.gpus.event(kind, event_type, body)
 
     def children_listed(self, kind: str, items: list[dict[str, Any]], namespace: str | None) -> None:
         for body in self.api.cache.replace(kind, items, namespace):
@@ -212,6 +243,7 @@ class EngineLoops:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+        self.planner.close()
 
     async def _sample(self, loop: EngineLoop, spec: Any, pods: list[Any]) -> None:
         tune = spec.autotune
@@ -243,8 +275,9 @@ class EngineLoops:
                     telemetry.METRICS_REJECTED.labels(reason=exc.reason).inc()
                 log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
                 return None
-        return loop.sampler.window(tune.interval_seconds, slo.time_to_first_token_millis if slo else None,
-                                   slo.time_per_output_token_millis if slo else None)
+        window = loop.sampler.window(tune.interval_seconds, slo.time_to_first_token_millis if slo else None,
+                                     slo.time_per_output_token_millis if slo else None)
+        return engine_time(window, engine.spec)
 
     async def _run(self, loop: EngineLoop) -> None:
         failures = 0
@@ -275,7 +308,7 @@ class EngineLoops:
                         loop.generation = engine.meta.generation
                         kv = await self._window(loop, engine, pods)
                         p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
-                                                      self.settings, kv)
+                                                      self.settings, kv, planner=self.planner)
                     before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
                     loop.body = {**loop.body, "status": p.status}
                     loop.wrote_status = True

@@ -34,6 +34,6 @@ def run_operator(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         memo=engine_handlers.memo_for(settings, args.resync_seconds, args.concurrent_reconciles, args.api_pool_size,
-                                      namespaces),
+                                      namespaces, getattr(args, "gpu_capacity", True)),
     )
     return 0

@@ -19,7 +19,8 @@ from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
-from kvpilot.desired.observed import KvWindow, Observed
+from kvpilot.autotune.window import KvWindow
+from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.events import events_between
 from kvpilot.desired.storage import engine_index_entry
@@ -28,6 +29,7 @@ from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.k8s.errors import ApiError, Conflict
 from kvpilot.observe.cluster import observe_engine
+from kvpilot.planning import Planner
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,7 @@ class ApplyFailed(ApiError):
 
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
-    now: datetime | None = None,
+    now: datetime | None = None, planner: Planner | None = None,
 ) -> tuple[Plan, Observed]:
     """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed.
 
@@ -146,8 +148,10 @@ async def reconcile(
     owns. Every failed write reaches status (Degraded, naming the object and the reason) before the pass
     raises, whatever write failed."""
     started = time.monotonic()
-    observed = observe_engine(api.cache, engine, status, settings, kv)
-    p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
+    observed = observe_engine(api.cache, engine, status, settings, kv, api.gpus)
+    at = now or datetime.now(timezone.utc)
+    # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
+    p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
     failed: list[tuple[str, ApiError]] = []
     for obj in p.apply:

@@ -35,6 +35,9 @@ METRICS_REJECTED = Counter(
     "Serving-pod metrics payloads rejected as malformed, or samples ignored as inconsistent with the engine.",
     ["reason"],
 )
+WHAT_IF_CPU_SECONDS = Histogram(
+    "kvpilot_autotune_whatif_cpu_seconds", "CPU seconds of one autotune pass that may run the what-if simulation "
+    "(off the event loop; kvpilot/planning.py).", buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
 RECOMMENDED = Gauge("kvpilot_autotune_recommended_batch_size", "The tuner's recommended runtime max_batch_size.",
                     ["namespace", "name"])
 

@@ -26,5 +26,13 @@ KOPF_CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions"): fro
 # With explicit namespaces kopf also lists/watches namespaces (observation.py, namespace_observer);
 # cluster-wide it does not.
 NAMESPACED_MODE_CLUSTER_READS = {**KOPF_CLUSTER_READS, ("", "namespaces"): frozenset({"list", "watch"})}
+# serving.rollout.strategy Auto (gpuCapacity.watch, default on): free GPUs per node, from Nodes and the pods
+# bound to them in every namespace (k8s/capacity.py). Cluster-wide list/watch, in both modes.
+GPU_CAPACITY_READS = {("", "nodes"): frozenset({"list", "watch"}), ("", "pods"): frozenset({"list", "watch"})}
+# What each mode grants at cluster scope, all together (pods: the namespaced READ covers the capacity watch).
+CLUSTER_WIDE_MODE_GRANTS = {**NAMESPACED_NEEDS, **KOPF_CLUSTER_READS, **GPU_CAPACITY_READS, ("", "pods"): READ}
+NAMESPACED_MODE_CLUSTER_GRANTS = {**NAMESPACED_MODE_CLUSTER_READS, **GPU_CAPACITY_READS}
+# In a namespace nobody watches, namespaced mode can still list/watch pods (the capacity watch) and nothing else.
+UNWATCHED_NAMESPACE_GRANTS = {("", "pods"): frozenset({"list", "watch"})}
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "bind", "escalate", "impersonate"})

@@ -24,8 +24,10 @@ import yaml
 from chart_helpers import CHART_DIR, REPO_ROOT, VARIANTS
 from chart_policies import pod_specs
 from rbac_contract import (
-    KOPF_CLUSTER_READS,
+    CLUSTER_WIDE_MODE_GRANTS,
+    NAMESPACED_MODE_CLUSTER_GRANTS,
     NAMESPACED_MODE_CLUSTER_READS,
+    UNWATCHED_NAMESPACE_GRANTS,
     NAMESPACED_NEEDS,
 )
 
@@ -217,7 +219,7 @@ def test_1_every_values_variant_is_admitted_under_restricted(cluster: PrivateClu
 
 
 def test_2_cluster_wide_rbac_is_exactly_the_contract(cluster: PrivateCluster) -> None:
-    assert permission_mismatches(cluster, {**NAMESPACED_NEEDS, **KOPF_CLUSTER_READS}, None) == []
+    assert permission_mismatches(cluster, CLUSTER_WIDE_MODE_GRANTS, None) == []
     assert permission_mismatches(cluster, NAMESPACED_NEEDS, "any-namespace") == []
 
 
@@ -229,8 +231,8 @@ def test_3_namespaced_rbac_is_exactly_the_contract(cluster: PrivateCluster) -> N
     )
     for namespace in WATCHED:
         assert permission_mismatches(cluster, NAMESPACED_NEEDS, namespace) == []
-    assert permission_mismatches(cluster, {}, "default") == []
-    assert permission_mismatches(cluster, NAMESPACED_MODE_CLUSTER_READS, None) == []
+    assert permission_mismatches(cluster, UNWATCHED_NAMESPACE_GRANTS, "default") == []
+    assert permission_mismatches(cluster, NAMESPACED_MODE_CLUSTER_GRANTS, None) == []
 
 
 def test_4_helm_upgrade_upgrades_the_crd(cluster: PrivateCluster, tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ import pytest
 from chart_helpers import RELEASE_NAMESPACE, Manifest, objects_of_kind, only_object
 from chart_policies import effective_permissions, wildcard_uses
 from rbac_contract import (
+    CLUSTER_WIDE_MODE_GRANTS,
     KOPF_CLUSTER_READS,
-    NAMESPACED_MODE_CLUSTER_READS,
+    NAMESPACED_MODE_CLUSTER_GRANTS,
     NAMESPACED_NEEDS,
     WRITE_VERBS,
 )
@@ -33,8 +34,19 @@ def test_no_rule_uses_a_wildcard(variant_objects: list[Manifest]) -> None:
 def test_cluster_wide_grants_exactly_what_the_operator_needs(render) -> None:
     objects = render()
     granted = effective_permissions(objects, *service_account(objects))
-    assert granted == {None: {**NAMESPACED_NEEDS, **KOPF_CLUSTER_READS}}
+    assert granted == {None: CLUSTER_WIDE_MODE_GRANTS}
     assert objects_of_kind(objects, "Role") == []
+
+
+def test_without_the_gpu_capacity_watch_no_node_or_cluster_pod_read(render) -> None:
+    objects = render({"gpuCapacity": {"watch": False}})
+    granted = effective_permissions(objects, *service_account(objects))
+    assert granted == {None: {**NAMESPACED_NEEDS, **KOPF_CLUSTER_READS}}
+    namespaced = render({"gpuCapacity": {"watch": False}, "watchNamespaces": ["team-a"]})
+    cluster_reads = effective_permissions(namespaced, *service_account(namespaced))[None]
+    assert ("", "nodes") not in cluster_reads and ("", "pods") not in cluster_reads
+    args = only_object(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-gpu-capacity" in args
 
 
 @pytest.mark.parametrize("namespaces", [["team-a"], ["team-a", "team-b", "team-c"]])
@@ -42,7 +54,7 @@ def test_namespaced_grants_roles_per_namespace_and_only_cluster_reads(render, na
     objects = render({"watchNamespaces": namespaces})
     granted = effective_permissions(objects, *service_account(objects))
     expected: dict[str | None, dict] = {ns: NAMESPACED_NEEDS for ns in namespaces}
-    expected[None] = NAMESPACED_MODE_CLUSTER_READS
+    expected[None] = NAMESPACED_MODE_CLUSTER_GRANTS
     assert granted == expected
     roles = objects_of_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)

@@ -26,13 +26,14 @@ def stats_cases() -> list[tuple[object, str]]:
     def dump(obj: object) -> str:
         return json.dumps(obj, allow_nan=True)
 
-    for field in ("numActiveRequests", "maxBatchSizeStatic", "iterLatencyMS", "numCompletedRequests"):
+    for field in ("numActiveRequests", "maxBatchSizeStatic", "iterLatencyMS", "numCompletedRequests", "iter"):
         for v in ODD_VALUES:
             if field == "iterLatencyMS" and v == 1.5:
                 continue  # a fractional latency is legitimate
             out.append((dump([{**GOOD, field: v}]), f"{field}={v!r}"))
     for section, key in (("kvCacheStats", "usedNumBlocks"), ("kvCacheStats", "maxNumBlocks"),
-                         ("inflightBatchingStats", "numPausedRequests")):
+                         ("inflightBatchingStats", "numPausedRequests"), ("inflightBatchingStats", "numCtxTokens"),
+                         ("kvCacheStats", "reusedBlocks")):
         for v in ("x", [1], -3, float("inf"), 1.25, {}):
             out.append((dump([{**GOOD, section: {**GOOD[section], key: v}}]), f"{section}.{key}={v!r}"))  # type: ignore[dict-item]
     for v in (1, "x", [1], True, 0.5):

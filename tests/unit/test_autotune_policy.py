@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvpilot.api.models import AutotuneSpec, MetricsSpec, SloSpec
 from kvpilot.autotune.policy import Decision, TunerInput, decide
-from kvpilot.desired.observed import KvWindow
+from kvpilot.autotune.window import KvWindow
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 SPEC = AutotuneSpec(enabled=True, mode="Auto", min_batch_size=8, max_batch_size=1024,

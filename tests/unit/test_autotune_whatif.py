@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvpilot.autotune.whatif import Engine, TrafficFit, fit_traffic, goodput_after, steady_goodput, verdict
-from kvpilot.desired.observed import KvWindow
+from kvpilot.autotune.window import KvWindow
 
 A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
               restart_seconds=90.0, surge=False, ttft_ms=3000.0, tpot_ms=60.0)

@@ -26,7 +26,7 @@ def body(**overrides: Any) -> dict[str, Any]:
 def fake_reconcile(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
-    async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any) -> Any:
+    async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any, **_: Any) -> Any:
         calls.append(status)
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         pod = PodState("e1-x", ready=True, fingerprint=None, ip="127.0.0.9")

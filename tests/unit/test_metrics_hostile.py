@@ -144,7 +144,7 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The real per-engine loop with a fake reconcile (one serving pod) and a fake metrics session."""
     state: dict[str, Any] = {"reconciles": 0, "session": FakeSession({"/metrics": (200, b'[{"kvCacheStats": 1}]')})}
 
-    async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any) -> Any:
+    async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any, **_: Any) -> Any:
         state["reconciles"] += 1
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         return p, Observed(pods=(POD,))

@@ -98,6 +98,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - {{ .Values.logFormat | quote }}
 - --resync-seconds
 - {{ .Values.resyncSeconds | quote }}
+{{- if not .Values.gpuCapacity.watch }}
+- --no-gpu-capacity
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -162,4 +165,11 @@ disappearing (kopf/_core/reactor/observation.py, resource_observer), in every mo
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- if .Values.gpuCapacity.watch }}
+# serving.rollout.strategy Auto: free GPUs per node (allocatable minus the GPU requests of the pods bound
+# there, in any namespace), so a retune surges only where the scheduler can place the extra pod.
+- apiGroups: [""]
+  resources: ["nodes", "pods"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- end }}

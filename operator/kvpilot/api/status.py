@@ -117,6 +117,15 @@ class BatchingStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrafficStatus:
+    """``status.kvCache.traffic``: the window's traffic as the tuner's what-if simulation replays it."""
+
+    requests_per_minute: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class KvCacheStatus:
     """``status.kvCache``: the KV-cache pool as last observed."""
 
@@ -127,6 +136,7 @@ class KvCacheStatus:
     waiting_requests: int | None = None
     active_requests: int | None = None
     paused_requests: int | None = None
+    traffic: TrafficStatus | None = None
     observed_at: str | None = None
 
 

@@ -100,6 +100,15 @@ def _kv_cache() -> Schema:
             "waitingRequests": integer("Requests queued for admission (peak of the window).", 0),
             "activeRequests": integer("Requests in the batch (peak of the window).", 0),
             "pausedRequests": integer("Requests paused for lack of blocks in the window.", 0),
+            "traffic": obj(
+                "The traffic of the window as the tuner's what-if simulation replays it, from the pods' metrics "
+                "(absent until enough requests finished).",
+                {
+                    "requestsPerMinute": integer("Requests received per minute, per pod.", 0),
+                    "promptTokens": integer("Mean prompt length of the window's requests.", 0),
+                    "outputTokens": integer("Mean output length of the window's requests.", 0),
+                },
+            ),
             "observedAt": string("When the metrics were read.", 64, fmt="date-time"),
         },
     )

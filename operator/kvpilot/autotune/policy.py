@@ -24,7 +24,7 @@ from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
-from kvpilot.desired.observed import KvWindow
+from kvpilot.autotune.window import KvWindow
 
 HYSTERESIS = 0.05  # utilization band around the target where the tuner does not move
 MIN_RELATIVE_STEP = 0.25  # smaller raises are not worth a pod restart

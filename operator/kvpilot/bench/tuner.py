@@ -33,7 +33,8 @@ from kvpilot.api.status import parse_status
 from kvpilot.api.validate import validate_manifest
 from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.bench.fleet import Fleet
-from kvpilot.desired.observed import DeploymentState, KvWindow, Observed
+from kvpilot.autotune.window import KvWindow
+from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.observe.window import summarize as summarize_window
 from kvpilot.trtllm.metrics import parse_iteration_stats

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from kvpilot.api.conditions import Condition, false, true
-from kvpilot.desired.observed import KvWindow
+from kvpilot.autotune.window import KvWindow
 from kvpilot.trtllm.surface import CONSERVATIVE, Surface
 
 RELEASE_CONTRACT = "ReleaseContract"

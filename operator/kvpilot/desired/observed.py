@@ -13,6 +13,9 @@ from typing import Any
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.desired import labels as L
 from kvpilot.api.status import EngineStatus
+from kvpilot.autotune.window import KvWindow
+
+__all__ = ["DeploymentState", "JobState", "KvWindow", "Observed", "PodState"]  # KvWindow: re-exported
 
 
 @dataclass(frozen=True)
@@ -71,51 +74,6 @@ class DeploymentState:
 
 
 @dataclass(frozen=True)
-class KvWindow:
-    """The autotuner's view of the pool over the last window, aggregated over warm, ready pods."""
-
-    samples: int
-    pods: int
-    peak_utilization: float
-    mean_utilization: float
-    peak_used_blocks: int
-    max_blocks: int
-    tokens_per_block: int
-    peak_active: int
-    mean_active: float
-    peak_queued: int
-    mean_queued: float
-    paused: int
-    runtime_batch_size: int
-    tuner_recommended: int = 0
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
-    window_seconds: float = 0.0
-    completion_rate: float = 0.0  # requests finished per second, per pod
-    queue_growth: float = 0.0  # change of the queue per second, per pod (> 0: arrivals outpace service)
-    ttft_miss_fraction: float | None = None  # share of requests over the TTFT objective in the window
-    tpot_miss_fraction: float | None = None
-    # Iteration latency against the generation batch (least squares over the window): how TPOT grows with
-    # the batch, so a larger limit's TPOT can be predicted before it is tried. None when not fitted.
-    step_ms_intercept: float | None = None
-    step_ms_per_request: float | None = None
-    mean_generation: float = 0.0
-    mean_unscheduled: float = 0.0  # active requests the capacity scheduler held back for lack of KV blocks
-    blocks_per_request: float = 0.0  # the most KV blocks one active request held on average, in one sample
-    # Metrics payloads rejected (malformed) or samples ignored (inconsistent with the engine) in the window, and
-    # the latest reason: reported in a condition so a hostile or foreign pod is visible, never a crash.
-    rejected_samples: int = 0
-    rejection: str | None = None
-    # The traffic, for the tuner's what-if simulation (autotune/whatif.py): requests received per second per
-    # pod and the mean prompt, output and max_tokens of the requests finished in the window (the request
-    # counters and token histograms of /prometheus/metrics). 0: unknown.
-    arrival_rate: float = 0.0
-    prompt_mean: float = 0.0
-    output_mean: float = 0.0
-    max_tokens_mean: float = 0.0
-
-
-@dataclass(frozen=True)
 class Observed:
     status: EngineStatus = field(default_factory=EngineStatus)  # the engine's own status as last written
     engine_index: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -129,6 +87,12 @@ class Observed:
     # Whether a GPU of the serving pods' product is free for one surge pod (None: not observed). Read by
     # desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
     spare_gpu: bool | None = None
+    # False when this engine spent its what-if CPU budget (kvpilot/planning.py): the tuner then holds any
+    # change the simulation would have had to confirm (protective lowers excepted).
+    what_if_allowed: bool = True
+    # False when the what-if's model does not reproduce what the pods show now (kvpilot/planning.py): the
+    # tuner then decides by its rules alone, as for an engine without a kvsim model.
+    what_if_model_valid: bool = True
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

@@ -23,10 +23,11 @@ from kvpilot.api.status import (
     BuildState,
     EngineStatus,
     KvCacheStatus,
+    TrafficStatus,
     status_dict,
     to_wire,
 )
-from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.policy import PROTECTIVE_REASONS, AppliedChange, Decision, TunerInput, decide
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_in_force
 from kvpilot.desired import labels as L
@@ -103,7 +104,8 @@ def _tune(
     if not spec.autotune.enabled:
         return None
     last_at = _when((observed.status.autotune or AutotuneStatus()).last_applied_at, now)
-    return decide(
+    what_if = _what_if(spec, ceiling, observed) if observed.what_if_model_valid else None
+    decision = decide(
         TunerInput(
             current=current,
             ceiling=ceiling,
@@ -120,10 +122,17 @@ def _tune(
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
             surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
-            what_if=_what_if(spec, ceiling, observed),
+            what_if=what_if if observed.what_if_allowed else None,
             declined_since=_declined_since(observed.status.autotune, now),
         )
     )
+    if what_if is not None and not observed.what_if_allowed and decision.changes \
+            and decision.reason not in (*PROTECTIVE_REASONS, "OutOfBounds"):
+        # Unconfirmed by the simulation, a change may cost more than it gains: wait for the budget to refill.
+        return Decision(Action.HOLD, current, "WhatIfBudgetSpent",
+                        f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "
+                        f"until the simulation can confirm it")
+    return decision
 
 
 def _declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
@@ -165,6 +174,9 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     w = observed.kv
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.kv_cache
+    traffic = (TrafficStatus(requests_per_minute=round(w.arrival_rate * 60), prompt_tokens=round(w.prompt_mean),
+                             output_tokens=round(w.output_mean))
+               if w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0 else None)
     return KvCacheStatus(
         utilization_percent=round(w.peak_utilization * 100),
         used_blocks=w.peak_used_blocks,
@@ -173,6 +185,7 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
         waiting_requests=w.peak_queued,
         active_requests=w.peak_active,
         paused_requests=w.paused,
+        traffic=traffic,
         observed_at=rfc3339(now),
     )
 

@@ -26,6 +26,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Children are read from a watch cache of kvpilot's own (k8s/informer.py), filtered on the server by label
     # (claims excepted: a user's claim has none); kopf watches only the InferenceEngines.
     memo.loops.start_informers(list(memo.namespaces))
+    if memo.get("gpu_capacity", True):
+        memo.loops.start_gpu_informers()  # free GPUs per node, for serving.rollout.strategy Auto
 
 
 @kopf.on.cleanup()
@@ -39,6 +41,6 @@ async def on_engine_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
 
 
 def memo_for(settings: Settings, resync_seconds: float, concurrent_reconciles: int = 16,
-             api_pool_size: int = 16, namespaces: list[str] | None = None) -> kopf.Memo:
+             api_pool_size: int = 16, namespaces: list[str] | None = None, gpu_capacity: bool = True) -> kopf.Memo:
     return kopf.Memo(settings=settings, resync_seconds=resync_seconds, concurrent_reconciles=concurrent_reconciles,
-                     api_pool_size=api_pool_size, namespaces=namespaces or [])
+                     api_pool_size=api_pool_size, namespaces=namespaces or [], gpu_capacity=gpu_capacity)

@@ -24,6 +24,7 @@ from kubernetes.dynamic import DynamicClient
 
 from kvpilot import API_VERSION, KIND, telemetry
 from kvpilot.k8s.cache import ChildCache
+from kvpilot.k8s.capacity import GpuCapacity
 from kvpilot.k8s.drift import needs_apply, with_applied_hash
 from kvpilot.k8s.events import EventRecorder
 from kvpilot.k8s.errors import NotFound, convert
@@ -62,6 +63,7 @@ class Api:
         self._resources: dict[tuple[str, str], Any] = {}
         self._pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="kvpilot-api")
         self.cache = ChildCache()
+        self.gpus = GpuCapacity()  # fed by the Node and bound-pod informers (loop.start_gpu_informers)
         self.events = EventRecorder(self)
 
     @property

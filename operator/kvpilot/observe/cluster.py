@@ -7,10 +7,10 @@ from typing import Any
 
 from kvpilot.api.models import InferenceEngine
 from kvpilot.api.status import parse_status
+from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import labels as L
 from kvpilot.desired.build import target_fingerprint
 from kvpilot.desired.observed import (
-    KvWindow,
     Observed,
     deployment_state,
     job_state,
@@ -21,6 +21,7 @@ from kvpilot.desired.plan import Settings
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.storage import INDEX_CLAIM_UID_KEY, INDEX_MANIFEST_KEY, cache_claim_name
 from kvpilot.k8s.cache import ChildCache
+from kvpilot.k8s.capacity import GpuCapacity
 
 
 def termination_message(pods: list[dict[str, Any]]) -> str:
@@ -55,7 +56,8 @@ def parse_index(entries: list[dict[str, Any]], claim: str, claim_uid: str) -> di
 
 
 def observe_engine(
-    cache: ChildCache, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None
+    cache: ChildCache, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
+    gpus: GpuCapacity | None = None,
 ) -> Observed:
     """Everything one reconcile reads, from the watch cache: no API call (the cache is primed before the
     first reconcile and kept current by the watches, so a deletion or an edit is seen like any change)."""
@@ -96,4 +98,26 @@ def observe_engine(
         claim_uid=claim_uid,
         kv=kv,
         startup_seconds=startup_seconds(pod_states),
+        spare_gpu=spare_gpu(dep, gpus),
     )
+
+
+def spare_gpu(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> bool | None:
+    """Whether one more serving pod would find a free GPU (``serving.rollout.strategy: Auto`` surges then).
+
+    Asked of the Deployment's own pod template (its GPU request, nodeSelector and tolerations), as the
+    scheduler would place a surge pod. While a rollout is under way the answer is the strategy already in
+    force: the surge pod holds the spare GPU it found, and flipping the strategy mid-rollout would only churn.
+    None when unknown (no Deployment yet, or the capacity watches not yet listed): Auto then does not surge."""
+    if dep is None or gpus is None:
+        return None
+    spec, st = dep.get("spec") or {}, dep.get("status") or {}
+    replicas = int(spec.get("replicas", 1) or 0)
+    rolling = (int(st.get("observedGeneration") or 0) < int((dep.get("metadata") or {}).get("generation") or 0)
+               or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
+               or int(st.get("availableReplicas") or 0) < replicas)
+    if rolling:
+        limits = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+        return str(limits.get("maxSurge", "")) not in ("", "0", "0%") and str(limits.get("maxUnavailable", "")) in ("0", "0%")
+    template = ((spec.get("template") or {}).get("spec")) or {}
+    return gpus.fits(template)

@@ -22,7 +22,8 @@ import aiohttp
 
 from kvpilot import telemetry
 from kvpilot.api.timestamps import parse_rfc3339
-from kvpilot.desired.observed import KvWindow, PodState
+from kvpilot.autotune.window import KvWindow
+from kvpilot.desired.observed import PodState
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import (
     IterationSample,

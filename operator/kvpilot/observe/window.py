@@ -6,9 +6,11 @@ worst pod's peak (memory safety) and the mean over pods (load).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from kvpilot.desired.observed import KvWindow
+from kvpilot.autotune.window import KvWindow
 from kvpilot.trtllm.metrics import (
     Histogram,
     IterationSample,
@@ -40,6 +42,7 @@ def summarize(
     ttft_pairs = [(snaps[0].ttft, snaps[-1].ttft) for snaps in latency.values()]
     tpot_pairs = [(snaps[0].tpot, snaps[-1].tpot) for snaps in latency.values()]
     intercept, slope = _step_fit(samples)
+    traffic = traffic_fit(pods, latency_by_pod or {}, span)
     return KvWindow(
         samples=n,
         pods=len(pods),
@@ -68,7 +71,85 @@ def summarize(
         blocks_per_request=max((s.used_blocks / s.active_requests for s in samples if s.active_requests), default=0.0),
         mean_unscheduled=sum(max(0, s.active_requests - s.scheduled_requests) for s in samples
                              if s.scheduled_requests is not None) / n,
+        arrival_rate=traffic.arrival_rate,
+        prompt_mean=traffic.prompt_mean,
+        output_mean=traffic.output_mean,
     )
+
+
+MIN_TRAFFIC_REQUESTS = 5  # fewer finished requests in a window say nothing about the traffic's lengths
+# Beyond any real engine (a 1M-token context, 10,000 requests/s on one pod): a hostile or broken pod, not traffic.
+MAX_MEAN_TOKENS = 2**20
+MAX_RATE_PER_POD = 10_000.0
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Requests received per second per pod and the mean prompt and output of the window; 0: unknown."""
+
+    arrival_rate: float = 0.0
+    prompt_mean: float = 0.0
+    output_mean: float = 0.0
+
+
+def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: Mapping[str, Sequence[LatencySnapshot]],
+                span: float) -> Traffic:
+    """The traffic the pods saw, for the tuner's what-if (autotune/whatif.py fit_traffic), from what every
+    release exposes, the exact counters first:
+
+    * finished requests: ``request_success_total`` where the pod serves /prometheus/metrics, else the
+      iteration stats' ``numCompletedRequests``;
+    * arrivals = finished + growth of the requests in the pod (active + queued) over the window: a queue that
+      grows is traffic too (a rate from completions alone would cap at the capacity it should judge);
+    * mean prompt: ``trtllm_prompt_tokens_total`` per finished request (1.3), else the context tokens the
+      iterations computed (``numCtxTokens``) plus those found in the KV reuse cache (``reusedBlocks`` growth
+      times ``tokensPerBlock``) per request admitted (finished + growth of the active ones);
+    * mean output: ``trtllm_generation_tokens_total`` per finished request (1.3), else the generation steps
+      (``numGenRequests`` per iteration, times the iterations a sample stands for by its ``iter``: one token
+      per request per step) per finished request, plus the first token, which the context step makes.
+
+    Over the fleet the means are weighted by requests. A window with fewer than MIN_TRAFFIC_REQUESTS finished
+    requests, or a figure that is not finite and positive, is unknown (0), and the tuner's what-if holds off.
+    The iteration-stats estimates assume the stats queue was not overflowed between two scrapes (at most
+    iter_stats_max_iterations iterations per scrape interval); a loss shrinks numerator and denominator alike.
+    max_tokens is not exported by any release, so it stays unknown."""
+    arrived = finished = prompt_tokens = admitted = output_tokens = outputs = 0.0
+    for pod, samples in pods.items():
+        if not samples:
+            continue
+        first, last = samples[0], samples[-1]
+        snaps = [s for s in latency_by_pod.get(pod, ()) if s.completed is not None]
+        counted = len(snaps) >= 2
+        done = max(0.0, (snaps[-1].completed or 0.0) - (snaps[0].completed or 0.0)) if counted \
+            else float(sum(s.completed_requests for s in samples))
+        in_pod = (last.active_requests + last.queued_requests) - (first.active_requests + first.queued_requests)
+        arrived += max(0.0, done + in_pod)
+        finished += done
+        if counted and snaps[0].prompt_tokens is not None and snaps[-1].prompt_tokens is not None:
+            prompt_tokens += max(0.0, snaps[-1].prompt_tokens - snaps[0].prompt_tokens)
+            admitted += done
+        else:
+            reused = max(0, last.reused_blocks - first.reused_blocks) * last.tokens_per_block
+            prompt_tokens += sum(s.ctx_tokens for s in samples) + reused
+            admitted += max(0.0, sum(s.completed_requests for s in samples)
+                            + last.active_requests - first.active_requests)
+        if counted and snaps[0].generation_tokens is not None and snaps[-1].generation_tokens is not None:
+            output_tokens += max(0.0, snaps[-1].generation_tokens - snaps[0].generation_tokens)
+            outputs += done
+        else:
+            steps = sum(s.completed_requests for s in samples)
+            output_tokens += _generation_steps(samples) + steps
+            outputs += steps
+    if finished < MIN_TRAFFIC_REQUESTS or not pods or span <= 0:
+        return Traffic()
+
+    def ratio(num: float, den: float) -> float:
+        value = num / den if den >= MIN_TRAFFIC_REQUESTS else 0.0
+        return value if math.isfinite(value) and 0 < value <= MAX_MEAN_TOKENS else 0.0
+
+    rate = arrived / span / len(pods)
+    return Traffic(arrival_rate=rate if math.isfinite(rate) and rate <= MAX_RATE_PER_POD else 0.0,
+                   prompt_mean=ratio(prompt_tokens, admitted), output_mean=ratio(output_tokens, outputs))
 
 
 MIN_FIT_SPREAD = 3  # requests of generation-batch spread needed before a slope means anything
@@ -118,3 +199,17 @@ def _miss(pairs: list[tuple[Histogram, Histogram]], slo_ms: float | None) -> flo
     if slo_ms is None:
         return None
     return _worst(pairs, lambda b, a: window_fraction_above(b, a, slo_ms / 1000), 1.0)
+
+
+MAX_ITERATIONS_PER_SAMPLE = 100_000  # a larger step of ``iter`` is a restarted counter, not a run
+
+
+def _generation_steps(samples: Sequence[IterationSample]) -> float:
+    """Tokens the generation phase made over the samples: each generating request makes one per iteration,
+    and a sample stands for the iterations since the previous one (``iter`` steps; 1 when not reported)."""
+    total, prev = 0.0, None
+    for s in samples:
+        step = s.iteration - prev if prev is not None and s.iteration > prev else 1
+        total += s.generation_requests * (step if step <= MAX_ITERATIONS_PER_SAMPLE else 1)
+        prev = s.iteration
+    return total

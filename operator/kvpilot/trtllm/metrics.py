@@ -39,6 +39,16 @@ class IterationSample:
     # Requests the capacity scheduler let run this iteration. Active requests it did not schedule are
     # waiting for KV blocks (under GUARANTEED_NO_EVICT, for their reservation): the limit is not what binds.
     scheduled_requests: int | None = None
+    # Prompt tokens the context phase processed this iteration (inflightBatchingStats.numCtxTokens, every
+    # release): summed over a window and divided by the requests admitted, the mean prompt the pods saw.
+    ctx_tokens: int = 0
+    # The iteration's number (``iter``): its step over the previous sample says how many iterations this sample
+    # stands for (kvsim reports a run of identical decode iterations once; a server whose stats queue
+    # overflowed between two scrapes dropped some), so generation steps are counted per iteration.
+    iteration: int = 0
+    # KV blocks found in the reuse cache so far (kvCacheStats.reusedBlocks, a cumulative counter): their prompt
+    # tokens were not computed, so numCtxTokens alone would read shared prompts as short ones.
+    reused_blocks: int = 0
 
     @property
     def kv_utilization(self) -> float:
@@ -63,6 +73,11 @@ class LatencySnapshot:
     # The finished-requests counter (request_success_total, all finish reasons); None when the pod does not
     # export it, so the completion rate falls back to the iteration stats instead of reading 0.
     completed: float | None = None
+    # Prompt and generated tokens of finished requests (counters of the 1.3 collector: trtllm_prompt_tokens_total,
+    # trtllm_generation_tokens_total); None when the release does not export them (1.2): the iteration stats
+    # then give the traffic's lengths (observe/window.py).
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
 
     @property
     def has_latency(self) -> bool:
@@ -154,6 +169,9 @@ def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
                 generation_requests=_count(ifb, "numGenRequests", ifw),
                 completed_requests=_count(item, "numCompletedRequests", where),
                 scheduled_requests=_count(ifb, "numScheduledRequests", ifw) if "numScheduledRequests" in ifb else None,
+                ctx_tokens=_count(ifb, "numCtxTokens", ifw),
+                iteration=_count(item, "iter", where),
+                reused_blocks=_count(kv, "reusedBlocks", kvw),
             )
         )
     return samples
@@ -213,6 +231,8 @@ def parse_prometheus(text: str, now_s: float) -> tuple[IterationSample | None, L
         ttft=_histogram(_first(hist, "ttft")),
         tpot=_histogram(_first(hist, "tpot")),
         completed=_first(gauges, "completed"),
+        prompt_tokens=_first(gauges, "prompt_tokens"),
+        generation_tokens=_first(gauges, "generation_tokens"),
     )
     if _first(gauges, "max_blocks") is None:
         return None, latency

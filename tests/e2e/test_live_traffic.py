@@ -1,0 +1,41 @@
+"""The live tuner's window carries the traffic the pods served (arrival rate, mean prompt and output), read
+from kvsim's trtllm-serve metrics by the operator's sampler: the what-if simulation has its input in the live
+operator, not only in the benchmark. Shown in status.kvCache.traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from tests.e2e.conftest import apply, kubectl, wait_for
+from tests.e2e.test_simulated import ie, ready_pod_ips, sim_engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+import closedloop  # noqa: E402
+
+RATE, SPEEDUP, MAX_TOKENS = 3.0, 10, 48
+
+
+def test_the_live_window_gets_the_traffic_the_pods_served(ns: str) -> None:
+    apply(sim_engine(ns, runtime__simulation={"profile": "llama-3.1-8b-fp8-h100", "speedupRatio": SPEEDUP},
+                     autotune={"mode": "Advisory", "intervalSeconds": 20, "warmupSeconds": 0}))
+    kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
+    stats = closedloop.LoadStats()
+
+    def traffic() -> dict[str, int] | None:
+        return ((ie(ns).get("status") or {}).get("kvCache") or {}).get("traffic")
+
+    async def drive() -> None:
+        await closedloop.generate_load(lambda: [f"{ip}:8000" for ip in ready_pod_ips(ns)], rate=RATE, seconds=90,
+                                       prompt_words=300, max_tokens=MAX_TOKENS, stats=stats,
+                                       stop=lambda: bool(traffic()) and stats.ok > 150)
+
+    asyncio.run(drive())
+    seen = wait_for(traffic, 60, "status.kvCache.traffic")
+    print(f"status.kvCache.traffic {seen}; client: {stats.sent} sent, {stats.ok} ok at {RATE} req/s wall")
+    assert stats.ok > 0 and stats.errors == 0, stats
+    # Per pod, in the engine's own time: kvsim's clock runs SPEEDUP times the wall clock the load is paced by.
+    assert 0.5 * RATE * 60 / SPEEDUP <= seen["requestsPerMinute"] <= 1.5 * RATE * 60 / SPEEDUP, seen
+    assert seen["promptTokens"] >= 100, seen  # 300 words of prompt
+    assert 1 <= seen["outputTokens"] <= MAX_TOKENS + 1, seen

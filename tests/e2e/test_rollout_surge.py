@@ -1,0 +1,57 @@
+"""serving.rollout.strategy Auto on a real API server: the operator watches Nodes and the pods bound to them
+(k8s/capacity.py) and renders surge (maxSurge 1, maxUnavailable 0) only while a GPU of the pods' product is
+free, surge 0 when another workload takes the last ones, and surge again once they are released."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.e2e.conftest import apply, get, kubectl, wait_for
+from tests.e2e.test_simulated import sim_engine
+
+PRODUCT = "NVIDIA-H200"  # hack/testenv/nodes.yaml: one kwok node with 8 of them
+SURGE = {"maxSurge": 1, "maxUnavailable": 0}
+NO_SURGE = {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def rolling_update(ns: str) -> dict[str, Any] | None:
+    dep = get("deployment", "sim", ns)
+    return ((dep or {}).get("spec") or {}).get("strategy", {}).get("rollingUpdate")
+
+
+def gpus_held_on(node_labels: dict[str, str]) -> tuple[int, int]:
+    """(allocatable, requested by bound live pods of any namespace) over the nodes with these labels."""
+    selector = ",".join(f"{k}={v}" for k, v in node_labels.items())
+    nodes = json.loads(kubectl("get", "nodes", "-l", selector, "-o", "json"))["items"]
+    names = {n["metadata"]["name"] for n in nodes}
+    allocatable = sum(int(n["status"]["allocatable"].get("nvidia.com/gpu", "0")) for n in nodes)
+    pods = json.loads(kubectl("get", "pods", "-A", "-o", "json"))["items"]
+    held = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0"))
+               for p in pods if p["spec"].get("nodeName") in names
+               and p["status"].get("phase") not in ("Succeeded", "Failed") for c in p["spec"]["containers"])
+    return allocatable, held
+
+
+def filler(ns: str, gpus: int) -> dict[str, Any]:
+    """Another team's pod taking GPUs of the same product (kwok runs it: it is not a simulated kvpilot pod)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler", "namespace": ns},
+            "spec": {"nodeSelector": {"nvidia.com/gpu.product": PRODUCT},
+                     "containers": [{"name": "train", "image": "registry.invalid/train:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+def test_auto_surges_only_while_a_gpu_of_the_product_is_free(ns: str) -> None:
+    apply(sim_engine(ns, serving={"gpuProduct": PRODUCT}))
+    kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
+    allocatable, held = gpus_held_on({"nvidia.com/gpu.product": PRODUCT})
+    assert 0 < held < allocatable, (allocatable, held)
+    wait_for(lambda: rolling_update(ns) == SURGE, 60, "Auto to render surge while a GPU is free")
+
+    apply(filler(ns, allocatable - held))
+    wait_for(lambda: (get("pod", "filler", ns) or {}).get("spec", {}).get("nodeName"), 60, "the filler bound")
+    assert gpus_held_on({"nvidia.com/gpu.product": PRODUCT})[1] == allocatable
+    wait_for(lambda: rolling_update(ns) == NO_SURGE, 60, "Auto to render surge 0 once no GPU is free")
+
+    kubectl("delete", "pod", "filler", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(lambda: rolling_update(ns) == SURGE, 60, "Auto to surge again once the GPUs are released")
