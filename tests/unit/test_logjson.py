@@ -115,7 +115,7 @@ def test_a_crash_in_an_engine_loop_logs_the_engine_and_the_traceback(monkeypatch
     monkeypatch.setattr(loop_log, "propagate", False)
     passes: list[str] = []
 
-    async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any) -> Any:
+    async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any, **_: Any) -> Any:
         passes.append(engine.meta.name)
         if len(passes) > 1:
             raise RuntimeError("a bug in the second pass")
