@@ -65,7 +65,7 @@ bench: venv ## Run the benchmarks and print their figures
 
 ENGINES ?= 1000
 bench-scale: venv cluster-build ## N engines on one operator, own local cluster: make bench-scale ENGINES=1000
-	$(BIN)/python hack/bench_scale.py --engines $(ENGINES)
+	$(BIN)/python hack/bench_scale.py --engines $(ENGINES) $(BENCH_SCALE_ARGS)
 
 crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api/schema.py
 	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml
