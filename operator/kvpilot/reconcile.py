@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
+from collections.abc import Awaitable
 from typing import Any
 
 from kvpilot import telemetry
@@ -18,7 +19,7 @@ from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
-from kvpilot.desired.observed import KvWindow, Observed
+from kvpilot.desired.observed import JobState, KvWindow, Observed
 from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.events import events_between
 from kvpilot.desired.storage import engine_index_entry
@@ -63,6 +64,11 @@ _creating: dict[tuple[str, str], asyncio.Future[None]] = {}
 async def _ensure_build_job(api: Api, engine: InferenceEngine, job: dict[str, Any]) -> bool:
     """Create the Job, or join it as an owner if another engine with the same inputs created it first."""
     key = (job["metadata"]["namespace"], job["metadata"]["name"])
+    cached = api.cache.get("Job", *key)
+    if cached is not None:  # another engine created it since this pass observed
+        if engine.meta.uid not in {r.get("uid") for r in cached["metadata"].get("ownerReferences") or []}:
+            await _adopt_job(api, engine, key[1])
+        return False
     pending = _creating.get(key)
     if pending is not None:
         await asyncio.shield(pending)
@@ -90,10 +96,21 @@ async def _adopt_job(api: Api, engine: InferenceEngine, name: str) -> None:
 
 
 async def _record_engine(
-    api: Api, namespace: str, claim: str, claim_uid: str, fingerprint: str, manifest: dict[str, Any]
+    api: Api, namespace: str, claim: str, claim_uid: str, fingerprint: str, manifest: dict[str, Any],
+    job: JobState | None = None,
 ) -> None:
     """Publish one engine: its own index ConfigMap, applied (idempotent: no create race, no 409)."""
     await api.apply_owned(engine_index_entry(namespace, claim, claim_uid, fingerprint, manifest))
+    telemetry.record_build_finished(manifest, job)
+
+
+async def _apply(api: Api, obj: dict[str, Any]) -> None:
+    await api.apply_owned(obj)
+
+
+async def _start_build(api: Api, engine: InferenceEngine, job: dict[str, Any]) -> None:
+    if await _ensure_build_job(api, engine, job):
+        telemetry.BUILDS.labels(outcome="started").inc()
 
 
 def stamp_transitions(old: dict[str, Any], new: dict[str, Any], when: datetime) -> dict[str, Any]:
@@ -147,28 +164,27 @@ async def reconcile(
     observed = observe_engine(api.cache, engine, status, settings, kv)
     p = plan(engine, observed, settings, now or datetime.now(timezone.utc))
     ns = engine.meta.namespace
-    failed: list[tuple[str, ApiError]] = []
-    for obj in p.apply:
-        try:
-            await api.apply_owned(obj)
-        except ApiError as exc:  # say so in status (a rendering bug, an immutable field), then retry later
-            failed.append((f"{obj['kind']} {obj['metadata']['name']}", exc))
+    # The writes of a pass do not depend on one another (a pod waits for a ConfigMap it mounts), so they go out
+    # together: one round trip instead of up to five in a row. At 1,000 engines on a loaded API server each
+    # write took ~0.7 s, and serial writes made a pass last 2.5-7.5 s, which bounded the whole rollout.
+    writes: list[tuple[str, Awaitable[None]]] = [
+        (f"{obj['kind']} {obj['metadata']['name']}", _apply(api, obj)) for obj in p.apply]
     job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
-    try:
-        if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
-            if await _ensure_build_job(api, engine, p.build_job):
-                telemetry.BUILDS.labels(outcome="started").inc()
-        elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
-            await _adopt_job(api, engine, observed.job.name)
-    except ApiError as exc:
-        failed.append((f"Job {job_name}", exc))
+    if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
+        writes.append((f"Job {job_name}", _start_build(api, engine, p.build_job)))
+    elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
+        writes.append((f"Job {job_name}", _adopt_job(api, engine, observed.job.name)))
     if p.index_entry is not None and observed.claim_uid:
         claim, fp, manifest = p.index_entry
-        try:
-            await _record_engine(api, ns, claim, observed.claim_uid, fp, manifest)
-            telemetry.record_build_finished(manifest, observed.job)
-        except ApiError as exc:
-            failed.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}", exc))
+        writes.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}",
+                       _record_engine(api, ns, claim, observed.claim_uid, fp, manifest, observed.job)))
+    outcomes = await asyncio.gather(*(w for _what, w in writes), return_exceptions=True)
+    failed: list[tuple[str, ApiError]] = []
+    for (what, _w), outcome in zip(writes, outcomes):
+        if isinstance(outcome, ApiError):  # say so in status (a rendering bug, an immutable field), then retry
+            failed.append((what, outcome))
+        elif isinstance(outcome, BaseException):
+            raise outcome
     new_status = p.status
     if failed:
         what, exc = failed[0]
@@ -182,11 +198,15 @@ async def reconcile(
     if patch:
         await api.patch_engine_status(engine.meta.name, ns, patch)
     involved = {"metadata": {"name": engine.meta.name, "namespace": ns, "uid": engine.meta.uid}}
-    for event in events_between(status, p.status) if failed else p.events:
-        try:
-            await api.post_event(involved, event.type, event.reason, event.message)
-        except Exception as exc:  # noqa: BLE001 — an event lost must not fail the reconcile
-            log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name, exc)
+    events = list(events_between(status, p.status) if failed else p.events)
+    posted = await asyncio.gather(*(api.post_event(involved, e.type, e.reason, e.message) for e in events),
+                                  return_exceptions=True)
+    for event, outcome in zip(events, posted):
+        if isinstance(outcome, Exception):  # an event lost must not fail the reconcile
+            log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name,
+                        outcome)
+        elif isinstance(outcome, BaseException):
+            raise outcome
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
     if failed:
         raise ApplyFailed(failed, p.status)
