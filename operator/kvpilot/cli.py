@@ -218,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "a pinned address is trusted even if loopback or link-local.")
     run.add_argument("--concurrent-reconciles", type=_positive_int, default=16,
                      help="Reconciles running at once; engines with pending changes go before resyncs.")
-    run.add_argument("--api-pool-size", type=_positive_int, default=16,
-                     help="Threads (and HTTP connections) for API-server calls.")
+    run.add_argument("--api-pool-size", type=_positive_int, default=32,
+                     help="Threads (and HTTP connections) for API-server calls (a pass sends its writes at once).")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain", help="Log output format.")
     run.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=cmd_run)

@@ -30,7 +30,7 @@ from kvpilot.k8s.errors import NotFound, convert
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpilot"
-DEFAULT_POOL_SIZE = 16
+DEFAULT_POOL_SIZE = 32
 T = TypeVar("T")
 
 
