@@ -263,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     if n < 1 or args.fingerprints < 1 or args.namespaces < 1:
         ap.error("--engines, --fingerprints and --namespaces must be at least 1")
 
+    # Stopped by a signal (Ctrl-C, a CI timeout, or a background run whose SIGINT the shell ignores), it still
+    # stops the operator and tears its cluster down.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result: dict[str, Any] = {"engines": n, "fingerprints": min(args.fingerprints, n), "namespaces": args.namespaces,
                               "resyncSeconds": args.resync_seconds, "cpus": os.cpu_count(),
                               "loadAverageAtStart": round(os.getloadavg()[0], 2)}
