@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
 # RBAC denials and rejected objects do not heal by retrying: wait longer (the status already says why).
 PERMANENT_BACKOFF_SECONDS = (30, 120, 300, 600)
-DEFAULT_CONCURRENT_RECONCILES = 16
+DEFAULT_CONCURRENT_RECONCILES = 32
 DEFAULT_CONCURRENT_SCRAPES = 64
 
 
