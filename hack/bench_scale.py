@@ -130,7 +130,8 @@ class Operator:
     def start(self) -> None:
         self.starts += 1
         self.metrics, health = closedloop.free_port(), closedloop.free_port()
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        # MALLOC_ARENA_MAX as the chart's Deployment sets it.
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", MALLOC_ARENA_MAX="2")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvpilot.cli", "run", "--all-namespaces", "--metrics-port", str(self.metrics),
              "--health-port", str(health), "--resync-seconds", str(self.resync)],
