@@ -31,10 +31,11 @@ from kvpilot.k8s.errors import NotFound, convert
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpilot"
 DEFAULT_POOL_SIZE = 32
-# Creating a Service took 3-8 s while 1,000 engines rolled out (the API server allocating its ClusterIP), every
-# other write ~0.3 s. Thirty-two of them held the whole pool and the status patches queued behind them, while
-# four at a time made the Services themselves the bottleneck: they get a pool (a lane) of their own.
-SERVICE_LANE = 32
+# The API server creates Services one at a time (it allocates each a ClusterIP): 1 to 5 a second on the shared
+# 2-core machine while 1,000 engines rolled out, so a creation waited 3 to 24 s there, every other write ~0.5 s.
+# Waiting in the shared pool, they held every thread and the status patches queued behind them; with more than a
+# few in flight they only time out (HTTP 504 after 34 s). So Services get a small pool (a lane) of their own.
+SERVICE_LANE = 8
 T = TypeVar("T")
 
 
