@@ -143,7 +143,7 @@ async def _write_all(namespace: str, writes: list[tuple[str, Awaitable[None]]]) 
         key = (namespace, what)
         if not task.done():
             _in_flight[key] = task
-            task.add_done_callback(lambda t, key=key: _landed(key, t))
+            task.add_done_callback(functools.partial(_landed, key))
             continue
         exc = task.exception()
         if isinstance(exc, ApiError):  # say so in status (a rendering bug, an immutable field), then retry

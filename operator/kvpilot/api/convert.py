@@ -7,7 +7,6 @@ whole change, and the parity test catches a field added to only one of them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from typing import Any, TypeVar, Union
@@ -40,12 +39,18 @@ def _convert(tp: Any, value: Any) -> Any:
     return value
 
 
-@functools.cache
+_FIELDS: dict[type, tuple[tuple[str, str, Any], ...]] = {}
+
+
 def _fields(cls: type) -> tuple[tuple[str, str, Any], ...]:
     """(field name, camelCase key, resolved type) of a dataclass. Resolving the string annotations is most of
     a parse (a third of the operator's restart at 1,000 engines) and never changes: once per class."""
-    hints = typing.get_type_hints(cls)
-    return tuple((f.name, camel(f.name), hints[f.name]) for f in dataclasses.fields(cls))
+    out = _FIELDS.get(cls)
+    if out is None:
+        hints = typing.get_type_hints(cls)
+        out = _FIELDS[cls] = tuple((f.name, camel(f.name), hints[f.name])
+                                   for f in dataclasses.fields(cls))
+    return out
 
 
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
