@@ -106,7 +106,14 @@ def test_a_pod_that_left_forgets_its_backoff() -> None:
     assert "e1-x" not in sampler.backoff
 
 
-def test_warnings_are_rate_limited_with_the_count(caplog: pytest.LogCaptureFixture) -> None:
+def test_warnings_are_rate_limited_with_the_count(caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other tests may have disabled the logger (a logging config) or added the operator's repeat filter to it:
+    # this test is about the sampler's own rate limit.
+    logger = logging.getLogger("kvpilot.observe.scrape")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(logger, "propagate", True)
     clock = [1000.0]
     sampler = EngineSampler(clock=lambda: clock[0])
     session = Session(down={POD.ip or ""})
