@@ -76,7 +76,7 @@ bench: venv ## Run the benchmarks and print their figures
 
 ENGINES ?= 1000
 bench-scale: venv cluster-build ## N engines on one operator, own local cluster: make bench-scale ENGINES=1000
-	$(BIN)/python -m hack.bench_scale --engines $(ENGINES)
+	$(BIN)/python -m hack.bench_scale --engines $(ENGINES) $(BENCH_SCALE_ARGS)
 
 crds: venv ## Regenerate the CRD (crds/ and the chart) from operator/kvpilot/api (spec_schema.py, status_schema.py)
 	$(BIN)/kvpilot crd > crds/serving.kvpilot.io_inferenceengines.yaml

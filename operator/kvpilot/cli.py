@@ -216,10 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resolve", action="append", default=[], metavar="HOST:PORT:ADDRESS",
                      help="Pin an autotune.metrics.url host to an address, as curl's --resolve does (repeatable); "
                           "a pinned address is trusted even if loopback or link-local.")
-    run.add_argument("--concurrent-reconciles", type=_positive_int, default=16,
+    run.add_argument("--concurrent-reconciles", type=_positive_int, default=32,
                      help="Reconciles running at once; engines with pending changes go before resyncs.")
-    run.add_argument("--api-pool-size", type=_positive_int, default=16,
-                     help="Threads (and HTTP connections) for API-server calls.")
+    run.add_argument("--api-pool-size", type=_positive_int, default=32,
+                     help="Threads (and HTTP connections) for API-server calls (a pass sends its writes at once).")
     run.add_argument("--no-gpu-capacity", dest="gpu_capacity", action="store_false",
                      help="Do not watch Nodes and the pods of every namespace (needs cluster-wide list/watch); "
                           "serving.rollout.strategy Auto then never surges.")

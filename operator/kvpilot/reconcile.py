@@ -7,10 +7,12 @@ on a timer, so it must be idempotent: applying an unchanged plan changes nothing
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
+from collections.abc import Awaitable
 from typing import Any
 
 from kvpilot import telemetry
@@ -20,7 +22,7 @@ from kvpilot.api.status import parse_status, status_dict
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
-from kvpilot.desired.observed import Observed
+from kvpilot.desired.observed import JobState, Observed
 from kvpilot.desired.plan import Plan, Settings, plan
 from kvpilot.desired.events import events_between
 from kvpilot.desired.storage import engine_index_entry
@@ -32,6 +34,12 @@ from kvpilot.observe.cluster import observe_engine
 from kvpilot.planning import Planner
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _engine_schema() -> dict[str, Any]:
+    """The CRD's schema, built once (building it is ~1 ms, once per engine per restart otherwise); only read."""
+    return spec_openapi()
 
 
 def engine_from_body(body: dict[str, Any]) -> InferenceEngine:
@@ -46,7 +54,7 @@ def engine_from_body(body: dict[str, Any]) -> InferenceEngine:
     # patterns are still checked, and defaults applied.
     observed = (body.get("status") or {}).get("observedGeneration")
     already_reconciled = observed is not None and observed == meta.get("generation")
-    defaulted, errors = validate_manifest(manifest, spec_openapi(), cel=not already_reconciled)
+    defaulted, errors = validate_manifest(manifest, _engine_schema(), cel=not already_reconciled)
     if errors:
         raise InvalidEngineError(meta.get("name", "?"), errors)
     ref = ObjectRef(
@@ -67,6 +75,11 @@ _creating: dict[tuple[str, str], asyncio.Future[None]] = {}
 async def _ensure_build_job(api: Api, engine: InferenceEngine, job: dict[str, Any]) -> bool:
     """Create the Job, or join it as an owner if another engine with the same inputs created it first."""
     key = (job["metadata"]["namespace"], job["metadata"]["name"])
+    cached = api.cache.get("Job", *key)
+    if cached is not None:  # another engine created it since this pass observed
+        if engine.meta.uid not in {r.get("uid") for r in cached["metadata"].get("ownerReferences") or []}:
+            await _adopt_job(api, engine, key[1])
+        return False
     pending = _creating.get(key)
     if pending is not None:
         await asyncio.shield(pending)
@@ -94,10 +107,76 @@ async def _adopt_job(api: Api, engine: InferenceEngine, name: str) -> None:
 
 
 async def _record_engine(
-    api: Api, namespace: str, claim: str, claim_uid: str, fingerprint: str, manifest: dict[str, Any]
+    api: Api, namespace: str, claim: str, claim_uid: str, fingerprint: str, manifest: dict[str, Any],
+    job: JobState | None = None,
 ) -> None:
     """Publish one engine: its own index ConfigMap, applied (idempotent: no create race, no 409)."""
     await api.apply_owned(engine_index_entry(namespace, claim, claim_uid, fingerprint, manifest))
+    telemetry.record_build_finished(manifest, job)
+
+
+# A pass waits this long (half a second) for its writes; one still in flight then completes in the background, and its outcome
+# (a failure) reaches the next pass of the engine. Creating a Service took 3.4 s at 1,000 engines (the API server
+# allocates ClusterIPs one at a time): a pass holding its reconcile slot for that long kept the engines whose
+# pods had become ready queued behind Service creations.
+WRITE_WAIT_SECONDS = 0.5
+# Writes still in flight after their pass moved on, and the failures they ended in, by (namespace, "Kind name").
+_in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
+_late_failures: dict[tuple[str, str], ApiError] = {}
+
+
+async def _write_all(namespace: str, writes: list[tuple[str, Awaitable[None]]]) -> list[tuple[str, ApiError]]:
+    """Send a pass's writes at once; the failures among those that ended within WRITE_WAIT_SECONDS, and those
+    of earlier writes that ended in the background. A write of an object still in flight is not sent again."""
+    failed: list[tuple[str, ApiError]] = []
+    tasks: dict[str, asyncio.Task[None]] = {}
+    for what, write in writes:
+        key = (namespace, what)
+        late = _late_failures.pop(key, None)
+        if late is not None:
+            failed.append((what, late))
+        running = _in_flight.get(key)
+        if running is not None and not running.done():
+            if asyncio.iscoroutine(write):
+                write.close()  # not sent: the same object is still being written
+            continue
+        tasks[what] = asyncio.ensure_future(write)
+    if tasks:
+        await asyncio.wait(tasks.values(), timeout=WRITE_WAIT_SECONDS)
+    for what, task in tasks.items():
+        key = (namespace, what)
+        if not task.done():
+            _in_flight[key] = task
+            task.add_done_callback(functools.partial(_landed, key))
+            continue
+        exc = task.exception()
+        if isinstance(exc, ApiError):  # say so in status (a rendering bug, an immutable field), then retry
+            failed.append((what, exc))
+        elif exc is not None:
+            raise exc
+    return failed
+
+
+def _landed(key: tuple[str, str], task: asyncio.Task[None]) -> None:
+    """A write that outlived its pass ended: keep its failure for the engine's next pass."""
+    if _in_flight.get(key) is task:
+        del _in_flight[key]
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if isinstance(exc, ApiError):
+        _late_failures[key] = exc
+    elif exc is not None:
+        log.error("Write of %s in namespace %s failed: %s", key[1], key[0], exc)
+
+
+async def _apply(api: Api, obj: dict[str, Any]) -> None:
+    await api.apply_owned(obj)
+
+
+async def _start_build(api: Api, engine: InferenceEngine, job: dict[str, Any]) -> None:
+    if await _ensure_build_job(api, engine, job):
+        telemetry.BUILDS.labels(outcome="started").inc()
 
 
 def stamp_transitions(old: dict[str, Any], new: dict[str, Any], when: datetime) -> dict[str, Any]:
@@ -153,28 +232,21 @@ async def reconcile(
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
-    failed: list[tuple[str, ApiError]] = []
-    for obj in p.apply:
-        try:
-            await api.apply_owned(obj)
-        except ApiError as exc:  # say so in status (a rendering bug, an immutable field), then retry later
-            failed.append((f"{obj['kind']} {obj['metadata']['name']}", exc))
+    # The writes of a pass do not depend on one another (a pod waits for a ConfigMap it mounts), so they go out
+    # together: one round trip instead of up to five in a row. At 1,000 engines on a loaded API server each
+    # write took ~0.3 s, and serial writes made a pass last 2.5-7.5 s, which bounded the whole rollout.
+    writes: list[tuple[str, Awaitable[None]]] = [
+        (f"{obj['kind']} {obj['metadata']['name']}", _apply(api, obj)) for obj in p.apply]
     job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
-    try:
-        if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
-            if await _ensure_build_job(api, engine, p.build_job):
-                telemetry.BUILDS.labels(outcome="started").inc()
-        elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
-            await _adopt_job(api, engine, observed.job.name)
-    except ApiError as exc:
-        failed.append((f"Job {job_name}", exc))
+    if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
+        writes.append((f"Job {job_name}", _start_build(api, engine, p.build_job)))
+    elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
+        writes.append((f"Job {job_name}", _adopt_job(api, engine, observed.job.name)))
     if p.index_entry is not None and observed.claim_uid:
         claim, fp, manifest = p.index_entry
-        try:
-            await _record_engine(api, ns, claim, observed.claim_uid, fp, manifest)
-            telemetry.record_build_finished(manifest, observed.job)
-        except ApiError as exc:
-            failed.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}", exc))
+        writes.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}",
+                       _record_engine(api, ns, claim, observed.claim_uid, fp, manifest, observed.job)))
+    failed = await _write_all(ns, writes)
     new_status = p.status
     if failed:
         what, error = failed[0]
@@ -189,11 +261,15 @@ async def reconcile(
     if patch:
         await api.patch_engine_status(engine.meta.name, ns, patch)
     involved = {"metadata": {"name": engine.meta.name, "namespace": ns, "uid": engine.meta.uid}}
-    for event in events_between(parse_status(status), parse_status(p.status)) if failed else p.events:
-        try:
-            await api.post_event(involved, event.type, event.reason, event.message)
-        except Exception as exc:  # noqa: BLE001 — an event lost must not fail the reconcile
-            log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name, exc)
+    events = list(events_between(parse_status(status), parse_status(p.status)) if failed else p.events)
+    posted = await asyncio.gather(*(api.post_event(involved, e.type, e.reason, e.message) for e in events),
+                                  return_exceptions=True)
+    for event, outcome in zip(events, posted):
+        if isinstance(outcome, Exception):  # an event lost must not fail the reconcile
+            log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name,
+                        outcome)
+        elif isinstance(outcome, BaseException):
+            raise outcome
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
     if failed:
         raise ApplyFailed(failed, p.status)

@@ -24,13 +24,17 @@ def test_a_child_deleted_or_edited_by_hand_is_restored(ns: str) -> None:
     kubectl("patch", "configmap", "llama-llm-api", "-n", ns, "--type=merge", "-p", patch)
     wait_for(lambda: (get("configmap", "llama-llm-api", ns) or {}).get("data") == before, 60,
              "the LLM-API ConfigMap restored")
-    # Deletions: the Service and the ConfigMap come back.
+    # Deletions: the Service, the ConfigMap and the Deployment come back.
     uid = (get("service", "llama", ns) or {})["metadata"]["uid"]
+    dep_uid = (get("deployment", "llama", ns) or {})["metadata"]["uid"]
     kubectl("delete", "service", "llama", "-n", ns)
     kubectl("delete", "configmap", "llama-llm-api", "-n", ns)
+    kubectl("delete", "deployment", "llama", "-n", ns, "--wait=false")
     wait_for(lambda: (get("service", "llama", ns) or {}).get("metadata", {}).get("uid") not in (None, uid), 60,
              "the Service re-created")
     wait_for(lambda: get("configmap", "llama-llm-api", ns), 60, "the LLM-API ConfigMap re-created")
+    wait_for(lambda: (get("deployment", "llama", ns) or {}).get("metadata", {}).get("uid") not in (None, dep_uid),
+             60, "the Deployment re-created")
     wait_for(lambda: available(ns), 60, "Available again")
 
 

@@ -160,3 +160,34 @@ def test_a_fresh_list_drops_what_was_deleted_while_nobody_watched() -> None:
     assert sorted(o["metadata"]["name"] for o in changed) == ["p2", "p4"]  # p1 unchanged, p2 gone, p4 new
     assert cache.get("Pod", "ns", "p2") is None and cache.get("Pod", "other", "p3") is not None
     assert cache.count("Pod") == 3
+
+
+def test_a_shared_job_gaining_an_owner_wakes_nobody_and_its_status_wakes_every_owner() -> None:
+    from kvpilot.desired.plan import Settings
+    from kvpilot.k8s.api import Api
+    from kvpilot.loop import EngineLoop, EngineLoops
+
+    loops = EngineLoops(Api(api_client=object(), pool_size=1), Settings(), 30.0)  # type: ignore[arg-type]
+    for name in ("e1", "e2", "e3"):
+        loops.loops[("ns", name)] = EngineLoop(key=("ns", name), body={})
+
+    def job(rv: str, owners: list[str], status: dict[str, Any]) -> dict[str, Any]:
+        refs = [{"kind": "InferenceEngine", "name": o, "uid": f"u-{o}"} for o in owners]
+        return {"apiVersion": "batch/v1", "kind": "Job", "status": status,
+                "metadata": {"name": "build-x", "namespace": "ns", "resourceVersion": rv, "ownerReferences": refs}}
+
+    def woken() -> set[str]:
+        out = {k[1] for k, loop in loops.loops.items() if loop.wake.is_set()}
+        for loop in loops.loops.values():
+            loop.wake.clear()
+        return out
+
+    loops.child_changed("Job", job("10", ["e1"], {"active": 1}))
+    assert woken() == {"e1"}
+    loops.child_changed("Job", job("11", ["e1", "e2"], {"active": 1}))  # e2 joined: it knows
+    loops.child_changed("Job", job("12", ["e1", "e2", "e3"], {"active": 1}))
+    assert woken() == set()
+    loops.child_changed("Job", job("13", ["e1", "e2", "e3"], {"succeeded": 1}))  # the build finished
+    assert woken() == {"e1", "e2", "e3"}
+    loops.child_deleted("Job", job("14", ["e1", "e2", "e3"], {"succeeded": 1}))
+    assert woken() == {"e1", "e2", "e3"}

@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply is not trtllm-serve's
 MAX_REJECTIONS_KEPT = 256
+# A pod that cannot be read (not listening yet, a fake pod, a network fault) is retried after 5 s, then 10, 20,
+# ... up to 5 minutes: at 1,000 engines, failed scrapes every 5 s were most of the idle operator's CPU. One
+# success resets it. Its warning is logged on the first failure, then at most once per WARN_EVERY_SECONDS with
+# the count of failures since.
+BACKOFF_BASE_SECONDS = 5.0
+BACKOFF_MAX_SECONDS = 300.0
+WARN_EVERY_SECONDS = 300.0
 
 
 def _positive_int(value: object) -> int:
@@ -109,6 +116,23 @@ def _age_seconds(pod: PodState, now: datetime) -> float:
     return (now - started).total_seconds()
 
 
+def backoff_seconds(failures: int) -> float:
+    """The wait after the ``failures``-th consecutive failed scrape of a pod: doubling, bounded."""
+    if failures < 1:
+        return 0.0
+    return min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** min(failures - 1, 32))
+
+
+@dataclass
+class PodBackoff:
+    """A pod's consecutive scrape failures: when it may be tried again, and when it was last warned about."""
+
+    failures: int = 0
+    retry_at: float = 0.0
+    warned_at: float | None = None
+    unwarned: int = 0  # failures since the last warning
+
+
 def is_warm(pod: PodState, now: datetime, warmup_seconds: int) -> bool:
     """A pod whose numbers describe the configuration: ready, reachable, not leaving, past its warmup."""
     return bool(pod.ready and pod.ip and not pod.deleting and _age_seconds(pod, now) >= warmup_seconds)
@@ -124,6 +148,7 @@ class EngineSampler:
     # (wall time, pod, reason, message) of rejected payloads and ignored samples, for the condition message.
     rejections: deque[tuple[float, str, str, str]] = field(default_factory=lambda: deque(maxlen=MAX_REJECTIONS_KEPT))
     clock: Callable[[], float] = time.time  # injected in tests
+    backoff: dict[str, PodBackoff] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget everything (after a rollout: old pods' numbers describe another configuration)."""
@@ -162,8 +187,10 @@ class EngineSampler:
             self.samples.pop(gone, None)
             self.latency.pop(gone, None)
             self.taken_at.pop(gone, None)
+        for gone in set(self.backoff) - live:
+            self.backoff.pop(gone, None)
         wall = self.clock()
-        warm = [p for p in pods if is_warm(p, now, warmup_seconds)]
+        warm = [p for p in pods if is_warm(p, now, warmup_seconds) and self._due(p.name, wall)]
         # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
         await asyncio.gather(*(self._scrape(session, pod, port, wall, want_latency, facts or EngineFacts())
                                for pod in warm))
@@ -182,15 +209,33 @@ class EngineSampler:
                     # 404: no page (1.2's TensorRT backend without return_perf_metrics): not latency data.
                     prom = await read_bounded(resp) if resp.status == 200 else None
         except MetricsRejected as exc:
+            self.backoff.pop(pod.name, None)  # it answered: what it said is counted as a rejection instead
             self.reject(wall, pod.name, exc.reason, str(exc))
             return
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("Could not scrape metrics from Pod %s: %s", pod.name, exc)
+            self._failed(pod.name, wall, f"could not scrape: {exc}")
             return
         if stats is None:
-            log.warning("Pod %s answered /metrics with an error status", pod.name)
+            self._failed(pod.name, wall, "/metrics answered with an error status")
             return
+        self.backoff.pop(pod.name, None)
         self.accept(pod.name, wall, stats, prom, facts)
+
+    def _due(self, pod: str, wall: float) -> bool:
+        state = self.backoff.get(pod)
+        return state is None or wall >= state.retry_at
+
+    def _failed(self, pod: str, wall: float, why: str) -> None:
+        """Back the pod off; warn on its first failure and then at most once per WARN_EVERY_SECONDS."""
+        state = self.backoff.setdefault(pod, PodBackoff())
+        state.failures += 1
+        state.unwarned += 1
+        delay = backoff_seconds(state.failures)
+        state.retry_at = wall + delay
+        if state.warned_at is None or wall - state.warned_at >= WARN_EVERY_SECONDS:
+            log.warning("Metrics of Pod %s: %s (%d failure(s) in a row, %d since the last warning; next try "
+                        "in %.0fs)", pod, why, state.failures, state.unwarned, delay)
+            state.warned_at, state.unwarned = wall, 0
 
     def accept(self, pod: str, wall: float, stats: bytes, prom: bytes | None, facts: EngineFacts) -> int:
         """Parse one pod's replies into the window; returns how many samples were kept.
