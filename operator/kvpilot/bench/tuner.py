@@ -32,7 +32,7 @@ from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.status import parse_status
 from kvpilot.api.validate import validate_manifest
 from kvpilot.autotune.whatif import SHED_SHARE
-from kvpilot.bench.fleet import Fleet
+from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.plan import Settings, plan
