@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kvpilot import planning
+from kvpilot.api.status import EngineInfo, EngineStatus
 from kvpilot.autotune.policy import Decision
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import plan as plan_module
@@ -147,7 +148,7 @@ SLO = {"timeToFirstTokenMillis": 1000, "timePerOutputTokenMillis": 50}
 def measured(rate_per_pod: float, misses: float, limit: int = 4) -> Observed:
     w = replace(window(rate=rate_per_pod, prompt=220, output=250), pods=2, runtime_batch_size=limit,
                 completion_rate=min(rate_per_pod, 3.0), ttft_miss_fraction=misses)
-    return Observed(kv=w, status={"engine": {"maxBatchSize": 256}})
+    return Observed(kv=w, status=EngineStatus(engine=EngineInfo(max_batch_size=256)))
 
 
 def test_the_what_if_is_trusted_only_where_its_model_shows_the_pods_misses() -> None:
