@@ -343,7 +343,7 @@ class EngineLoops:
                         kv = await self._window(loop, engine, pods)
                         raw = loop.body.get("status")
                         p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
-                                                      self.settings, kv, planner=self.planner)
+                                                      self.settings, kv, planner=self.planner, typed=loop.status())
                     before = _runtime_batch(loop.status())  # the stored status (its parse is kept per version)
                     if p.written is not None:
                         loop.wrote(p.written, p.status)

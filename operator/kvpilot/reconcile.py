@@ -18,7 +18,7 @@ from typing import Any
 from kvpilot import telemetry
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
-from kvpilot.api.status import EngineStatus, status_dict
+from kvpilot.api.status import EngineStatus, parse_status, status_dict
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
@@ -222,15 +222,17 @@ class ApplyFailed(ApiError):
 
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
-    now: datetime | None = None, planner: Planner | None = None,
+    now: datetime | None = None, planner: Planner | None = None, typed: EngineStatus | None = None,
 ) -> tuple[Plan, Observed]:
-    """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed.
+    """One pass for ``engine`` whose stored status is ``status`` (``typed``: its parse, when the caller keeps
+    one; else it is parsed here, once); returns the plan and what was observed.
 
     Reads come from the watch cache; a child is written only when it differs from the plan on what kvpilot
     owns. Every failed write reaches status (Degraded, naming the object and the reason) before the pass
     raises, whatever write failed."""
     started = time.monotonic()
-    observed = observe_engine(api.cache, engine, status, settings, kv, api.gpus)
+    stored = typed if typed is not None else parse_status(status)
+    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus)
     at = now or datetime.now(timezone.utc)
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
