@@ -58,7 +58,8 @@ class Session:
 
 
 def tick(sampler: EngineSampler, session: Session, pods: list[PodState]) -> None:
-    asyncio.run(sampler.tick(session, pods, 8000, NOW, 0, False))  # type: ignore[arg-type]
+    asyncio.run(sampler.tick(session, pods, port=8000, now=NOW, warmup_seconds=0,  # type: ignore[arg-type]
+                             want_latency=False))
 
 
 def test_the_backoff_doubles_from_5_s_and_is_bounded() -> None:
