@@ -19,6 +19,7 @@ import aiohttp
 
 from kvpilot import telemetry
 from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.api.status import EngineStatus, parse_status
 from kvpilot.api.validate import InvalidEngineError
 from kvpilot.autotune.window import KvWindow
 from kvpilot.k8s.cache import CHILD_KINDS, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
@@ -72,14 +73,33 @@ class EngineLoop:
     wrote_status: bool = False
     fingerprint: str = ""  # of the engine it wants (the last plan's): index entries wake only its users
     claim: str | None = None  # its cache claim: claim events wake only its users
+    # (the stored status dict, its parse): status is parsed once per stored version, not once per reader
+    typed_status: tuple[object, EngineStatus] | None = None
 
     def engine(self) -> Any:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
         meta = self.body.get("metadata") or {}
         version = f"{meta.get('uid')}/{meta.get('generation')}"
         if self.parsed is None or self.parsed[0] != version:
-            self.parsed = (version, engine_from_body(self.body))
+            self.parsed = (version, engine_from_body(self.body, self.status()))
         return self.parsed[1]
+
+    def status(self) -> EngineStatus:
+        """The latest body's status, typed (user-writable: parse_status reads what does not fit as absent)."""
+        raw = self.body.get("status")
+        if self.typed_status is None or self.typed_status[0] is not raw:
+            self.typed_status = (raw, parse_status(raw))
+        return self.typed_status[1]
+
+    def wrote(self, written: dict[str, Any], status: EngineStatus) -> None:
+        """Keep the status this operator just wrote as the stored one (and its typed form, without a reparse)."""
+        self.body, self.wrote_status = {**self.body, "status": written}, True
+        self.typed_status = (written, status)
+
+
+def _runtime_batch(status: EngineStatus) -> int | None:
+    """status.batching.maxBatchSize: the runtime limit the serving pods were given."""
+    return status.batching.max_batch_size if status.batching is not None else None
 
 
 def engine_time(window: KvWindow | None, spec: InferenceEngineSpec) -> KvWindow | None:
@@ -265,7 +285,7 @@ class EngineLoops:
             return  # the server keeps the history; queried once per reconcile
         await loop.sampler.tick(
             self.session(), pods, port=spec.serving.port, now=datetime.now(timezone.utc),
-            warmup_seconds=tune.warmup_seconds, want_latency=True, facts=EngineFacts.from_status(loop.body.get("status")),
+            warmup_seconds=tune.warmup_seconds, want_latency=True, facts=EngineFacts.from_status(loop.status()),
         )
 
     async def _window(self, loop: EngineLoop, engine: Any, pods: list[Any]) -> Any:
@@ -321,13 +341,14 @@ class EngineLoops:
                         engine = loop.engine()  # the latest body: it may have changed while queued
                         loop.generation = engine.meta.generation
                         kv = await self._window(loop, engine, pods)
-                        p, observed = await reconcile(self.api, engine, dict(loop.body.get("status") or {}),
-                                                      self.settings, kv, planner=self.planner)
-                    before = (loop.body.get("status") or {}).get("batching", {}).get("maxBatchSize")
-                    loop.body = {**loop.body, "status": p.status}
-                    loop.wrote_status = True
+                        raw = loop.body.get("status")
+                        p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
+                                                      self.settings, kv, planner=self.planner, typed=loop.status())
+                    before = _runtime_batch(loop.status())  # the stored status (its parse is kept per version)
+                    if p.written is not None:
+                        loop.wrote(p.written, p.status)
                     loop.fingerprint, loop.claim = p.fingerprint, cache_claim_name(engine.meta, engine.spec)
-                    if p.status["batching"]["maxBatchSize"] != before:  # the old pods' numbers no longer apply
+                    if _runtime_batch(p.status) != before:  # the old pods' numbers no longer apply
                         loop.sampler.reset()
                     pods = list(observed.pods)
                     bind_engine(fingerprint=p.fingerprint, decision=p.decision.action if p.decision else None)
@@ -339,8 +360,8 @@ class EngineLoops:
                 log.error("%s", exc)
                 next_reconcile, next_sample = self.clock() + self.resync_seconds, None
             except (ApiError, aiohttp.ClientError) as exc:
-                if isinstance(exc, ApplyFailed) and exc.status is not None:  # written: keep it as ours
-                    loop.body, loop.wrote_status = {**loop.body, "status": exc.status}, True
+                if isinstance(exc, ApplyFailed) and exc.status is not None and exc.typed is not None:
+                    loop.wrote(exc.status, exc.typed)  # written: keep it as ours
                 delay = backoff_seconds(exc, failures)
                 failures += 1
                 telemetry.RECONCILES.labels(result="error").inc()

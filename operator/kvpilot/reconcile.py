@@ -18,7 +18,7 @@ from typing import Any
 from kvpilot import telemetry
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
-from kvpilot.api.status import parse_status, status_dict
+from kvpilot.api.status import EngineStatus, parse_status, status_dict
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
@@ -42,9 +42,10 @@ def _engine_schema() -> dict[str, Any]:
     return spec_openapi()
 
 
-def engine_from_body(body: dict[str, Any]) -> InferenceEngine:
+def engine_from_body(body: dict[str, Any], status: EngineStatus) -> InferenceEngine:
     """Parse an InferenceEngine as stored (admission already validated it; defaults are re-applied so a
-    field added by a newer CRD still has its value when an older object is read)."""
+    field added by a newer CRD still has its value when an older object is read). ``status`` is the body's
+    status, parsed by the caller (which keeps it: status is parsed once per stored version)."""
     manifest = {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")}
     meta = body.get("metadata") or {}
     # A generation this operator already reconciled (its status says so) passed these CEL rules then, and the
@@ -52,7 +53,7 @@ def engine_from_body(body: dict[str, Any]) -> InferenceEngine:
     # third of the restart settle time at 1,000 engines). Unchanged objects are not re-judged by newer rules,
     # as the API server's validation ratcheting does not re-judge unchanged fields. Types, enums, bounds and
     # patterns are still checked, and defaults applied.
-    observed = (body.get("status") or {}).get("observedGeneration")
+    observed = status.observed_generation
     already_reconciled = observed is not None and observed == meta.get("generation")
     defaulted, errors = validate_manifest(manifest, _engine_schema(), cel=not already_reconciled)
     if errors:
@@ -179,14 +180,14 @@ async def _start_build(api: Api, engine: InferenceEngine, job: dict[str, Any]) -
         telemetry.BUILDS.labels(outcome="started").inc()
 
 
-def stamp_transitions(old: dict[str, Any], new: dict[str, Any], when: datetime) -> dict[str, Any]:
+def stamp_transitions(old: EngineStatus, new: EngineStatus, when: datetime) -> EngineStatus:
     """Stamp the conditions that moved with the time the status is written, not the time the pass began
     (applies in between took up to 38 s at 1,000 engines)."""
-    before = {c["type"]: c.get("lastTransitionTime") for c in old.get("conditions") or []}
+    before = {c.type: c.last_transition_time for c in old.conditions or ()}
     stamp = rfc3339(when)
-    conds = [{**c, "lastTransitionTime": stamp} if c.get("lastTransitionTime") != before.get(c["type"]) else c
-             for c in new.get("conditions") or []]
-    return {**new, "conditions": conds}
+    conds = tuple(replace(c, last_transition_time=stamp) if c.last_transition_time != before.get(c.type) else c
+                  for c in new.conditions or ())
+    return replace(new, conditions=conds)
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -210,24 +211,28 @@ class ApplyFailed(ApiError):
     """Some writes of a pass failed; status already says which (Degraded/ApplyFailed). ``cause`` is the first
     failure, whose type (Forbidden, Invalid, Transient) decides how long the loop backs off."""
 
-    def __init__(self, failures: list[tuple[str, ApiError]], status: dict[str, Any] | None = None):
+    def __init__(self, failures: list[tuple[str, ApiError]], status: dict[str, Any] | None = None,
+                 typed: EngineStatus | None = None):
         self.failures = failures
         self.status = status  # the status written (with the Degraded condition)
+        self.typed = typed  # the same, typed
         self.cause = failures[0][1]
         super().__init__("; ".join(f"{what}: {exc}" for what, exc in failures))
 
 
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
-    now: datetime | None = None, planner: Planner | None = None,
+    now: datetime | None = None, planner: Planner | None = None, typed: EngineStatus | None = None,
 ) -> tuple[Plan, Observed]:
-    """One pass for ``engine`` whose stored status is ``status``; returns the plan and what was observed.
+    """One pass for ``engine`` whose stored status is ``status`` (``typed``: its parse, when the caller keeps
+    one; else it is parsed here, once); returns the plan and what was observed.
 
     Reads come from the watch cache; a child is written only when it differs from the plan on what kvpilot
     owns. Every failed write reaches status (Degraded, naming the object and the reason) before the pass
     raises, whatever write failed."""
     started = time.monotonic()
-    observed = observe_engine(api.cache, engine, status, settings, kv, api.gpus)
+    stored = typed if typed is not None else parse_status(status)
+    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus)
     at = now or datetime.now(timezone.utc)
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
@@ -252,16 +257,17 @@ async def reconcile(
         what, error = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {error}{more}")
-        planned = parse_status(new_status)
-        merged = merge_conditions(planned.conditions, [cond], engine.meta.generation, now or datetime.now(timezone.utc))
-        new_status = status_dict(replace(planned, conditions=merged))
-    new_status = stamp_transitions(status, new_status, now or datetime.now(timezone.utc))
-    p = replace(p, status=new_status)
-    patch = status_patch(status, p.status)
+        merged = merge_conditions(new_status.conditions, [cond], engine.meta.generation,
+                                  now or datetime.now(timezone.utc))
+        new_status = replace(new_status, conditions=merged)
+    new_status = stamp_transitions(observed.status, new_status, now or datetime.now(timezone.utc))
+    written = status_dict(new_status)  # the one serialization of the pass
+    p = replace(p, status=new_status, written=written)
+    patch = status_patch(status, written)
     if patch:
         await api.patch_engine_status(engine.meta.name, ns, patch)
     involved = {"metadata": {"name": engine.meta.name, "namespace": ns, "uid": engine.meta.uid}}
-    events = list(events_between(parse_status(status), parse_status(p.status)) if failed else p.events)
+    events = list(events_between(observed.status, new_status) if failed else p.events)
     posted = await asyncio.gather(*(api.post_event(involved, e.type, e.reason, e.message) for e in events),
                                   return_exceptions=True)
     for event, outcome in zip(events, posted):
@@ -272,5 +278,5 @@ async def reconcile(
             raise outcome
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
     if failed:
-        raise ApplyFailed(failed, p.status)
+        raise ApplyFailed(failed, written, new_status)
     return p, observed

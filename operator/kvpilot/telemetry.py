@@ -59,9 +59,9 @@ def record_plan(engine: InferenceEngine, p: Plan, observed: Observed, seconds: f
     ns, name = engine.meta.namespace, engine.meta.name
     RECONCILES.labels(result="ok").inc()
     RECONCILE_SECONDS.observe(seconds)
-    batching = p.status.get("batching") or {}
-    BATCH_SIZE.labels(ns, name, "runtime").set(batching.get("maxBatchSize", 0))
-    ceiling = (p.status.get("engine") or {}).get("maxBatchSize")
+    runtime = p.status.batching.max_batch_size if p.status.batching is not None else None
+    BATCH_SIZE.labels(ns, name, "runtime").set(runtime or 0)
+    ceiling = p.status.engine.max_batch_size if p.status.engine is not None else None
     if ceiling:
         BATCH_SIZE.labels(ns, name, "ceiling").set(ceiling)
     if observed.kv is not None:

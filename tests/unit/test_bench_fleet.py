@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvsim import Request
 
-from kvpilot.bench.fleet import Fleet
+from kvpilot.autotune.fleet import Fleet
 from kvpilot.bench.tuner import engine_config
 
 PROFILE = "llama-3.1-8b-bf16-a100"

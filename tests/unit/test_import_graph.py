@@ -16,9 +16,9 @@ ROOT = Path(__file__).parents[2]
 PACKAGES = {"kvsim": ROOT / "simulator" / "kvsim", "kvpilot": ROOT / "operator" / "kvpilot"}
 
 # kvpilot uses kvsim only as a model library, in these modules (and their packages): the autotuner's what-if
-# check, the benchmark's fleet of simulated engines and the benchmark itself. Everything else in the operator,
+# check and its fleet of simulated engines (which the benchmark shares), and the benchmark itself. Everything else in the operator,
 # in particular what talks to the API server or renders objects, must not depend on the simulator.
-KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.bench")
+KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.autotune.fleet", "kvpilot.bench")
 
 
 def module_name(package: str, path: Path) -> str:
@@ -120,6 +120,49 @@ def test_imports_inside_functions_count(tmp_path: Path) -> None:
         assert find_cycle(import_graph("kvsim")) == ["kvsim.a", "kvsim.b", "kvsim.a"]
     finally:
         PACKAGES["kvsim"] = saved
+
+
+def package_of(module: str) -> str:
+    """``kvpilot.desired.plan`` -> ``kvpilot.desired``; a top-level module (``kvpilot.loop``) is its own node."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(package: str) -> dict[str, set[str]]:
+    """The import graph between a package's subpackages (edges inside one subpackage dropped)."""
+    out: dict[str, set[str]] = {}
+    for module, deps in import_graph(package).items():
+        node = package_of(module)
+        out.setdefault(node, set()).update(package_of(d) for d in deps if package_of(d) != node)
+    return out
+
+
+# The layers below the operator's I/O, with every kvpilot package each may import. A pure layer never reaches
+# up: the tuner (autotune) is the plan's input, so it must not import the plan (desired), and none of them may
+# import what talks to the API server (k8s), scrapes pods (observe) or benchmarks (bench).
+PURE_LAYERS = {
+    "kvpilot.api": set(),
+    "kvpilot.trtllm": {"kvpilot.api"},
+    "kvpilot.autotune": {"kvpilot.api"},
+    "kvpilot.desired": {"kvpilot.api", "kvpilot.autotune", "kvpilot.trtllm"},
+}
+
+
+def test_no_cycles_between_kvpilot_packages() -> None:
+    """Module cycles are forbidden above; a package cycle (autotune -> desired -> autotune through different
+    modules) is one too: neither package can then be understood, tested or shipped without the other."""
+    graph = package_graph("kvpilot")
+    assert {"kvpilot.api", "kvpilot.autotune", "kvpilot.desired", "kvpilot.k8s", "kvpilot.bench"} <= graph.keys()
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle between kvpilot packages: {' -> '.join(cycle or [])}"
+    # The check must see one: the tuner importing the plan again (the cycle issue 9 removed) is a cycle.
+    with_regression = {**graph, "kvpilot.autotune": graph["kvpilot.autotune"] | {"kvpilot.desired"}}
+    assert find_cycle(with_regression) is not None
+
+
+@pytest.mark.parametrize("layer", sorted(PURE_LAYERS))
+def test_pure_layers_import_only_the_layers_below(layer: str) -> None:
+    imports = package_graph("kvpilot")[layer]
+    assert imports <= PURE_LAYERS[layer], f"{layer} imports {sorted(imports - PURE_LAYERS[layer])}"
 
 
 def test_kvsim_never_imports_kvpilot() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from kvpilot import loop as loop_module
 from kvpilot.autotune.policy import Decision
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.logjson import JsonFormatter, bind_engine
@@ -120,6 +120,7 @@ def test_a_crash_in_an_engine_loop_logs_the_engine_and_the_traceback(monkeypatch
         if len(passes) > 1:
             raise RuntimeError("a bug in the second pass")
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = replace(p, written=status_dict(p.status))  # as reconcile() returns it, having written it
         return replace(p, decision=Decision("Hold", 64, "WithinTarget", "the pool is within its target")), Observed()
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import parse_status, status_dict
 from kvpilot import loop as loop_module
 from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import Settings, plan
@@ -29,6 +30,7 @@ def fake_reconcile(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any, **_: Any) -> Any:
         calls.append(status)
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = replace(p, written=status_dict(p.status))  # as reconcile() returns it, having written it
         pod = PodState("e1-x", ready=True, fingerprint=None, ip="127.0.0.9")
         return p, Observed(pods=(pod,))
 

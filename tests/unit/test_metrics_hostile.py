@@ -5,12 +5,13 @@ the condition — and a failing sample can never make the engine's loop spin."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import parse_status, status_dict
 from kvpilot import loop as loop_module
 from kvpilot import telemetry
 from kvpilot.desired.contract import metrics_condition
@@ -135,8 +136,9 @@ def test_samples_of_another_engine_are_ignored() -> None:
     assert EngineFacts(max_batch_size_ceiling=512).inconsistency(s) is None  # a runtime limit below the ceiling
     (torch,) = parse_iteration_stats([{**GOOD, "maxBatchSizeStatic": 0}], 0)  # PyTorch never sets it
     assert EngineFacts(max_batch_size_ceiling=16).inconsistency(torch) is None
-    facts = EngineFacts.from_status({"engine": {"tokensPerBlock": 32, "maxBatchSize": 64}})
-    assert facts == FACTS and EngineFacts.from_status({"engine": {"tokensPerBlock": "x"}}) == EngineFacts()
+    facts = EngineFacts.from_status(parse_status({"engine": {"tokensPerBlock": 32, "maxBatchSize": 64}}))
+    assert facts == FACTS and EngineFacts.from_status(parse_status({"engine": {"tokensPerBlock": "x"}})) == EngineFacts()
+    assert EngineFacts.from_status(parse_status({"engine": {"tokensPerBlock": -32, "maxBatchSize": 0}})) == EngineFacts()
 
 
 @pytest.fixture
@@ -147,6 +149,7 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     async def reconcile(api: Any, engine: Any, status: dict[str, Any], settings: Any, kv: Any, **_: Any) -> Any:
         state["reconciles"] += 1
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
+        p = replace(p, written=status_dict(p.status))  # as reconcile() returns it, having written it
         return p, Observed(pods=(POD,))
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)

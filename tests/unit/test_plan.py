@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import DeploymentState, JobState, Observed, PodState
 from kvpilot.desired.plan import Settings, plan
@@ -15,7 +15,7 @@ S = Settings()
 
 
 def conds(p) -> dict:
-    return {c["type"]: (c["status"], c["reason"]) for c in p.status["conditions"]}
+    return {c["type"]: (c["status"], c["reason"]) for c in status_dict(p.status)["conditions"]}
 
 
 def kinds(p) -> list[str]:
@@ -26,7 +26,7 @@ def built(p_first) -> Observed:
     """What the next reconcile sees once the first plan's Job has succeeded."""
     job = JobState(name=p_first.build_job["metadata"]["name"], active=False, succeeded=True, failed=False,
                    completion_time="2026-11-29T12:10:00Z", owner_uids=("uid-1",))
-    return Observed(status=parse_status(p_first.status), claim_phase="Bound", job=job)
+    return Observed(status=p_first.status, claim_phase="Bound", job=job)
 
 
 def test_new_engine_creates_a_build_job_and_no_deployment() -> None:
@@ -43,7 +43,7 @@ def test_successful_job_records_the_engine_and_rolls_out() -> None:
     p = plan(engine(), built(first), S, NOW)
     assert p.index_entry is not None and p.index_entry[1] == first.fingerprint
     assert kinds(p) == ["ConfigMap", "Deployment", "Service"]
-    assert p.status["engine"]["fingerprint"] == first.fingerprint
+    assert status_dict(p.status)["engine"]["fingerprint"] == first.fingerprint
     assert conds(p)["EngineReady"] == ("True", "EngineBuilt")
     assert "EngineBuilt" in [e.reason for e in p.events]
     assert p.build_job is None
@@ -63,7 +63,7 @@ def test_a_hand_edited_index_entry_falls_back_to_the_spec_instead_of_failing_eve
         index = {first.fingerprint: {"fingerprint": first.fingerprint, "maxBatchSize": bad, "maxSeqLen": bad,
                                      "image": bad, "builtAt": bad, "buildJob": bad}}
         p = plan(engine(name="other", uid="uid-2"), Observed(claim_phase="Bound", engine_index=index), S, NOW)
-        info = p.status["engine"]
+        info = status_dict(p.status)["engine"]
         assert isinstance(info["maxBatchSize"], int) and 0 < info["maxBatchSize"] < 2**31, bad
         assert isinstance(info["image"], str) and info["image"], bad
         assert conds(p)["EngineReady"] == ("True", "CacheHit")
@@ -79,7 +79,7 @@ def test_two_engines_with_the_same_build_inputs_share_one_job() -> None:
 def test_serving_only_change_rolls_pods_without_a_build() -> None:
     first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
     served = plan(engine(), built(first), S, NOW)
-    after = Observed(status=parse_status(served.status), claim_phase="Bound",
+    after = Observed(status=served.status, claim_phase="Bound",
                      engine_index={first.fingerprint: served.index_entry[2]})
     p = plan(engine(serving__replicas=3, batching__maxBatchSize=32, generation=2), after, S, NOW)
     assert p.build_job is None and p.fingerprint == first.fingerprint
@@ -92,19 +92,19 @@ def test_failed_build_keeps_the_last_good_engine_serving() -> None:
     first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
     good = plan(engine(), built(first), S, NOW)
     changed = engine(build__maxBatchSize=1024, generation=2)
-    second = plan(changed, Observed(status=parse_status(good.status), claim_phase="Bound",
+    second = plan(changed, Observed(status=good.status, claim_phase="Bound",
                                     engine_index={first.fingerprint: good.index_entry[2]}), S, NOW)
     assert second.build_job is not None and second.fingerprint != first.fingerprint
     failed_job = JobState(name=second.build_job["metadata"]["name"], active=False, succeeded=False, failed=True,
                           message="RuntimeError: CUDA out of memory")
     dep_state = DeploymentState(1, 1, 1, 1, 1, 1, False, first.fingerprint, "64", None)
-    p = plan(changed, Observed(status=parse_status(second.status), claim_phase="Bound", job=failed_job, deployment=dep_state,
+    p = plan(changed, Observed(status=second.status, claim_phase="Bound", job=failed_job, deployment=dep_state,
                                engine_index={first.fingerprint: good.index_entry[2]}), S, NOW)
     dep = next(o for o in p.apply if o["kind"] == "Deployment")
     assert dep["spec"]["template"]["metadata"]["annotations"][L.FINGERPRINT_ANNOTATION] == first.fingerprint
-    assert p.status["engine"]["fingerprint"] == first.fingerprint
+    assert status_dict(p.status)["engine"]["fingerprint"] == first.fingerprint
     assert conds(p)["EngineReady"][1] == "BuildFailed"
-    assert "CUDA out of memory" in next(c for c in p.status["conditions"] if c["type"] == "EngineReady")["message"]
+    assert "CUDA out of memory" in next(c for c in status_dict(p.status)["conditions"] if c["type"] == "EngineReady")["message"]
     assert conds(p)["Degraded"] == ("True", "BuildFailed")
     assert p.build_job is None  # no hot loop: the failed Job is kept and not recreated
     assert "EngineBuildFailed" in [e.reason for e in p.events]
@@ -116,7 +116,7 @@ def test_unschedulable_pods_say_why() -> None:
     pod = PodState("e1-abc", ready=False, fingerprint=first.fingerprint,
                    unschedulable_message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
     dep_state = DeploymentState(1, 1, 1, 1, 0, 0, False, first.fingerprint, "64", None)
-    p = plan(engine(), Observed(status=parse_status(good.status), claim_phase="Bound", deployment=dep_state, pods=(pod,),
+    p = plan(engine(), Observed(status=good.status, claim_phase="Bound", deployment=dep_state, pods=(pod,),
                                 engine_index={first.fingerprint: good.index_entry[2]}), S, NOW)
     assert conds(p)["Available"] == ("False", "PodsUnschedulable")
     assert conds(p)["Degraded"] == ("True", "InsufficientGPU")
@@ -147,14 +147,14 @@ def test_status_is_stable_when_nothing_changes() -> None:
     good = plan(engine(), built(first), S, NOW)
     dep_state = DeploymentState(1, 1, 1, 1, 1, 1, False, first.fingerprint, "64",
                                 None)
-    obs = Observed(status=parse_status(good.status), claim_phase="Bound", deployment=dep_state,
+    obs = Observed(status=good.status, claim_phase="Bound", deployment=dep_state,
                    engine_index={first.fingerprint: good.index_entry[2]})
     again = plan(engine(), obs, S, NOW)
-    later = plan(engine(), Observed(status=parse_status(again.status), claim_phase="Bound", deployment=dep_state,
+    later = plan(engine(), Observed(status=again.status, claim_phase="Bound", deployment=dep_state,
                                     engine_index={first.fingerprint: good.index_entry[2]}), S,
                  datetime(2026, 11, 29, 13, 0, tzinfo=timezone.utc))
-    assert [c["lastTransitionTime"] for c in later.status["conditions"]] == \
-        [c["lastTransitionTime"] for c in again.status["conditions"]]
+    assert [c["lastTransitionTime"] for c in status_dict(later.status)["conditions"]] == \
+        [c["lastTransitionTime"] for c in status_dict(again.status)["conditions"]]
     assert later.events == []
 
 
@@ -162,7 +162,7 @@ def test_unschedulable_build_pod_says_why() -> None:
     first = plan(engine(), Observed(claim_phase="Bound"), S, NOW)
     job = JobState(name=first.build_job["metadata"]["name"], active=True, succeeded=False, failed=False,
                    unschedulable_message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
-    p = plan(engine(), Observed(status=parse_status(first.status), claim_phase="Bound", job=job), S, NOW)
+    p = plan(engine(), Observed(status=first.status, claim_phase="Bound", job=job), S, NOW)
     assert conds(p)["EngineReady"] == ("False", "BuildUnschedulable")
     assert conds(p)["Degraded"] == ("True", "InsufficientGPU")
 
@@ -177,20 +177,20 @@ def _served(backend_overrides: dict) -> tuple:
 def test_a_rebuild_request_raises_the_ceiling_through_a_new_build() -> None:
     tuned = dict(autotune={"mode": "Auto", "allowRebuild": True, "maxBatchSize": 2048})
     e, first, good = _served(tuned)
-    status = dict(good.status, autotune={"ceilingRequest": 1024, "ceilingRequestFrom": 512})
+    status = dict(status_dict(good.status), autotune={"ceilingRequest": 1024, "ceilingRequestFrom": 512})
     p = plan(e, Observed(status=parse_status(status), claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
              S, NOW)
     assert p.fingerprint != first.fingerprint and p.build_job is not None
     script = p.build_job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "--max_batch_size 1024" in script
     # Until the new engine is published, the old one (ceiling 512) keeps serving.
-    assert p.status["engine"]["fingerprint"] == first.fingerprint and p.status["engine"]["maxBatchSize"] == 512
+    assert status_dict(p.status)["engine"]["fingerprint"] == first.fingerprint and status_dict(p.status)["engine"]["maxBatchSize"] == 512
 
 
 def test_a_new_spec_ceiling_cancels_an_earlier_rebuild_request() -> None:
     tuned = dict(autotune={"mode": "Auto", "allowRebuild": True, "maxBatchSize": 2048})
     e, first, good = _served(tuned)
-    status = dict(good.status, autotune={"ceilingRequest": 1024, "ceilingRequestFrom": 256})
+    status = dict(status_dict(good.status), autotune={"ceilingRequest": 1024, "ceilingRequestFrom": 256})
     p = plan(e, Observed(status=parse_status(status), claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
              S, NOW)
     assert p.fingerprint == first.fingerprint and p.build_job is None
@@ -198,7 +198,7 @@ def test_a_new_spec_ceiling_cancels_an_earlier_rebuild_request() -> None:
 
 def test_a_rebuild_request_is_ignored_unless_rebuilds_are_allowed() -> None:
     e, first, good = _served({})
-    status = dict(good.status, autotune={"ceilingRequest": 1024})
+    status = dict(status_dict(good.status), autotune={"ceilingRequest": 1024})
     p = plan(e, Observed(status=parse_status(status), claim_phase="Bound", engine_index={first.fingerprint: good.index_entry[2]}),
              S, NOW)
     assert p.fingerprint == first.fingerprint and p.build_job is None

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from kvpilot import planning
+from kvpilot.api.status import EngineInfo, EngineStatus
 from kvpilot.autotune.policy import Decision
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import plan as plan_module
-from kvpilot.api.status import parse_status
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.loop import engine_time
@@ -117,7 +117,7 @@ def served(allowed: bool, decision: Decision, monkeypatch: pytest.MonkeyPatch) -
     e = engine(**TUNED)
     first = plan(e, Observed(claim_phase="Bound"), Settings(), NOW)
     good = plan(e, built(first), Settings(), NOW)
-    observed = replace(Observed(status=parse_status(good.status), claim_phase="Bound",
+    observed = replace(Observed(status=good.status, claim_phase="Bound",
                                 engine_index={first.fingerprint: good.index_entry[2]}),  # type: ignore[index]
                        kv=window(), what_if_allowed=allowed)
     p = plan(e, observed, Settings(), NOW)
@@ -148,7 +148,7 @@ SLO = {"timeToFirstTokenMillis": 1000, "timePerOutputTokenMillis": 50}
 def measured(rate_per_pod: float, misses: float, limit: int = 4) -> Observed:
     w = replace(window(rate=rate_per_pod, prompt=220, output=250), pods=2, runtime_batch_size=limit,
                 completion_rate=min(rate_per_pod, 3.0), ttft_miss_fraction=misses)
-    return Observed(kv=w, status=parse_status({"engine": {"maxBatchSize": 256}}))
+    return Observed(kv=w, status=EngineStatus(engine=EngineInfo(max_batch_size=256)))
 
 
 def test_the_what_if_is_trusted_only_where_its_model_shows_the_pods_misses() -> None:
@@ -177,7 +177,7 @@ def test_an_invalid_model_leaves_the_rules_alone_without_holding(monkeypatch: py
     e = engine(**TUNED)
     first = plan(e, Observed(claim_phase="Bound"), Settings(), NOW)
     good = plan(e, built(first), Settings(), NOW)
-    observed = Observed(status=parse_status(good.status), claim_phase="Bound", kv=window(), what_if_model_valid=False,
+    observed = Observed(status=good.status, claim_phase="Bound", kv=window(), what_if_model_valid=False,
                         engine_index={first.fingerprint: good.index_entry[2]})  # type: ignore[index]
     p = plan(e, observed, Settings(), NOW)
     assert seen[-1] is None and p.decision is not None and p.decision.action == "Raise"

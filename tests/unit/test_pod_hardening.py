@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import status_dict
 from kvpilot.api.metrics_url import resolved_problem, url_problem
 from kvpilot.desired.observed import JobState, Observed
 from kvpilot.desired.plan import Settings, plan
@@ -33,7 +33,7 @@ def pods(backend: str, **overrides):
     if dep is None:  # engines that build serve once the Job succeeded
         ok = JobState(name=p.build_job["metadata"]["name"], active=False, succeeded=True, failed=False,
                       completion_time="2026-11-29T12:10:00Z", owner_uids=("uid-1",))
-        p2 = plan(e, Observed(status=parse_status(p.status), claim_phase="Bound", job=ok), Settings(), NOW)
+        p2 = plan(e, Observed(status=p.status, claim_phase="Bound", job=ok), Settings(), NOW)
         dep = next(o for o in p2.apply if o["kind"] == "Deployment")
         p = p2
     return job, dep["spec"]["template"]["spec"], p
@@ -141,8 +141,8 @@ def test_a_failed_builds_log_tail_is_redacted_in_status_conditions_and_events() 
     token = "hf_SeCrEtToKeN0123456789abcdefXYZ"
     failed = JobState(name=first.build_job["metadata"]["name"], active=False, succeeded=False, failed=True,
                       message=f"HTTPError: 401 Unauthorized, Authorization: Bearer {token}\nHF_TOKEN={token}")
-    p = plan(e, Observed(status=parse_status(first.status), claim_phase="Bound", job=failed), Settings(), NOW)
-    seen = [p.status["build"]["message"]] + [c["message"] for c in p.status["conditions"]] + \
+    p = plan(e, Observed(status=first.status, claim_phase="Bound", job=failed), Settings(), NOW)
+    seen = [status_dict(p.status)["build"]["message"]] + [c["message"] for c in status_dict(p.status)["conditions"]] + \
         [ev.message for ev in p.events]
     assert any("401 Unauthorized" in s for s in seen)
     assert not [s for s in seen if token in s]

@@ -85,7 +85,8 @@ def succeed(api: FakeApi, job_name: str) -> None:
 
 def run(api: FakeApi, e: Any, status: dict[str, Any]) -> dict[str, Any]:
     p, _observed = asyncio.run(reconcile(api, e, status, S, None, NOW))
-    return p.status
+    assert p.written is not None
+    return p.written
 
 
 def serve(api: FakeApi) -> tuple[Any, dict[str, Any]]:
@@ -222,11 +223,11 @@ def test_a_slow_write_does_not_hold_the_pass_and_its_failure_reaches_the_next_pa
     monkeypatch.setattr(api, "apply", slow_service)
 
     async def passes() -> None:
-        status = (await reconcile(api, e, {}, S, None, NOW))[0].status
+        status = (await reconcile(api, e, {}, S, None, NOW))[0].written or {}
         succeed(api, status["build"]["job"])
-        status = (await reconcile(api, e, status, S, None, NOW))[0].status  # Service in flight: it moved on
+        status = (await reconcile(api, e, status, S, None, NOW))[0].written or {}  # Service in flight: it moved on
         assert ("apply", "Deployment", "e1") in api.writes and ("patch", "InferenceEngine/status", "e1") in api.writes
-        status = (await reconcile(api, e, status, S, None, NOW))[0].status
+        status = (await reconcile(api, e, status, S, None, NOW))[0].written or {}
         assert api.writes.count(("apply", "Service", "e1")) == 1  # not sent again while in flight
         release[0].set_result(None)
         await asyncio.sleep(0)

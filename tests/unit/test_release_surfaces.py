@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvpilot.api.status import status_dict
 from kvpilot.cli import load_engines, render
 from kvpilot.desired.contract import release_condition
 from kvpilot.desired.plan import Settings
@@ -163,7 +164,7 @@ def test_plan_serves_from_the_surface_the_build_job_recorded() -> None:
                     **({"trtllm": record} if record is not None else {})}
         p = plan(e, Observed(claim_phase="Bound", engine_index={first.fingerprint: manifest}), settings, now)
         (cm,) = [o for o in p.apply if o["kind"] == "ConfigMap"]
-        cond = {c["type"]: c for c in p.status["conditions"]}["ReleaseContract"]
+        cond = {c["type"]: c for c in status_dict(p.status)["conditions"]}["ReleaseContract"]
         return yaml.safe_load(cm["data"]["llm-api.yaml"]), cond
 
     options, cond = served(None)  # nothing recorded: the tag decides

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvpilot.api.crd import spec_openapi
+from kvpilot.api.status import status_dict
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.enums import ARCHITECTURES, QUANTIZATIONS, TOKENS_PER_BLOCK_CHOICES
 from kvpilot.api.validate import validate_manifest
@@ -42,7 +43,7 @@ def test_valid_engines_render_with_real_flags_only(overrides: dict) -> None:
     spec = parse_spec(defaulted["spec"])
     e = InferenceEngine(ObjectRef("prop", "ns", "u", 1), spec)
     p = plan(e, Observed(claim_phase="Bound"), Settings(), datetime(2026, 11, 29, tzinfo=timezone.utc))
-    in_force = p.status["batching"]["maxBatchSize"]
+    in_force = status_dict(p.status)["batching"]["maxBatchSize"]
     if spec.builds_engine:
         assert in_force <= spec.build.max_batch_size  # never above the engine's ceiling
     else:

@@ -21,8 +21,8 @@ from functools import lru_cache
 from kvsim import EngineConfig, Request
 from kvsim.config import CapacityPolicy
 
+from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
-from kvpilot.bench.fleet import Fleet
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
 WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet

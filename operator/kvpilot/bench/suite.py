@@ -20,7 +20,7 @@ from typing import Any, Callable
 from kvsim import Request, RequestRecord
 from kvsim.workload import parse_workload
 
-from kvpilot.bench.fleet import Fleet
+from kvpilot.autotune.fleet import Fleet
 from kvpilot.bench.tuner import Slo, engine_config, goodput, run_autotuned
 
 SWEEP = (32, 64, 128, 256, 512, 1024)

@@ -29,10 +29,10 @@ from kvsim.workload import load_workload
 
 from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import BatchingStatus, EngineStatus
 from kvpilot.api.validate import validate_manifest
 from kvpilot.autotune.whatif import SHED_SHARE
-from kvpilot.bench.fleet import Fleet
+from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.plan import Settings, plan
@@ -172,7 +172,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge,
                           "Auto" if spare_gpu is not None else None)
     interval = float(engine.spec.autotune.interval_seconds)
-    status: dict[str, Any] = {}
+    status = EngineStatus()
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
     fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
@@ -202,17 +202,19 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
                              fleet.gave_up - gave_up_before)
             gave_up_before = fleet.gave_up
-            observed = Observed(status=parse_status(status), claim_phase="Bound", engine_index=index, kv=window,
+            observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s, spare_gpu=spare_gpu)
             started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
             decision_cpu.append(time.process_time() - started)
             status = p.status
-            want = status["batching"]["maxBatchSize"]
+            batching = status.batching or BatchingStatus()
+            want = batching.max_batch_size
+            assert want is not None, "the plan always says which max_batch_size is in force"
             if _target(fleet) != want:
                 fleet.roll_to(engine_config(profile, ceiling, want, policy=policy))
                 changes += 1
-                history.append({"atSeconds": round(t), "to": want, "reason": status["batching"]["reason"],
+                history.append({"atSeconds": round(t), "to": want, "reason": batching.reason,
                                 "message": (p.decision.message if p.decision is not None else "")[:600]})
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))

@@ -24,7 +24,6 @@ from kvpilot.api.status import (
     EngineStatus,
     KvCacheStatus,
     TrafficStatus,
-    status_dict,
     to_wire,
 )
 from kvpilot.autotune.policy import PROTECTIVE_REASONS, AppliedChange, Decision, TunerInput, decide
@@ -81,10 +80,13 @@ class Plan:
     apply: list[dict[str, Any]]  # owned children, server-side applied in this order
     build_job: dict[str, Any] | None  # created if absent (shared by engines with the same fingerprint)
     index_entry: tuple[str, str, dict[str, Any]] | None  # (claim, fingerprint, manifest) to record
-    status: dict[str, Any]  # as written to the API server: status_dict() of the EngineStatus the plan decided
+    status: EngineStatus  # what the plan decided; reconcile serializes it (status_dict) once, when it writes it
     events: list[Event] = field(default_factory=list)
     decision: Decision | None = None
     fingerprint: str = ""
+    # The status dict reconcile wrote (status_dict of ``status``, stamped), which the operator's loop keeps as the
+    # stored status; None from plan() itself, which writes nothing.
+    written: dict[str, Any] | None = None
 
 
 def _serving_children(
@@ -261,16 +263,16 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         kv_cache=_kv_status(observed, now),
     )
     events = events_between(observed.status, status)
-    return Plan(apply, job, index, status_dict(status), events, decision, build.fingerprint)
+    return Plan(apply, job, index, status, events, decision, build.fingerprint)
 
 
 def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> timedelta:
     """Reconcile again soon while something moves, at the tuning interval when tuning, else at resync."""
-    conditions = {c["type"]: c for c in p.status["conditions"]}
+    progressing, available = p.status.condition("Progressing"), p.status.condition(AVAILABLE)
     # Child events (Jobs, Deployments, pods) wake the loop anyway, and a pass reads only the watch cache;
     # polling only bridges a rollout. Every 5 s cost 200 passes a second at 1,000 rolling engines: 15 s.
-    if conditions.get("Progressing", {}).get("status") == "True" and conditions.get(AVAILABLE, {}).get("reason") != \
-            "ScaledToZero":
+    if progressing is not None and progressing.status == "True" and \
+            (available is None or available.reason != "ScaledToZero"):
         return timedelta(seconds=min(resync_seconds, 15))
     if engine.spec.autotune.enabled:
         return timedelta(seconds=min(resync_seconds, engine.spec.autotune.interval_seconds))

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from kvpilot.api.models import InferenceEngine
-from kvpilot.api.status import parse_status
+from kvpilot.api.status import EngineStatus
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import labels as L
 from kvpilot.desired.build import target_fingerprint
@@ -56,12 +56,12 @@ def parse_index(entries: list[dict[str, Any]], claim: str, claim_uid: str) -> di
 
 
 def observe_engine(
-    cache: ChildCache, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
-    gpus: GpuCapacity | None = None,
+    cache: ChildCache, engine: InferenceEngine, typed_status: EngineStatus, settings: Settings,
+    kv: KvWindow | None, gpus: GpuCapacity | None = None,
 ) -> Observed:
     """Everything one reconcile reads, from the watch cache: no API call (the cache is primed before the
-    first reconcile and kept current by the watches, so a deletion or an edit is seen like any change)."""
-    typed_status = parse_status(status)
+    first reconcile and kept current by the watches, so a deletion or an edit is seen like any change).
+    ``typed_status`` is the engine's stored status, parsed by the caller."""
     spec, meta = engine.spec, engine.meta
     ns = meta.namespace
     claim = cache_claim_name(meta, spec)

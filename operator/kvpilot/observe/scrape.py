@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from kvpilot import telemetry
+from kvpilot.api.status import EngineInfo, EngineStatus
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import PodState
@@ -46,9 +47,9 @@ BACKOFF_MAX_SECONDS = 300.0
 WARN_EVERY_SECONDS = 300.0
 
 
-def _positive_int(value: object) -> int:
-    """``value`` when it is a positive integer (status is user-writable), else 0 (unknown)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def _positive_int(value: int | None) -> int:
+    """``value`` when it is positive (status is user-writable: a negative size is nonsense), else 0 (unknown)."""
+    return value if value is not None and value > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,10 @@ class EngineFacts:
     max_batch_size_ceiling: int = 0  # the engine's build-time max_batch_size; 0: unknown
 
     @classmethod
-    def from_status(cls, status: dict[str, Any] | None) -> EngineFacts:
-        engine = (status or {}).get("engine") or {}
-        tpb, mbs = engine.get("tokensPerBlock"), engine.get("maxBatchSize")
-        return cls(tokens_per_block=_positive_int(tpb), max_batch_size_ceiling=_positive_int(mbs))
+    def from_status(cls, status: EngineStatus) -> EngineFacts:
+        engine = status.engine or EngineInfo()
+        return cls(tokens_per_block=_positive_int(engine.tokens_per_block),
+                   max_batch_size_ceiling=_positive_int(engine.max_batch_size))
 
     def inconsistency(self, s: IterationSample) -> str | None:
         """Why the sample cannot describe this engine, None when it can."""
