@@ -14,7 +14,9 @@ help: ## Show the targets
 # kvpilot's requirement `kvsim==0.1.0` is met by this repository's copy and never looked up on PyPI.
 $(STAMP): pyproject.toml simulator/pyproject.toml
 	@echo "==> Creating $(VENV) and installing kvsim and kvpilot (editable) with the test and bench extras"
-	$(PY) -m venv $(VENV)
+	@# --clear: an older venv's kvpilot owned the `kvsim` script; upgrading in place would let pip's uninstall of it
+	@# delete the script the kvsim distribution has just installed.
+	$(PY) -m venv --clear $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e './simulator[serve,plots]'
 	$(BIN)/pip install -q -e '.[test,bench]'
