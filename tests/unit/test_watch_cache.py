@@ -191,3 +191,17 @@ def test_a_shared_job_gaining_an_owner_wakes_nobody_and_its_status_wakes_every_o
     assert woken() == {"e1", "e2", "e3"}
     loops.child_deleted("Job", job("14", ["e1", "e2", "e3"], {"succeeded": 1}))
     assert woken() == {"e1", "e2", "e3"}
+
+
+def test_a_capacity_watch_keeps_what_the_child_cache_drops_of_a_pod() -> None:
+    """The child cache keeps a pod's status only; the GPU-capacity watch of every pod slims by its own kind and
+    must keep spec.nodeName and the GPU requests, or every node looks free and Auto always surges."""
+    from kvpilot.k8s.capacity import BOUND_POD_KIND, pod_gpus
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "managedFields": [{"manager": "x"}]},
+           "spec": {"nodeName": "gpu-h200-0", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+           "status": {"phase": "Running"}}
+    assert "spec" not in slim("Pod", pod)
+    kept = slim("Pod", pod, keep_spec=BOUND_POD_KIND.keep_spec)
+    assert kept["spec"]["nodeName"] == "gpu-h200-0" and pod_gpus(kept["spec"]) == 2
+    assert "managedFields" not in kept["metadata"]

@@ -59,15 +59,19 @@ KIND_BY_NAME = {k.kind: k for k in CHILD_KINDS}
 _DROP_META = ("managedFields", "selfLink")
 
 
-def slim(kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    """What the cache keeps of one object: the fields a decision or a drift check reads."""
+def slim(kind: str, body: dict[str, Any], *, keep_spec: bool | None = None) -> dict[str, Any]:
+    """What the cache keeps of one object: the fields a decision or a drift check reads. ``keep_spec`` is the
+    watching informer's own choice (a GPU-capacity watch of every pod needs ``spec.nodeName`` and the requests,
+    which the child cache's pods do not); None: the child kind's."""
     meta = {k: v for k, v in (body.get("metadata") or {}).items() if k not in _DROP_META}
     out: dict[str, Any] = {"apiVersion": body.get("apiVersion"), "kind": kind, "metadata": meta}
-    spec_kind = KIND_BY_NAME.get(kind)
+    if keep_spec is None:
+        spec_kind = KIND_BY_NAME.get(kind)
+        keep_spec = spec_kind is not None and spec_kind.keep_spec
     for key, value in body.items():
         if key in ("apiVersion", "kind", "metadata"):
             continue
-        if key == "status" or (spec_kind is not None and spec_kind.keep_spec):
+        if key == "status" or keep_spec:
             out[key] = value
     if kind == "Deployment":  # the status is rewritten often; only what deployment_state reads matters
         out["status"] = {k: v for k, v in (body.get("status") or {}).items()

@@ -22,9 +22,10 @@ from typing import Any
 from kvpilot.k8s.cache import ChildKind
 
 GPU_RESOURCE = "nvidia.com/gpu"
-NODE_KIND = ChildKind("v1", "Node", "nodes", keep_spec=False, managed_only=False)
+# keep_spec: the informer must not slim away what capacity reads (a node's taints, a pod's nodeName and requests).
+NODE_KIND = ChildKind("v1", "Node", "nodes", keep_spec=True, managed_only=False)
 # Every pod, not only kvpilot's: another workload's pod holds GPUs too.
-BOUND_POD_KIND = ChildKind("v1", "Pod", "pods", keep_spec=False, managed_only=False)
+BOUND_POD_KIND = ChildKind("v1", "Pod", "pods", keep_spec=True, managed_only=False)
 _TERMINAL = ("Succeeded", "Failed")
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 

@@ -74,7 +74,7 @@ class Informer:
             for item in page.get("items") or []:
                 item.setdefault("apiVersion", self.kind.api_version)
                 item.setdefault("kind", self.kind.kind)
-                items.append(slim(self.kind.kind, item))
+                items.append(slim(self.kind.kind, item, keep_spec=self.kind.keep_spec))
             cont = (page.get("metadata") or {}).get("continue") or ""
             if not cont:
                 rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
@@ -105,7 +105,8 @@ class Informer:
                     # Slimmed here, before the hand-over: during a burst (1,000 engines rolling out) events
                     # wait for the event loop, and whole objects (managedFields, pod specs) waiting in that
                     # queue were the operator's peak memory.
-                    self.loop.call_soon_threadsafe(self.on_event, self.kind.kind, kind, slim(self.kind.kind, obj))
+                    slimmed = slim(self.kind.kind, obj, keep_spec=self.kind.keep_spec)
+                    self.loop.call_soon_threadsafe(self.on_event, self.kind.kind, kind, slimmed)
         finally:
             resp.release_conn()
 
