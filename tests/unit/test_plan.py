@@ -217,3 +217,18 @@ def test_engines_on_different_claims_build_separately() -> None:
     b = plan(engine(name="b", uid="ub", engineCache={"claimName": "cache-b"}), Observed(claim_phase="Bound"), S, NOW)
     assert a.fingerprint == b.fingerprint
     assert a.build_job["metadata"]["name"] != b.build_job["metadata"]["name"]
+
+
+def test_a_surge_rollout_is_in_progress_until_the_old_pod_is_gone() -> None:
+    """maxSurge 1 on one replica: the new pod starts beside the old one, and the counts that a NoSurge rollout
+    shows (available < updated) all look settled; the extra pod is what says the rollout goes on. The tuner's
+    "no change during a rollout" and Argo CD's Progressing depend on it."""
+    from kvpilot.desired.conditions import _rollout_in_progress
+
+    def state(pods: int, updated: int, ready: int, available: int) -> DeploymentState:
+        return DeploymentState(generation=2, observed_generation=2, replicas=1, updated_replicas=updated,
+                               ready_replicas=ready, available_replicas=available, progress_deadline_exceeded=False,
+                               fingerprint="fp", max_batch_size="8", config_hash="h", pods=pods)
+
+    assert _rollout_in_progress(state(pods=2, updated=1, ready=1, available=1), "fp", "8", "h")  # surging
+    assert not _rollout_in_progress(state(pods=1, updated=1, ready=1, available=1), "fp", "8", "h")  # done

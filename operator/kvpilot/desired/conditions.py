@@ -59,6 +59,9 @@ def _rollout_in_progress(dep: DeploymentState | None, desired_fp: str | None, de
         stale_template
         or dep.observed_generation < dep.generation
         or dep.updated_replicas < dep.replicas
+        # A surge rollout: the new pod is not ready yet while the old one still serves (pods 2, updated 1,
+        # available 1), so only the pod count tells (kubectl rollout status: "old replicas are pending termination").
+        or dep.pods > dep.updated_replicas
         or dep.available_replicas < dep.updated_replicas
         or dep.ready_replicas < dep.replicas
     )
