@@ -134,3 +134,12 @@ def test_during_a_rollout_the_strategy_in_force_is_kept(surge: bool) -> None:
     assert spare_gpu(deployment(updated=1, pods=2, available=1, surge=surge), full) is surge
     free = capacity([node("a", "2")], [pod("new", "a", 1)])  # NoSurge: the old pod is gone, the new one starts
     assert spare_gpu(deployment(updated=1, pods=1, available=0, surge=surge), free) is surge
+
+
+@pytest.mark.parametrize("surge", [True, False])
+def test_before_the_capacity_watches_list_the_strategy_in_force_is_kept(surge: bool) -> None:
+    """An operator restart: until Nodes and pods are listed, capacity is unknown; re-rendering the strategy as
+    "no surge" and back once they list would write every Auto engine's Deployment twice for nothing."""
+    unsynced = GpuCapacity()
+    assert unsynced.fits(template(1)) is None
+    assert spare_gpu(deployment(surge=surge), unsynced) is surge

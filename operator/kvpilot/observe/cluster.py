@@ -106,9 +106,11 @@ def spare_gpu(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> bool | No
     """Whether one more serving pod would find a free GPU (``serving.rollout.strategy: Auto`` surges then).
 
     Asked of the Deployment's own pod template (its GPU request, nodeSelector and tolerations), as the
-    scheduler would place a surge pod. While a rollout is under way the answer is the strategy already in
-    force: the surge pod holds the spare GPU it found, and flipping the strategy mid-rollout would only churn.
-    None when unknown (no Deployment yet, or the capacity watches not yet listed): Auto then does not surge."""
+    scheduler would place a surge pod. While a rollout is under way, or while the capacity watches have not
+    listed yet (an operator restart), the answer is the strategy already in force: the surge pod holds the
+    spare GPU it found, and flipping the strategy mid-rollout, or on every restart until the watches list,
+    would only write. None when unknown and nothing is in force (no Deployment yet, or no capacity watch):
+    Auto then does not surge."""
     if dep is None or gpus is None:
         return None
     spec, st = dep.get("spec") or {}, dep.get("status") or {}
@@ -116,8 +118,10 @@ def spare_gpu(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> bool | No
     rolling = (int(st.get("observedGeneration") or 0) < int((dep.get("metadata") or {}).get("generation") or 0)
                or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
                or int(st.get("availableReplicas") or 0) < replicas)
+    limits = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+    in_force = (str(limits.get("maxSurge", "")) not in ("", "0", "0%")
+                and str(limits.get("maxUnavailable", "")) in ("0", "0%"))
     if rolling:
-        limits = (spec.get("strategy") or {}).get("rollingUpdate") or {}
-        return str(limits.get("maxSurge", "")) not in ("", "0", "0%") and str(limits.get("maxUnavailable", "")) in ("0", "0%")
-    template = ((spec.get("template") or {}).get("spec")) or {}
-    return gpus.fits(template)
+        return in_force
+    fits = gpus.fits(((spec.get("template") or {}).get("spec")) or {})
+    return in_force if fits is None else fits
