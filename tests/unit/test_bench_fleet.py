@@ -67,3 +67,25 @@ def test_a_rolled_limit_is_in_force_and_the_balancer_uses_the_pod_with_room() ->
     while fleet.rolling():
         fleet.advance(fleet.next_transition())
     assert {r.config.max_batch_size for r in fleet.replicas} == {256}
+
+
+def _rollout_seconds(fleet: Fleet) -> float:
+    while fleet.rolling():
+        fleet.advance(fleet.next_transition())
+    return fleet.now
+
+
+def test_surge_starts_as_many_new_pods_as_spare_gpus_and_never_drops_capacity() -> None:
+    """maxSurge 1: the second new pod waits until the first old one has drained and freed its GPU, so the
+    rollout takes two start-to-Ready times; maxSurge 2 (a spare GPU per replica): one."""
+    one = Fleet(engine_config(PROFILE, 512, 8), 2, restart_s=90.0, surge=True, max_surge=1)
+    one.roll_to(engine_config(PROFILE, 512, 256))
+    assert sum(1 for r in one.replicas if r.replaces is not None) == 1
+    both = Fleet(engine_config(PROFILE, 512, 8), 2, restart_s=90.0, surge=True, max_surge=2)
+    both.roll_to(engine_config(PROFILE, 512, 256))
+    assert sum(1 for r in both.replicas if r.replaces is not None) == 2
+    assert sum(1 for r in both.replicas if r.state == "up") == 2  # the old pods serve meanwhile
+    assert _rollout_seconds(one) >= 180.0
+    assert _rollout_seconds(both) < 180.0
+    for fleet in (one, both):
+        assert len(fleet.replicas) == 2 and {r.config.max_batch_size for r in fleet.replicas} == {256}

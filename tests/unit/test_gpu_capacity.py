@@ -1,5 +1,5 @@
 """Free GPUs per node from Node and Pod watch events (k8s/capacity.py), and the Auto rollout's input
-(observe/cluster.spare_gpu): a surge pod fits only where the scheduler could place it."""
+(observe/cluster.surge_room): a surge pod fits only where the scheduler could place it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvpilot.k8s.capacity import GpuCapacity, gpu_count, pod_gpus
-from kvpilot.observe.cluster import spare_gpu
+from kvpilot.observe.cluster import surge_room
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -111,8 +111,9 @@ def test_init_containers_count_when_larger() -> None:
 
 
 def deployment(replicas: int = 1, updated: int = 1, available: int = 1, pods: int = 1,
-               surge: bool = False, gpus: int = 1) -> dict[str, Any]:
-    limits = {"maxSurge": 1, "maxUnavailable": 0} if surge else {"maxSurge": 0, "maxUnavailable": 1}
+               surge: int = 0, gpus: int = 1, limits: dict[str, Any] | None = None) -> dict[str, Any]:
+    if limits is None:
+        limits = {"maxSurge": surge, "maxUnavailable": 0} if surge else {"maxSurge": 0, "maxUnavailable": 1}
     return {"metadata": {"generation": 2},
             "spec": {"replicas": replicas, "strategy": {"type": "RollingUpdate", "rollingUpdate": limits},
                      "template": {"spec": template(gpus)}},
@@ -120,26 +121,50 @@ def deployment(replicas: int = 1, updated: int = 1, available: int = 1, pods: in
                        "availableReplicas": available}}
 
 
-def test_spare_gpu_asks_the_deployments_pod_template() -> None:
+def test_surge_room_asks_the_deployments_pod_template() -> None:
     c = capacity([node("a", "2")], [pod("serve-0", "a", 1, ns="llm")])
-    assert spare_gpu(deployment(gpus=1), c) is True
-    assert spare_gpu(deployment(gpus=2), c) is False
-    assert spare_gpu(None, c) is None
-    assert spare_gpu(deployment(), None) is None
+    assert surge_room(deployment(gpus=1), c) == 1
+    assert surge_room(deployment(gpus=2), c) == 0
+    assert surge_room(None, c) is None
+    assert surge_room(deployment(), None) is None
 
 
-@pytest.mark.parametrize("surge", [True, False])
-def test_during_a_rollout_the_strategy_in_force_is_kept(surge: bool) -> None:
+def test_surge_room_counts_pods_node_by_node_up_to_the_replicas() -> None:
+    """A 2-GPU pod needs both GPUs on one node: 1 free on each of two nodes places none; 8 free GPUs place
+    four 2-GPU pods, but a Deployment of 2 replicas never surges by more than 2."""
+    split = capacity([node("a", "2"), node("b", "2")], [pod("x", "a", 1), pod("y", "b", 1)])
+    assert surge_room(deployment(replicas=2, updated=2, available=2, pods=2, gpus=2), split) == 0
+    assert surge_room(deployment(replicas=2, updated=2, available=2, pods=2, gpus=1), split) == 2
+    roomy = capacity([node("a", "8")], [])
+    assert roomy.room(template(2), 10) == 4
+    assert surge_room(deployment(replicas=2, updated=2, available=2, pods=2, gpus=2), roomy) == 2
+    assert surge_room(deployment(replicas=3, updated=3, available=3, pods=3, gpus=4), roomy) == 2
+
+
+@pytest.mark.parametrize(("limits", "in_force"), [
+    ({"maxSurge": "50%", "maxUnavailable": "0%"}, 2),  # a percentage rounds up, as the Deployment controller does
+    ({"maxSurge": 3, "maxUnavailable": 0}, 3),
+    ({"maxSurge": 3, "maxUnavailable": 1}, 0),  # capacity drops: not surge
+    ({"maxSurge": "lots", "maxUnavailable": 0}, 0),  # unreadable: no surge
+])
+def test_a_rollout_keeps_the_surge_in_force_as_written(limits: dict[str, Any], in_force: int) -> None:
+    full = capacity([node("a", "3")], [pod("x", "a", 3)])
+    rolling = deployment(replicas=3, updated=1, available=3, pods=4, limits=limits)
+    assert surge_room(rolling, full) == in_force
+
+
+@pytest.mark.parametrize("surge", [1, 0])
+def test_during_a_rollout_the_strategy_in_force_is_kept(surge: int) -> None:
     full = capacity([node("a", "2")], [pod("old", "a", 1), pod("new", "a", 1)])  # the surge pod took the spare
-    assert spare_gpu(deployment(updated=1, pods=2, available=1, surge=surge), full) is surge
+    assert surge_room(deployment(updated=1, pods=2, available=1, surge=surge), full) == surge
     free = capacity([node("a", "2")], [pod("new", "a", 1)])  # NoSurge: the old pod is gone, the new one starts
-    assert spare_gpu(deployment(updated=1, pods=1, available=0, surge=surge), free) is surge
+    assert surge_room(deployment(updated=1, pods=1, available=0, surge=surge), free) == surge
 
 
-@pytest.mark.parametrize("surge", [True, False])
-def test_before_the_capacity_watches_list_the_strategy_in_force_is_kept(surge: bool) -> None:
+@pytest.mark.parametrize("surge", [1, 0])
+def test_before_the_capacity_watches_list_the_strategy_in_force_is_kept(surge: int) -> None:
     """An operator restart: until Nodes and pods are listed, capacity is unknown; re-rendering the strategy as
     "no surge" and back once they list would write every Auto engine's Deployment twice for nothing."""
     unsynced = GpuCapacity()
     assert unsynced.fits(template(1)) is None
-    assert spare_gpu(deployment(surge=surge), unsynced) is surge
+    assert surge_room(deployment(surge=surge), unsynced) == surge

@@ -58,10 +58,13 @@ class Fleet:
 
     def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
                  queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False,
-                 queue_timeout_s: float | None = None):
-        """``surge``: roll with maxSurge 1, maxUnavailable 0 (a new pod becomes Ready before an old one drains)."""
+                 queue_timeout_s: float | None = None, max_surge: int = 1):
+        """``surge``: roll with maxSurge ``max_surge``, maxUnavailable 0 (a new pod becomes Ready before an old
+        one drains). A surge pod holds its GPU from its start, and an old pod holds its GPU until it has
+        drained, so at most ``max_surge`` new or draining pods exist at once (the spare GPUs)."""
         self.restart_s = restart_s
         self.surge = surge
+        self.max_surge = max(1, max_surge)
         self.queue_factor = queue_factor
         self.client_timeout_s = client_timeout_s
         self.queue_timeout_s = queue_timeout_s
@@ -172,20 +175,28 @@ class Fleet:
         return {r.config for r in self.replicas}
 
     def _start_next_restart(self) -> None:
-        if any(r.state != "up" for r in self.replicas):
-            return
         if self.surge:
-            for r in self.replicas:
-                if r.next_config is not None:
-                    new = Replica(r.name + "'", r.next_config, Engine(r.next_config, epoch_s=r.engine.epoch_s),
-                                  state="down", until_s=self.now + self.restart_s, restarts=r.restarts + 1, replaces=r)
-                    self.replicas.append(new)
-                    return
+            self._start_surge_pods()
+            return
+        if any(r.state != "up" for r in self.replicas):
             return
         for r in self.replicas:
             if r.next_config is not None:
                 r.state, r.until_s = "draining", self.now + GRACE_SECONDS
                 return
+
+    def _start_surge_pods(self) -> None:
+        """Start a new pod for each replica still to roll, while a spare GPU is free (see ``max_surge``)."""
+        busy = sum(1 for r in self.replicas if r.replaces is not None or r.retire)
+        replaced = {id(r.replaces) for r in self.replicas if r.replaces is not None}
+        for r in list(self.replicas):
+            if busy >= self.max_surge:
+                return
+            if r.next_config is not None and not r.retire and r.replaces is None and id(r) not in replaced:
+                self.replicas.append(Replica(r.name + "'", r.next_config,
+                                             Engine(r.next_config, epoch_s=r.engine.epoch_s), state="down",
+                                             until_s=self.now + self.restart_s, restarts=r.restarts + 1, replaces=r))
+                busy += 1
 
     def _transitions(self) -> None:
         for r in list(self.replicas):

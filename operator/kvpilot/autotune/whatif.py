@@ -62,6 +62,7 @@ class Engine:
     # without shedding, a first-come-first-served queue near saturation fills to the client timeout and every
     # limit short of ample capacity scores ~0, so the comparison would measure the queue, not the limit.
     queue_timeout_s: float | None = None
+    max_surge: int = 1  # with surge: pods started at once (the spare GPUs; the whole rollout when all fit)
 
 
 def fit_traffic(w: KvWindow) -> TrafficFit | None:
@@ -110,7 +111,7 @@ def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, hori
     horizon_s = min(horizon_s, MAX_REQUESTS / fit.rate_per_s)
     requests = _requests(fit, WARMUP_SECONDS + horizon_s)
     fleet = Fleet(_config(e, current), e.replicas, e.restart_seconds, surge=e.surge,
-                  queue_timeout_s=e.queue_timeout_s)
+                  queue_timeout_s=e.queue_timeout_s, max_surge=e.max_surge)
     rolled = candidate == current
     for req in requests:
         if not rolled and req.arrival_s >= WARMUP_SECONDS:

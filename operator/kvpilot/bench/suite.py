@@ -66,8 +66,9 @@ class Case:
     seed: int = 7
     prompt_cap: int | None = None
     steady: bool = True  # one phase: at most one change after settling is allowed
-    # The cluster has a free GPU of the pods' product (2 one- or two-GPU replicas on an 8-GPU node), so the
-    # tuner's `rollout.strategy: Auto` rolls with maxSurge 1 / maxUnavailable 0; False: no spare, maxSurge 0.
+    # The cluster has free GPUs of the pods' product for every replica (2 one- or two-GPU replicas on an 8-GPU
+    # node), so the tuner's `rollout.strategy: Auto` rolls with maxSurge 2 / maxUnavailable 0 (both new pods
+    # start at once); False: no spare, maxSurge 0.
     spare_gpu: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,7 +152,8 @@ def _run_static_records(requests: list[Request], case: Case, mbs: int, horizon: 
 def _run_schedule(requests: list[Request], case: Case, schedule: list[int], horizon: float) -> dict[str, float]:
     """Static per phase, rolled (paying the restart) at each boundary where the value changes."""
     fleet = Fleet(engine_config(case.profile, CEILING, schedule[0], policy=case.policy), case.replicas,
-                  case.restart_s, surge=case.spare_gpu, queue_timeout_s=case.queue_timeout_s)
+                  case.restart_s, surge=case.spare_gpu, queue_timeout_s=case.queue_timeout_s,
+                  max_surge=case.replicas)
     boundaries = case.boundaries
     b = 0
     for req in requests:
@@ -169,7 +171,8 @@ def _run_schedule(requests: list[Request], case: Case, schedule: list[int], hori
 def _run_changes(requests: list[Request], case: Case, changes: list[tuple[float, int]], horizon: float) -> dict[str, Any]:
     """From START, roll to each (time, value) in turn (the reactive bound), paying every rollout."""
     fleet = Fleet(engine_config(case.profile, CEILING, START, policy=case.policy), case.replicas,
-                  case.restart_s, surge=case.spare_gpu, queue_timeout_s=case.queue_timeout_s)
+                  case.restart_s, surge=case.spare_gpu, queue_timeout_s=case.queue_timeout_s,
+                  max_surge=case.replicas)
     pending = sorted(changes)
     for req in requests:
         while pending and req.arrival_s >= pending[0][0]:

@@ -165,10 +165,12 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                   queue_timeout_s: float | None = None, spare_gpu: bool | None = None) -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions).
-    ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (a free
-    GPU of the pods' product: the rollout surges); otherwise ``surge`` picks Surge or NoSurge explicitly."""
+    ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (free
+    GPUs of the pods' product for every replica: the rollout surges them all at once); otherwise ``surge``
+    picks Surge (one pod at a time) or NoSurge explicitly."""
     if spare_gpu is not None:
         surge = spare_gpu
+    room = (replicas if spare_gpu else 0) if spare_gpu is not None else None
     engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge,
                           "Auto" if spare_gpu is not None else None)
     interval = float(engine.spec.autotune.interval_seconds)
@@ -176,7 +178,8 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
     fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
-                  restart_s, surge=surge, queue_timeout_s=queue_timeout_s)
+                  restart_s, surge=surge, queue_timeout_s=queue_timeout_s,
+                  max_surge=room or 1)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     arrived_before = gave_up_before = 0
@@ -203,7 +206,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                              fleet.gave_up - gave_up_before)
             gave_up_before = fleet.gave_up
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
-                                startup_seconds=restart_s, spare_gpu=spare_gpu)
+                                startup_seconds=restart_s, surge_room=room)
             started = time.process_time()
             p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
             decision_cpu.append(time.process_time() - started)

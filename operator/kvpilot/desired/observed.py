@@ -84,9 +84,9 @@ class Observed:
     claim_uid: str = ""  # the cache claim's UID once observed: names its build Job, validates index entries
     kv: KvWindow | None = None
     startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
-    # Whether a GPU of the serving pods' product is free for one surge pod (None: not observed). Read by
-    # desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
-    spare_gpu: bool | None = None
+    # How many more serving pods the free GPUs of their product would place, at most the replicas (None: not
+    # observed). Read by desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
+    surge_room: int | None = None
     # False when this engine spent its what-if CPU budget (kvpilot/planning.py): the tuner then holds any
     # change the simulation would have had to confirm (protective lowers excepted).
     what_if_allowed: bool = True

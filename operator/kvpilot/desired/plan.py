@@ -91,11 +91,12 @@ class Plan:
 
 def _serving_children(
     engine: InferenceEngine, served: ServedEngine | None, *, image: str, claim: str | None, batch: int,
-    surface: Surface | None = None, spare_gpu: bool | None = None,
+    surface: Surface | None = None, surge_room: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
     dep = serving.deployment(engine.meta, engine.spec, served, image=image, claim=claim, max_batch_size=batch,
-                             config_map=cm, rolling_update=rolling_update(engine.spec.serving.rollout, spare_gpu))
+                             config_map=cm, rolling_update=rolling_update(engine.spec.serving.rollout, surge_room,
+                                                                          engine.spec.serving.replicas))
     return cm, dep
 
 
@@ -123,7 +124,7 @@ def _tune(
             build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
-            surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
+            surge=surge_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
             what_if=what_if if observed.what_if_allowed else None,
             declined_since=_declined_since(observed.status.autotune, now),
         )
@@ -153,7 +154,8 @@ def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> Wha
     return WhatIfEngine(
         profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
         replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-        surge=surge_in_force(spec.serving.rollout, observed.spare_gpu),
+        surge=surge_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
+        max_surge=max(1, surge_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)),
         ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
         tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
         queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
@@ -211,7 +213,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     recorded = engine_info.trtllm if engine_info is not None else None
     surface, known_by, mismatch = serving_surface(spec, serve_image, to_wire(recorded) if recorded else None)
     cm, dep = (_serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
-                                 spare_gpu=observed.spare_gpu) if can_serve else ({}, {}))
+                                 surge_room=observed.surge_room) if can_serve else ({}, {}))
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
@@ -228,7 +230,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         reason = "AutotuneRaised" if decision.action == Action.RAISE else "AutotuneLowered"
         message = decision.message
         cm, dep = _serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
-                                    spare_gpu=observed.spare_gpu)
+                                    surge_room=observed.surge_room)
         conds, rolling = compute_conditions(
             spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve, desired_batch=str(batch),
             desired_hash=serving.config_hash(cm),

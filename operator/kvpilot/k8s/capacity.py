@@ -142,15 +142,24 @@ class GpuCapacity:
 
     def fits(self, template_spec: dict[str, Any]) -> bool | None:
         """Whether one more pod of this template finds a node with its GPUs free. None: not known yet."""
+        room = self.room(template_spec, 1)
+        return None if room is None else room >= 1
+
+    def room(self, template_spec: dict[str, Any], most: int) -> int | None:
+        """How many more pods of this template (at most ``most``) the free GPUs would place, node by node as
+        the scheduler would (a pod's GPUs come from one node). None: not known yet."""
         if not self.synced:
             return None
         want = pod_gpus(template_spec)
         selector = template_spec.get("nodeSelector") or {}
         tolerations = [t for t in template_spec.get("tolerations") or [] if isinstance(t, dict)]
+        placed = 0
         for name, node in self._nodes.items():
+            if placed >= most:
+                break
             labels = dict(node.labels)
             if not node.schedulable or any(labels.get(k) != v for k, v in selector.items()):
                 continue
-            if all(tolerates(tolerations, taint) for taint in node.taints) and self.free(name) >= want:
-                return True
-        return False
+            if all(tolerates(tolerations, taint) for taint in node.taints):
+                placed += most if want <= 0 else self.free(name) // want
+        return min(placed, most)

@@ -98,19 +98,20 @@ def observe_engine(
         claim_uid=claim_uid,
         kv=kv,
         startup_seconds=startup_seconds(pod_states),
-        spare_gpu=spare_gpu(dep, gpus),
+        surge_room=surge_room(dep, gpus),
     )
 
 
-def spare_gpu(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> bool | None:
-    """Whether one more serving pod would find a free GPU (``serving.rollout.strategy: Auto`` surges then).
+def surge_room(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> int | None:
+    """How many more serving pods the free GPUs would place, at most the Deployment's replicas
+    (``serving.rollout.strategy: Auto`` surges by that many).
 
     Asked of the Deployment's own pod template (its GPU request, nodeSelector and tolerations), as the
-    scheduler would place a surge pod. While a rollout is under way, or while the capacity watches have not
-    listed yet (an operator restart), the answer is the strategy already in force: the surge pod holds the
-    spare GPU it found, and flipping the strategy mid-rollout, or on every restart until the watches list,
-    would only write. None when unknown and nothing is in force (no Deployment yet, or no capacity watch):
-    Auto then does not surge."""
+    scheduler would place surge pods. While a rollout is under way, or while the capacity watches have not
+    listed yet (an operator restart), the answer is the surge already in force: the surge pods hold the spare
+    GPUs they found, and resizing the strategy mid-rollout, or on every restart until the watches list, would
+    only write. None when unknown and nothing is in force (no Deployment yet, or no capacity watch): Auto
+    then does not surge."""
     if dep is None or gpus is None:
         return None
     spec, st = dep.get("spec") or {}, dep.get("status") or {}
@@ -118,10 +119,23 @@ def spare_gpu(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> bool | No
     rolling = (int(st.get("observedGeneration") or 0) < int((dep.get("metadata") or {}).get("generation") or 0)
                or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
                or int(st.get("availableReplicas") or 0) < replicas)
-    limits = (spec.get("strategy") or {}).get("rollingUpdate") or {}
-    in_force = (str(limits.get("maxSurge", "")) not in ("", "0", "0%")
-                and str(limits.get("maxUnavailable", "")) in ("0", "0%"))
+    in_force = _surge_in_force(spec, replicas)
     if rolling:
         return in_force
-    fits = gpus.fits(((spec.get("template") or {}).get("spec")) or {})
-    return in_force if fits is None else fits
+    room = gpus.room(((spec.get("template") or {}).get("spec")) or {}, max(1, replicas))
+    return in_force if room is None else room
+
+
+def _surge_in_force(spec: dict[str, Any], replicas: int) -> int:
+    """The Deployment's maxSurge when its maxUnavailable is 0 (a percentage of replicas rounds up, as the
+    Deployment controller rounds it); 0 otherwise."""
+    limits = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+    if str(limits.get("maxUnavailable", "")) not in ("0", "0%"):
+        return 0
+    surge = str(limits.get("maxSurge", ""))
+    try:
+        if surge.endswith("%"):
+            return max(0, -(-int(surge[:-1]) * replicas // 100))
+        return max(0, int(surge))
+    except ValueError:
+        return 0
