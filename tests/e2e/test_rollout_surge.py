@@ -1,6 +1,7 @@
 """serving.rollout.strategy Auto on a real API server: the operator watches Nodes and the pods bound to them
-(k8s/capacity.py) and renders surge (maxSurge 1, maxUnavailable 0) only while a GPU of the pods' product is
-free, surge 0 when another workload takes the last ones, and surge again once they are released."""
+(k8s/capacity.py) and renders surge (maxUnavailable 0) by as many pods as the free GPUs of the pods' product
+place, up to every replica: 2 with room for both, 1 when another workload leaves one GPU, surge 0 when it
+takes the last, and surge again once they are released."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from tests.e2e.conftest import apply, get, kubectl, wait_for
 from tests.e2e.test_simulated import sim_engine
 
 PRODUCT = "NVIDIA-H200"  # hack/testenv/nodes.yaml: one kwok node with 8 of them
-SURGE = {"maxSurge": 1, "maxUnavailable": 0}
+SURGE_ALL = {"maxSurge": 2, "maxUnavailable": 0}
+SURGE_ONE = {"maxSurge": 1, "maxUnavailable": 0}
 NO_SURGE = {"maxSurge": 0, "maxUnavailable": 1}
 
 
@@ -33,25 +35,33 @@ def gpus_held_on(node_labels: dict[str, str]) -> tuple[int, int]:
     return allocatable, held
 
 
-def filler(ns: str, gpus: int) -> dict[str, Any]:
+def filler(ns: str, gpus: int, name: str = "filler") -> dict[str, Any]:
     """Another team's pod taking GPUs of the same product (kwok runs it: it is not a simulated kvpilot pod)."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler", "namespace": ns},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
             "spec": {"nodeSelector": {"nvidia.com/gpu.product": PRODUCT},
                      "containers": [{"name": "train", "image": "registry.invalid/train:1",
                                      "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
 
 
-def test_auto_surges_only_while_a_gpu_of_the_product_is_free(ns: str) -> None:
-    apply(sim_engine(ns, serving={"gpuProduct": PRODUCT}))
+def bound(ns: str, name: str) -> bool:
+    return bool((get("pod", name, ns) or {}).get("spec", {}).get("nodeName"))
+
+
+def test_auto_surges_by_as_many_pods_as_free_gpus_place(ns: str) -> None:
+    apply(sim_engine(ns, serving={"gpuProduct": PRODUCT, "replicas": 2}))
     kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
     allocatable, held = gpus_held_on({"nvidia.com/gpu.product": PRODUCT})
-    assert 0 < held < allocatable, (allocatable, held)
-    wait_for(lambda: rolling_update(ns) == SURGE, 60, "Auto to render surge while a GPU is free")
+    assert 0 < held and held + 2 <= allocatable, (allocatable, held)
+    wait_for(lambda: rolling_update(ns) == SURGE_ALL, 60, "Auto to surge both replicas while 2+ GPUs are free")
 
-    apply(filler(ns, allocatable - held))
-    wait_for(lambda: (get("pod", "filler", ns) or {}).get("spec", {}).get("nodeName"), 60, "the filler bound")
+    apply(filler(ns, allocatable - held - 1))
+    wait_for(lambda: bound(ns, "filler"), 60, "the filler bound")
+    wait_for(lambda: rolling_update(ns) == SURGE_ONE, 60, "Auto to surge one pod once one GPU is free")
+
+    apply(filler(ns, 1, "filler-last"))
+    wait_for(lambda: bound(ns, "filler-last"), 60, "the last filler bound")
     assert gpus_held_on({"nvidia.com/gpu.product": PRODUCT})[1] == allocatable
     wait_for(lambda: rolling_update(ns) == NO_SURGE, 60, "Auto to render surge 0 once no GPU is free")
 
-    kubectl("delete", "pod", "filler", "-n", ns, "--wait=true", "--timeout=60s")
-    wait_for(lambda: rolling_update(ns) == SURGE, 60, "Auto to surge again once the GPUs are released")
+    kubectl("delete", "pod", "filler", "filler-last", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(lambda: rolling_update(ns) == SURGE_ALL, 60, "Auto to surge both again once the GPUs are released")

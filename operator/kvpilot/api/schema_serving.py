@@ -130,8 +130,9 @@ def serving_schema() -> Schema:
                 "old pod before starting its replacement.",
                 {
                     "strategy": string(
-                        "Auto: roll with surge (maxSurge 1, maxUnavailable 0, so serving capacity never drops) when "
-                        "a spare GPU of the pods' product is free, else use maxSurge/maxUnavailable. Surge: always "
+                        "Auto: roll with surge (maxUnavailable 0, so serving capacity never drops) by as many pods "
+                        "as the free GPUs of the pods' product place, up to every replica (then a rollout takes "
+                        "one start-to-Ready time); with none free, use maxSurge/maxUnavailable. Surge: always "
                         "maxSurge 1, maxUnavailable 0 (a new pod waits for a GPU). NoSurge: always "
                         "maxSurge/maxUnavailable. The autotuner prices a restart with the strategy in force.",
                         enum=ROLLOUT_STRATEGIES,
