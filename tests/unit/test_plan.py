@@ -232,3 +232,20 @@ def test_a_surge_rollout_is_in_progress_until_the_old_pod_is_gone() -> None:
 
     assert _rollout_in_progress(state(pods=2, updated=1, ready=1, available=1), "fp", "8", "h")  # surging
     assert not _rollout_in_progress(state(pods=1, updated=1, ready=1, available=1), "fp", "8", "h")  # done
+
+
+def test_the_tuning_cadence_starts_once_the_pods_have_reported() -> None:
+    """An engine whose pods never report metrics (kwok, a crash loop) re-plans at the resync period, not every
+    tuning interval: without a window the tuner holds anyway. Once a window was seen, every interval."""
+    from dataclasses import replace
+
+    from kvpilot.api.status import EngineStatus, KvCacheStatus
+    from kvpilot.desired.plan import requeue_after
+
+    e = engine()
+    assert e.spec.autotune.enabled and e.spec.autotune.interval_seconds < 60
+    p = plan(e, Observed(claim_phase="Bound"), S, NOW)
+    silent = replace(p, status=EngineStatus())
+    reported = replace(p, status=EngineStatus(kv_cache=KvCacheStatus(utilization_percent=40)))
+    assert requeue_after(e, silent, 60.0).total_seconds() == 60.0
+    assert requeue_after(e, reported, 60.0).total_seconds() == e.spec.autotune.interval_seconds

@@ -65,3 +65,11 @@ def test_an_unknown_case_is_named_in_the_error() -> None:
 
     with pytest.raises(SystemExit, match="no-such-case"):
         run_suite(False, ["no-such-case"])
+
+
+def test_the_reactive_bound_acts_one_default_tuning_interval_after_the_evidence() -> None:
+    from kvpilot.bench.suite import REACT_SECONDS
+    from kvpilot.bench.tuner import Slo, tuned_engine
+
+    e = tuned_engine("llama-3.1-8b-fp8-l40s", 1024, Slo(3000, 60), 64, 2)
+    assert REACT_SECONDS == e.spec.autotune.interval_seconds

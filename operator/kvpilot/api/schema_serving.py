@@ -203,7 +203,11 @@ def autotune_schema() -> Schema:
             "targetKvCacheUtilizationPercent": integer(
                 "KV-cache pool utilization (used/max blocks) to aim for at peak.", 1, 100, default=85
             ),
-            "intervalSeconds": integer("How often the pods' metrics are read.", 5, 3600, default=30),
+            "intervalSeconds": integer(
+                "How often the tuner decides, over the pods' metrics of the last intervalSeconds (the pods are "
+                "sampled every intervalSeconds/6, at most 5 s apart). 15 s, as the HorizontalPodAutoscaler's sync "
+                "period: each interval of waiting is an interval served at the old limit.",
+                5, 3600, default=15),
             "cooldownSeconds": integer(
                 "Minimum time between two applied changes (each one restarts the pods).", 0, 86400, default=600
             ),

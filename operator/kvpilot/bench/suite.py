@@ -30,9 +30,10 @@ START = 64
 # "Queue model"); clients that see no token give up after the fleet's client timeout either way.
 QUEUE_TIMEOUT_SHARE = 0.5
 # The reactive bound: each phase's best static value, each change made this long after the evidence could exist
-# (t=0 for the start, each phase boundary), paying the rollout. One 30 s tuning interval: the first window after a
-# shift is the earliest a tuner that measures can act on (the pods are warm when the run starts).
-REACT_SECONDS = 30.0
+# (t=0 for the start, each phase boundary), paying the rollout. One tuning interval (autotune.intervalSeconds'
+# default, 15 s): the first window after a shift is the earliest a tuner that measures can act on (the pods are
+# warm when the run starts).
+REACT_SECONDS = 15.0
 # Every case runs 30 minutes (the issue's own example is 10 + 20 minutes): a tuner is run over a workload that
 # lasts, and in 10-minute runs one detection interval plus one 90 s rollout was a fifth of the run, which no
 # tuner that must first see the need can win back (docs/tuner-suite.md keeps the 10-minute figures). The phases

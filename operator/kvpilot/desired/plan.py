@@ -276,6 +276,8 @@ def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> ti
     if progressing is not None and progressing.status == "True" and \
             (available is None or available.reason != "ScaledToZero"):
         return timedelta(seconds=min(resync_seconds, 15))
-    if engine.spec.autotune.enabled:
+    if engine.spec.autotune.enabled and p.status.kv_cache is not None:
+        # The tuning cadence only once the pods have reported: without a window the tuner holds anyway, and an
+        # engine whose pods never serve metrics (kwok, a crash loop) would re-plan every interval for nothing.
         return timedelta(seconds=min(resync_seconds, engine.spec.autotune.interval_seconds))
     return timedelta(seconds=resync_seconds)
