@@ -19,6 +19,7 @@ def test_the_suite_is_large_and_varied_enough() -> None:
     assert any("-tp2" in c.profile for c in CASES)
     assert any(c.process == "gamma" for c in CASES)
     assert any(len(c.phases) > 1 for c in CASES)
+    assert any(len(c.phases) > 1 and c.phase_lengths for c in CASES)  # the mix shifts, not only the rate
     assert any(c.profile.endswith(("-l4", "-l40s")) for c in CASES)
     assert len({c.name for c in CASES}) == len(CASES)
 
@@ -73,3 +74,67 @@ def test_the_reactive_bound_acts_one_default_tuning_interval_after_the_evidence(
 
     e = tuned_engine("llama-3.1-8b-fp8-l40s", 1024, Slo(3000, 60), 64, 2)
     assert REACT_SECONDS == e.spec.autotune.interval_seconds
+# The phases each case had when they were written as literal seconds (before _phases): stating the length
+# once must not change any case's traffic.
+PHASES_AS_WRITTEN = {
+    "light-chat": ((1800, 4.0),), "light-a100": ((1800, 2.0),), "light-l4": ((1800, 1.0),),
+    "tight-tpot-overload": ((1800, 28.0),), "long-output-a100": ((1800, 30.0),),
+    "long-output-l40s": ((1800, 36.0),), "longctx-maxutil-l4": ((1800, 0.4),),
+    "longctx-maxutil-l40s": ((1800, 2.0),), "phase-shift-l40s": ((900, 2.0), (900, 36.0)),
+    "burst-a100": ((1800, 8.0),), "70b-tp2-4to12": ((600, 4.0), (1200, 12.0)), "70b-tp2-steady": ((1800, 6.0),),
+    "ramp-a100": ((360, 2.0), (360, 6.0), (360, 12.0), (360, 20.0), (360, 28.0)),
+}
+
+
+def test_phases_written_as_shares_keep_every_earlier_case_unchanged() -> None:
+    by_name = {c.name: c for c in CASES}
+    assert set(PHASES_AS_WRITTEN) <= set(by_name)
+    for name, phases in PHASES_AS_WRITTEN.items():
+        assert by_name[name].phases == phases, name
+
+
+def test_phase_shares_always_add_up_to_the_case_length() -> None:
+    from kvpilot.bench.suite import CASE_SECONDS, _phases
+
+    for weights in ((1,), (1, 1), (1, 2), (1, 6), (3, 5, 7), (1, 1, 1, 1, 1, 1, 1)):
+        phases = _phases(*((w, 1.0) for w in weights))
+        assert sum(d for d, _ in phases) == CASE_SECONDS, weights
+        assert [round(d / CASE_SECONDS * sum(weights), 9) for d, _ in phases] == list(weights)
+
+
+def test_phase_lengths_change_the_traffic_mix_per_phase() -> None:
+    import pytest
+
+    mix = Case("mix", "llama-3.1-8b-fp8-h100", "", ((60.0, 10.0), (60.0, 10.0)), (100, 80), (100, 80), 1024,
+               2000, 50, phase_lengths=(((150, 120), (600, 450)), ((2000, 1500), (300, 200))))
+    reqs = mix.requests()
+    first = [r for r in reqs if r.arrival_s < 60.0]
+    second = [r for r in reqs if r.arrival_s >= 60.0]
+    assert first and second
+    assert sum(r.prompt_tokens for r in first) / len(first) < 300
+    assert sum(r.prompt_tokens for r in second) / len(second) > 1000
+    assert sum(r.output_tokens for r in first) / len(first) > sum(r.output_tokens for r in second) / len(second)
+    with pytest.raises(ValueError, match="mix: phase_lengths has 1 entries, phases 2"):
+        Case("mix", "llama-3.1-8b-fp8-h100", "", ((60.0, 1.0), (60.0, 1.0)), (100, 80), (100, 80), 1024, 2000, 50,
+             phase_lengths=(((150, 120), (600, 450)),)).requests()
+
+
+def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
+    """The suite's phase shifts where the best static value differs per phase (docs/tuner-suite-phase-case.md):
+    in chat-then-rag-a100 and rag-then-chat-a100 the chat phase strictly prefers a high limit (256) and the RAG
+    phase a low one (32). Checked on 120 s phases (the suite runs 900 s each) so that it stays a unit test."""
+    from dataclasses import replace
+
+    from kvpilot.bench.suite import _phase_goodput, _run_static_records
+
+    for name, prefers in (("chat-then-rag-a100", (256, 32)), ("rag-then-chat-a100", (32, 256))):
+        case = next(c for c in CASES if c.name == name)
+        short = replace(case, phases=tuple((120.0, rate) for _, rate in case.phases))
+        reqs = short.requests()
+        good = {}
+        for mbs in (32, 256):
+            _, records = _run_static_records(reqs, short, mbs, short.duration_s + 60.0)
+            good[mbs] = [_phase_goodput(records, short, 0.0, 120.0), _phase_goodput(records, short, 120.0, 240.0)]
+        for k, best in enumerate(prefers):
+            other = 256 if best == 32 else 32
+            assert good[best][k] > 1.03 * good[other][k], (name, k, good)
