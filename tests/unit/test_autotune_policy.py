@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.api.models import AutotuneSpec, MetricsSpec, SloSpec
-from kvpilot.autotune.policy import Decision, TunerInput, decide
+from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
 from kvpilot.autotune.window import KvWindow
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -277,3 +277,55 @@ def test_status_records_a_decline_only_when_the_simulation_ran_and_forgets_it_on
     raised = autotune_status(rerun, Decision("Raise", 128, "QueueWithHeadroom", "raise"), current=64, applied=True,
                              now=NOW)
     assert raised.what_if_declined_at is None
+
+
+# -- following a phase shift without flapping ---------------------------------------------------------------------
+
+TPOT_SPEC = replace(SPEC, slo=SloSpec(3000, 50))
+
+
+def test_undoing_a_recent_raise_past_its_start_needs_most_requests_to_miss_tpot() -> None:
+    raised = (AppliedChange(NOW - timedelta(minutes=10), 64, 128),)
+    # p95 TPOT at twice the objective sizes the lower to 64, the value the raise left: never back to it
+    broken = replace(window(util=0.4, active=128, tpot=100), tpot_miss_fraction=0.3)
+    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=raised, w=broken, surge=True))
+    assert (d.action, d.reason) == ("Hold", "WouldOscillate"), d.message
+    # most requests miss TPOT: the traffic changed; the lower goes past 64 by a step worth a restart
+    severe = replace(broken, tpot_miss_fraction=0.8)
+    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=raised, w=severe, surge=True))
+    assert d.action == "Lower" and d.target <= 64 / 1.25, d.message
+    assert "undoing the change from 64" in d.message
+
+
+def test_a_raise_past_where_a_recent_lower_started_follows_a_phase_shift() -> None:
+    lowered = (AppliedChange(NOW - timedelta(minutes=14), 64, 32),)
+    queue = replace(window(util=0.2, active=32, queued=20, tpot=20), ttft_miss_fraction=0.35, tpot_miss_fraction=0.0)
+    d = decide(inp(current=32, spec=TPOT_SPEC, recent_changes=lowered, w=queue, surge=True))
+    assert d.action == "Raise" and d.target >= 64 * 1.25, d.message  # past 64, never back to it
+    few = replace(queue, ttft_miss_fraction=0.10)
+    d = decide(inp(current=32, spec=TPOT_SPEC, recent_changes=lowered, w=few, surge=True))
+    assert d.action != "Raise" or d.target < 64, d.message
+
+
+def test_at_most_one_reversal_per_planning_horizon() -> None:
+    """64 -> 32 (lower), then 32 -> 128 (undone on a phase shift); going back below 128's start again within
+    the horizon would be a second reversal: held whatever the evidence."""
+    history = (AppliedChange(NOW - timedelta(minutes=5), 32, 128), AppliedChange(NOW - timedelta(minutes=20), 64, 32))
+    severe = replace(window(util=0.4, active=128, tpot=200), tpot_miss_fraction=0.9)
+    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=history, w=severe, surge=True))
+    assert (d.action, d.reason) == ("Hold", "WouldOscillate"), d.message
+
+
+def test_with_the_simulation_a_protective_lower_is_sized_from_the_batch_that_runs() -> None:
+    """A limit far above the batch (512, batch 150): sized from the limit, the lower (to 256-448) would not
+    bind; sized from the batch it does, and the simulation then confirms it (here only the rules run)."""
+    from kvpilot.autotune.policy import _decide_from_signals
+    from kvpilot.autotune.whatif import Engine
+
+    model = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict",
+                   replicas=2, restart_seconds=90.0, surge=True, ttft_ms=3000.0, tpot_ms=50.0)
+    w = replace(window(util=0.4, active=150, tpot=80), tpot_miss_fraction=0.7)
+    rules_only = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True), w, 8, 1024)
+    assert (rules_only.action, rules_only.reason) == ("Hold", "LimitNotBinding"), rules_only.message
+    simulated = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True, what_if=model), w, 8, 1024)
+    assert simulated.action == "Lower" and simulated.target < 150, simulated.message

@@ -46,6 +46,8 @@ MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
 PROACTIVE_RAISES = False  # raising a limit that does not bind yet ("Headroom") is off: it is not do-no-harm
 REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
+REVERSAL_MIN_TTFT_MISSES = 0.20  # a raise past where a recent lower started needs this share of TTFT misses
+UNDO_MIN_TPOT_MISSES = SEVERE_MISSES  # a lower past where a recent raise started needs this share of TPOT misses
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
 # Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
@@ -373,13 +375,18 @@ def _what_if_rechecks(inp: TunerInput, w: KvWindow) -> str | None:
     """Why the simulation is skipped this interval (None: run it). Once it has declined, it reruns only
     WHAT_IF_RECHECK_SECONDS later, so a pressure that persists without paying costs a simulation every few
     minutes, not every interval; most requests missing reruns it at once."""
-    if inp.declined_since is None or (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES:
+    if inp.declined_since is None or _severe(w):
         return None
     ago = (inp.now - inp.declined_since).total_seconds()
     if ago >= WHAT_IF_RECHECK_SECONDS:
         return None
     return (f"the simulation declined it {ago:.0f}s ago and reruns {WHAT_IF_RECHECK_SECONDS:.0f}s after that "
             f"unless most requests miss")
+
+
+def _severe(w: KvWindow) -> bool:
+    """Most requests miss an objective (TTFT or TPOT): acting beats waiting, whatever a restart costs."""
+    return max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES
 
 
 def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:
@@ -389,23 +396,30 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
 
     # Too large: memory (paused requests, pool over target) or latency (TPOT objective broken). Lowering
     # only helps if the new limit binds: below the concurrency that actually occurs.
+    # With the what-if, a lower is sized from the batch that really runs (the limit may sit far above it, e.g.
+    # after a raise for traffic that has since changed; only a limit below that batch changes anything), and the
+    # simulation confirms that fewer concurrent requests fix the objective. Without it, the rules alone do not
+    # know whether the batch or something else (long prefills) breaks TPOT: sized from the limit, a lower that
+    # would not bind is held (LimitNotBinding).
+    running = max(1, min(cur, w.peak_active)) if inp.what_if is not None else cur
     if w.paused > 0:
-        return _protect(inp, w, math.floor(cur * MAX_LOWER_FACTOR), "RequestsPaused",
+        return _protect(inp, w, math.floor(running * MAX_LOWER_FACTOR), "RequestsPaused",
                         f"{w.paused} requests were paused for lack of KV blocks; {util}")
     # Under GUARANTEED_NO_EVICT a full pool only delays admission (nothing is paused), so pressure alone
     # is a reason to lower only where the engine evicts.
     if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
         scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
-        return _protect(inp, w, math.floor(cur * scale), "KvCachePressure", f"{util} is above target")
+        return _protect(inp, w, math.floor(running * scale), "KvCachePressure", f"{util} is above target")
     broken = _slo_broken(inp, w)
     if broken:
         objective = (inp.spec.slo.time_per_output_token_millis if inp.spec.slo else None) or 1
-        scale = max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective))
+        # Broken by the share of misses while p95 is within the objective: a mild step (still one that binds).
+        scale = min(1.0 - MIN_PROTECTIVE_STEP, max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective)))
         misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
         worth, verdict = _lower_pays(inp, w, misses)
         if not worth:
             return _hold(inp, "NotWorthARestart", f"{broken}; lowering would cost more than it saves ({verdict})")
-        return _protect(inp, w, math.floor(cur * scale), "TpotObjectiveBroken", f"{broken}; {verdict}")
+        return _protect(inp, w, math.floor(running * scale), "TpotObjectiveBroken", f"{broken}; {verdict}")
 
     # Too small: requests wait (or miss TTFT) while the batch is full and the pool has room.
     pressure = _pressure(inp, w)
@@ -456,11 +470,60 @@ def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Deci
                  f"{verdict}")
 
 
+def _undo_evidence(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
+    """Why undoing a recent change is warranted (None: it is not): the opposite signal, strongly. A lower past
+    where a raise started needs most requests to miss TPOT (paused requests alone say the raise went too far,
+    which a lower that stays above where it started fixes); a raise past where a lower started needs many
+    TTFT misses with TPOT headroom. Under steady traffic a value cannot fail one way and its neighbour on the
+    other side fail the other way, so this lets the tuner follow a phase shift without letting it flap."""
+    if decision.action == Action.LOWER:
+        if (w.tpot_miss_fraction or 0.0) >= UNDO_MIN_TPOT_MISSES:
+            return "most requests now miss the TPOT objective"
+        return None
+    if (w.ttft_miss_fraction or 0.0) >= REVERSAL_MIN_TTFT_MISSES and _tpot_margin(inp, w):
+        return "requests now queue with TPOT headroom"
+    return None
+
+
+def _oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
+    """No A->B->A within a planning horizon (see ``_no_harm``): the decision, moved clear of A, or a hold."""
+    horizon = PLANNING_HORIZON_SECONDS
+    recent = [c for c in inp.recent_changes if (inp.now - c.at).total_seconds() < horizon]  # newest first
+    lower = decision.action == Action.LOWER
+    directions = [lower] + [c.to_value < c.from_value for c in recent]
+    flips = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
+    if len(directions) > 1 and directions[0] != directions[1] and flips > 1:
+        return _hold(inp, "WouldOscillate", f"{decision.message}; but the limit changed direction once already "
+                     f"less than {horizon:.0f}s ago: at most one reversal per planning horizon")
+    band = 1.0 + MIN_RELATIVE_STEP
+    for change in recent:
+        raised = change.to_value > change.from_value
+        if lower != raised:
+            continue  # the same direction as that change: nothing undone
+        a = change.from_value
+        if (decision.target > a * band) if raised else (decision.target < a / band):
+            continue  # still on that change's side of A (beyond the band around A)
+        held = f"{decision.message}; but the limit left {a} less than {horizon:.0f}s ago"
+        why = _undo_evidence(inp, w, decision)
+        if why is None:
+            return _hold(inp, "WouldOscillate", f"{held}: no A->B->A within a planning horizon")
+        if a / band <= decision.target <= a * band:
+            # Never back to A itself: past it, by a step worth a restart, or not at all.
+            past = math.floor(a / band) if lower else math.ceil(a * band)
+            lo, hi = bounds(inp)
+            if not lo <= past <= hi or (past >= inp.current if lower else past <= inp.current):
+                return _hold(inp, "WouldOscillate", f"{held}: no A->B->A, and past {a} is out of bounds")
+            decision = replace(decision, target=past, message=f"{decision.message}; past {a}, not back to it")
+        return replace(decision, message=f"{decision.message}; undoing the change from {a}: {why}")
+    return decision
+
+
 def _no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
     """The guarantees every change must pass, whatever proposed it.
 
-    * no A->B->A within a planning horizon: a change never returns to (or past) a value the limit left less
-      than a horizon ago;
+    * no A->B->A within a planning horizon: a change never returns to (within a restart-worthy step of) a value
+      the limit left less than a horizon ago; it may go past it only on strong evidence of the opposite kind
+      (the traffic changed: ``_undo_evidence``), and at most once per horizon;
     * a lower right after a raise needs stronger evidence than the raise had: paused requests, or a large
       share of TPOT misses (a p95 over the objective alone is not enough);
     * a raise must promise real capacity (the fitted step latency says decode throughput grows by
@@ -470,14 +533,9 @@ def _no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
     if decision.action not in (Action.RAISE, Action.LOWER):
         return decision
     horizon = PLANNING_HORIZON_SECONDS
-    for change in inp.recent_changes:
-        if (inp.now - change.at).total_seconds() >= horizon:
-            break
-        raised = change.to_value > change.from_value
-        back = decision.target <= change.from_value if raised else decision.target >= change.from_value
-        if back and decision.action == ("Lower" if raised else "Raise"):
-            return _hold(inp, "WouldOscillate", f"{decision.message}; but the limit left {change.from_value} less "
-                         f"than {horizon:.0f}s ago: no A->B->A within a planning horizon")
+    decision = _oscillation(inp, w, decision)
+    if not decision.changes:
+        return decision
     last = inp.recent_changes[0] if inp.recent_changes else None
     if (decision.action == Action.LOWER and last is not None and last.to_value > last.from_value
             and (inp.now - last.at).total_seconds() < horizon):

@@ -74,11 +74,13 @@ def fit_traffic(w: KvWindow) -> TrafficFit | None:
 
 
 def candidates(current: int, target: int, lo: int, hi: int) -> list[int]:
-    """The rules' target and the steps a doubling ladder offers in the same direction, within the bounds."""
+    """The rules' target and the steps a doubling ladder offers in the same direction, within the bounds (a
+    lower also halves the target: protective lowers are sized from the batch that runs, which may still be
+    too large when prefills, not the batch, break TPOT)."""
     if target > current:
         ladder = [current * 2, current * 4, current * 8]
     else:
-        ladder = [current // 2]
+        ladder = [current // 2, target // 2]
     return sorted({max(lo, min(hi, c)) for c in [target, *ladder]} - {current})
 
 
