@@ -93,11 +93,18 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
     t = 0.0
     sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
     # kvsim's own arrival process (the benchmark's workloads use it): Poisson at cv 1, the very stream this
-    # module drew before it fitted burstiness, else gamma gaps with the fitted cv.
+    # module drew before it fitted burstiness, else gamma gaps with the fitted cv, scaled so that exactly the
+    # fitted rate arrives over the run (a few minutes of cv 3 gaps would otherwise offer +/-10% of it by chance).
     phase = Phase(duration_s, "poisson" if fit.arrival_cv == 1.0 else "gamma", fit.rate_per_s, fit.arrival_cv)
+    pinned: list[float] = []
+    if fit.arrival_cv != 1.0:
+        n = min(2 * MAX_REQUESTS, round(fit.rate_per_s * duration_s))
+        gaps = [phase.next_gap(rng, fit.rate_per_s) for _ in range(n + 1)]
+        scale = duration_s / sum(gaps)
+        pinned = [g * scale for g in gaps]
     while True:
-        t += phase.next_gap(rng, fit.rate_per_s)
-        if t >= duration_s or len(out) >= 2 * MAX_REQUESTS:
+        t += pinned[len(out)] if pinned else phase.next_gap(rng, fit.rate_per_s)
+        if t >= duration_s or len(out) >= 2 * MAX_REQUESTS or (pinned and len(out) + 1 >= len(pinned)):
             return out
         prompt = max(1, round(rng.lognormvariate(math.log(fit.prompt_mean) - sigma * sigma / 2, sigma)))
         output = max(1, round(rng.lognormvariate(math.log(fit.output_mean) - sigma * sigma / 2, sigma)))
