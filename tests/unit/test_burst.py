@@ -116,9 +116,9 @@ def test_late_samples_do_not_count_as_equal_periods() -> None:
     assert equal_periods([]) == []
 
 
-def stats_reply(active: int, queued: int) -> bytes:
+def stats_reply(active: int, queued: int, finished: int = 0) -> bytes:
     return json.dumps([{"numActiveRequests": active, "numQueuedRequests": queued, "maxBatchSizeStatic": 64,
-                        "maxBatchSizeRuntime": 16, "iterLatencyMS": 7.0, "numCompletedRequests": 0,
+                        "maxBatchSizeRuntime": 16, "iterLatencyMS": 7.0, "numCompletedRequests": finished,
                         "kvCacheStats": {"usedNumBlocks": 10, "maxNumBlocks": 100, "tokensPerBlock": 32},
                         "inflightBatchingStats": {"numPausedRequests": 0, "numContextRequests": 1,
                                                   "numGenRequests": 2}}]).encode()
@@ -129,9 +129,11 @@ def prom_reply(done: float) -> bytes:
             f'trtllm_request_success_total{{model_name="m",finished_reason="stop"}} {done}\n').encode()
 
 
-def test_the_sampler_counts_each_samples_arrivals_and_the_window_carries_the_cv() -> None:
+@pytest.mark.parametrize("counter", [True, False], ids=["request-counter", "iteration-stats-only"])
+def test_the_sampler_counts_each_samples_arrivals_and_the_window_carries_the_cv(counter: bool) -> None:
     """Two pods serving a bursty stream: what each /metrics and /prometheus/metrics read says (counter of
-    finished requests, requests in the pod) gives back the true arrivals per sample, and the window's cv."""
+    finished requests, requests in the pod) gives back the true arrivals per sample, and the window's cv. Without
+    a Prometheus page (1.2's TensorRT backend) the iteration stats' finished requests count instead."""
     truth = counts(3.0, 8.0, 5, m=61)
     clock = [1000.0]
     sampler = EngineSampler(clock=lambda: clock[0])
@@ -145,8 +147,8 @@ def test_the_sampler_counts_each_samples_arrivals_and_the_window_carries_the_cv(
             finished = max(0, in_pod[pod] + share - 3)  # each pod keeps up to 3 requests in flight
             in_pod[pod] += share - finished
             done[pod] += finished
-            sampler.accept(pod, clock[0], stats_reply(min(in_pod[pod], 2), max(0, in_pod[pod] - 2)),
-                           prom_reply(done[pod]), facts)
+            sampler.accept(pod, clock[0], stats_reply(min(in_pod[pod], 2), max(0, in_pod[pod] - 2), finished),
+                           prom_reply(done[pod]) if counter else None, facts)
         sampler.count_arrivals(clock[0], {"a", "b"})
         clock[0] += PERIOD_S + (0.2 if k % 2 else -0.2)  # scheduling jitter: still equal periods
     seen = [c for _, _, c in sampler.arrivals]
@@ -155,7 +157,7 @@ def test_the_sampler_counts_each_samples_arrivals_and_the_window_carries_the_cv(
     assert window is not None and window.arrival_cv == arrival_cv(truth[1:]) and window.arrival_cv is not None
     assert 2.0 <= window.arrival_cv <= CV_MAX
     # A pod that does not answer breaks the chain instead of reading as a drop of the traffic.
-    sampler.accept("a", clock[0], stats_reply(0, 0), prom_reply(done["a"] + 4), facts)
+    sampler.accept("a", clock[0], stats_reply(0, 0, 4), prom_reply(done["a"] + 4) if counter else None, facts)
     sampler.count_arrivals(clock[0], {"a", "b"})
     assert sampler.arrivals[-1][2] is None
     sampler.reset()  # a rollout: the traffic history is kept (it does not depend on the configuration)
@@ -232,3 +234,14 @@ def test_status_shows_the_cv() -> None:
                  datetime(2026, 1, 1, tzinfo=timezone.utc))
         assert p.status.kv_cache is not None and p.status.kv_cache.traffic is not None
         assert p.status.kv_cache.traffic.arrival_cv == shown
+
+
+def test_a_pod_switching_between_counter_and_iteration_stats_is_no_count() -> None:
+    sampler = EngineSampler(clock=lambda: 0.0)
+    facts = EngineFacts(tokens_per_block=32, max_batch_size_ceiling=64)
+    for k, prom in enumerate([prom_reply(1000.0), prom_reply(1010.0), None, None, None]):
+        sampler.accept("a", 5.0 * k, stats_reply(1, 0, 10), prom, facts)
+        sampler.count_arrivals(5.0 * k, {"a"})
+    # counter 1000 -> 1010: 10; the switch to iteration sums (another origin) is no count, nor is the next
+    # sample (nothing to compare it with); then iteration sums: 10 per sample.
+    assert [c for _, _, c in sampler.arrivals] == [10.0, None, None, 10.0]

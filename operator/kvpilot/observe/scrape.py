@@ -166,6 +166,11 @@ class EngineSampler:
     _counted_at: float | None = None
     _fresh: dict[str, tuple[float, float]] = field(default_factory=dict)
     _in_pod: dict[str, float] = field(default_factory=dict)
+    # Requests the iteration stats said finished, summed since the pod was first read: the finished count of a pod
+    # without the request counter (1.2's TensorRT backend serves no Prometheus page); and which of the two each
+    # pod's count came from last (a switch is no count: the two start from different origins).
+    _iter_done: dict[str, float] = field(default_factory=dict)
+    _source: dict[str, bool] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget everything (after a rollout: old pods' numbers describe another configuration)."""
@@ -206,8 +211,10 @@ class EngineSampler:
             self.taken_at.pop(gone, None)
         for gone in set(self.backoff) - live:
             self.backoff.pop(gone, None)
-        for gone in set(self._in_pod) - live:
+        for gone in (set(self._in_pod) | set(self._iter_done)) - live:
             self._in_pod.pop(gone, None)
+            self._iter_done.pop(gone, None)
+            self._source.pop(gone, None)
         wall = self.clock()
         warm = [p for p in pods if is_warm(p, now, warmup_seconds) and self._due(p.name, wall)]
         # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
@@ -301,8 +308,12 @@ class EngineSampler:
         self.samples.setdefault(pod, deque()).extend(kept)
         if kept:
             self._in_pod[pod] = float(kept[-1].active_requests + kept[-1].queued_requests)
-        if snap is not None and snap.completed is not None:
-            self._fresh[pod] = (snap.completed, self._in_pod.get(pod, 0.0))
+        self._iter_done[pod] = self._iter_done.get(pod, 0.0) + sum(s.completed_requests for s in kept)
+        counted = snap is not None and snap.completed is not None
+        if self._source.setdefault(pod, counted) == counted:
+            done = snap.completed if snap is not None and snap.completed is not None else self._iter_done[pod]
+            self._fresh[pod] = (done, self._in_pod.get(pod, 0.0))
+        self._source[pod] = counted
         if snap is not None:
             self.latency.setdefault(pod, deque()).append(snap)
             self.taken_at.setdefault(pod, deque()).append(wall)
