@@ -32,7 +32,7 @@ from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
 from kvpilot.logfilter import install as install_repeat_filter
 from kvpilot.logjson import bind_engine
 from kvpilot.observe.prometheus import query_prometheus
-from kvpilot.observe.scrape import EngineFacts, EngineSampler, is_warm
+from kvpilot.observe.scrape import EngineFacts, EngineSampler, is_warm, sample_seconds
 from kvpilot.planning import Planner
 from kvpilot.reconcile import ApplyFailed, engine_from_body, reconcile
 from kvpilot.trtllm.metrics import MetricsRejected
@@ -329,7 +329,7 @@ class EngineLoops:
                 if next_sample is not None and now >= next_sample:
                     # Advance first: a sample that fails must not leave the next one due now (a hot loop), and its
                     # failure must not postpone the reconcile either (issue 13).
-                    next_sample = now + max(1.0, min(5.0, engine.spec.autotune.interval_seconds / 6))
+                    next_sample = now + sample_seconds(engine.spec.autotune.interval_seconds)
                     try:
                         async with self.scrape_slots:  # 1,000 pods sampled concurrently, but not all at once
                             await self._sample(loop, engine.spec, pods)

@@ -123,6 +123,7 @@ class TrafficStatus:
     requests_per_minute: int | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    arrival_cv: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,6 +107,11 @@ def _kv_cache() -> Schema:
                     "requestsPerMinute": integer("Requests received per minute, per pod.", 0),
                     "promptTokens": integer("Mean prompt length of the window's requests.", 0),
                     "outputTokens": integer("Mean output length of the window's requests.", 0),
+                    "arrivalCv": string("Coefficient of variation of the gaps between arrivals, a decimal "
+                                        "(1: Poisson; above 1: bursty), from the scatter of the arrivals counted "
+                                        "per sample over the last minutes (absent: too little evidence; the "
+                                        "what-if then assumes Poisson arrivals).", 8,
+                                        pattern=r"^[0-9]+(\.[0-9]+)?$"),
                 },
             ),
             "observedAt": string("When the metrics were read.", 64, fmt="date-time"),

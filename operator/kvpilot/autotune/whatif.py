@@ -20,6 +20,7 @@ from functools import lru_cache
 
 from kvsim import EngineConfig, Request
 from kvsim.config import CapacityPolicy
+from kvsim.workload import Phase
 
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
@@ -37,12 +38,14 @@ SEED = 8
 
 @dataclass(frozen=True)
 class TrafficFit:
-    """What the window says about the traffic of the whole fleet (lognormal lengths around the means)."""
+    """What the window says about the traffic of the whole fleet (lognormal lengths around the means).
+    ``arrival_cv``: the inter-arrival gaps' coefficient of variation (observe/burst.py); 1 is Poisson."""
 
     rate_per_s: float
     prompt_mean: float
     output_mean: float
     max_tokens: int
+    arrival_cv: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ def fit_traffic(w: KvWindow) -> TrafficFit | None:
     rate = w.arrival_rate * max(1, w.pods)
     if rate <= 0 or w.prompt_mean <= 0 or w.output_mean <= 0:
         return None
-    return TrafficFit(rate, w.prompt_mean, w.output_mean, max(int(w.max_tokens_mean), int(w.output_mean) + 1))
+    cv = w.arrival_cv if w.arrival_cv is not None and math.isfinite(w.arrival_cv) and w.arrival_cv > 0 else 1.0
+    return TrafficFit(rate, w.prompt_mean, w.output_mean, max(int(w.max_tokens_mean), int(w.output_mean) + 1), cv)
 
 
 def candidates(current: int, target: int, lo: int, hi: int) -> list[int]:
@@ -91,9 +95,19 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
     out: list[Request] = []
     t = 0.0
     sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
+    # kvsim's own arrival process (the benchmark's workloads use it): Poisson at cv 1, the very stream this
+    # module drew before it fitted burstiness, else gamma gaps with the fitted cv, scaled so that exactly the
+    # fitted rate arrives over the run (a few minutes of cv 3 gaps would otherwise offer +/-10% of it by chance).
+    phase = Phase(duration_s, "poisson" if fit.arrival_cv == 1.0 else "gamma", fit.rate_per_s, fit.arrival_cv)
+    pinned: list[float] = []
+    if fit.arrival_cv != 1.0:
+        n = min(2 * MAX_REQUESTS, round(fit.rate_per_s * duration_s))
+        gaps = [phase.next_gap(rng, fit.rate_per_s) for _ in range(n + 1)]
+        scale = duration_s / sum(gaps)
+        pinned = [g * scale for g in gaps]
     while True:
-        t += rng.expovariate(fit.rate_per_s)
-        if t >= duration_s or len(out) >= 2 * MAX_REQUESTS:
+        t += pinned[len(out)] if pinned else phase.next_gap(rng, fit.rate_per_s)
+        if t >= duration_s or len(out) >= 2 * MAX_REQUESTS or (pinned and len(out) + 1 >= len(pinned)):
             return out
         prompt = max(1, round(rng.lognormvariate(math.log(fit.prompt_mean) - sigma * sigma / 2, sigma)))
         output = max(1, round(rng.lognormvariate(math.log(fit.output_mean) - sigma * sigma / 2, sigma)))
@@ -136,6 +150,7 @@ def _advance(fleet: Fleet, t: float) -> None:
 
 
 GRID = 0.025  # the fit is rounded to a 2.5% log grid, so a steady traffic hits the cache window after window
+CV_GRID = 0.25  # the arrival cv to the nearest quarter: its estimate scatters by ~+/-0.5 at cv 3 anyway
 
 
 def quantized(fit: TrafficFit) -> TrafficFit:
@@ -143,7 +158,8 @@ def quantized(fit: TrafficFit) -> TrafficFit:
     def q(x: float) -> float:
         return round(math.exp(round(math.log(x) / GRID) * GRID), 3)
 
-    return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), fit.max_tokens)
+    cv = max(CV_GRID, round(fit.arrival_cv / CV_GRID) * CV_GRID)
+    return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), fit.max_tokens, cv)
 
 
 def requests_per_run(runs: int) -> int:
@@ -212,7 +228,8 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
     best = choose(results, stay, gains, lost, current, margin, tpot_near)
     tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
-    why = (f"simulated {fit.rate_per_s:.1f} req/s (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
+    burst = f", arrival cv {fit.arrival_cv:.2f}" if fit.arrival_cv != 1.0 else ""
+    why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
            f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "
            f"({cpu:.1f} CPU-s)")
     return best, why

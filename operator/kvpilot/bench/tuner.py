@@ -15,10 +15,12 @@ Goodput = requests per second that meet both SLOs; unfinished and rejected reque
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import time
 import sys
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -36,6 +38,8 @@ from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.plan import Settings, plan
+from kvpilot.observe.burst import BURST_HISTORY_SECONDS
+from kvpilot.observe.scrape import sample_seconds
 from kvpilot.observe.window import summarize as summarize_window
 from kvpilot.trtllm.metrics import parse_iteration_stats
 
@@ -103,11 +107,13 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
 
 
 def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
-            slo: Slo, fleet_arrivals: int = 0, gave_up: int = 0) -> KvWindow | None:
+            slo: Slo, fleet_arrivals: int = 0, gave_up: int = 0,
+            arrival_counts: list[float | None] | None = None) -> KvWindow | None:
     """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
     /prometheus/metrics histograms would show (here from the requests that finished in the window).
     ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
-    out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them."""
+    out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them.
+    ``arrival_counts``: the fleet's arrivals per sample period over the sampler's burstiness history."""
     samples, ttfts, tpots, completed = {}, [], [], 0
     prompts: list[int] = []
     outputs: list[int] = []
@@ -126,7 +132,7 @@ def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, read
         prompts += [x.prompt_tokens for x in finished]
         outputs += [x.output_tokens for x in finished]
         limits += [x.max_tokens for x in finished]
-    window = summarize_window(samples, window_seconds=interval_s)
+    window = summarize_window(samples, window_seconds=interval_s, arrival_counts=arrival_counts)
     if window is None:
         return None
     rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
@@ -136,6 +142,13 @@ def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, read
                    max_tokens_mean=_mean(limits),
                    ttft_miss_fraction=_miss_share(ttfts, slo.ttft_ms, gave_up),
                    tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
+
+
+def _per_period(arrivals: list[float], start: float, end: float, period: float) -> list[float | None]:
+    """Arrivals (sorted times) in each ``period`` of [start, end): the sampler's counts for the interval."""
+    edges = [start + k * period for k in range(int(round((end - start) / period)) + 1)]
+    at = [bisect.bisect_left(arrivals, e) for e in edges]
+    return [float(b - a) for a, b in zip(at, at[1:])]
 
 
 def _mean(values: list[int]) -> float:
@@ -183,6 +196,11 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     arrived_before = gave_up_before = 0
+    # Arrivals per sample period, as the live sampler counts them (observe/scrape.py count_arrivals), over its
+    # burstiness history.
+    period = sample_seconds(interval)
+    arrival_times = [r.arrival_s for r in requests]
+    counts: deque[float | None] = deque(maxlen=int(BURST_HISTORY_SECONDS / period))
     # The pods were Ready before the run began (the static runs charge no start-up either): a tuner switched
     # on for a serving Deployment reads warm pods from its first interval.
     ready_at = {r.name: -float(engine.spec.autotune.warmup_seconds) for r in fleet.replicas}
@@ -201,9 +219,10 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             fleet.submit(requests[i])
             i += 1
         if t >= next_tick:
+            counts.extend(_per_period(arrival_times, t - interval, t, period))
             next_tick += interval
             window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
-                             fleet.gave_up - gave_up_before)
+                             fleet.gave_up - gave_up_before, list(counts))
             gave_up_before = fleet.gave_up
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s, surge_room=room)

@@ -179,7 +179,8 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.kv_cache
     traffic = (TrafficStatus(requests_per_minute=round(w.arrival_rate * 60), prompt_tokens=round(w.prompt_mean),
-                             output_tokens=round(w.output_mean))
+                             output_tokens=round(w.output_mean),
+                             arrival_cv=f"{w.arrival_cv:.2f}" if w.arrival_cv is not None else None)
                if w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0 else None)
     return KvCacheStatus(
         utilization_percent=round(w.peak_utilization * 100),

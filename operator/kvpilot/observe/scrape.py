@@ -25,6 +25,7 @@ from kvpilot.api.status import EngineInfo, EngineStatus
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import PodState
+from kvpilot.observe.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
 from kvpilot.observe.window import summarize
 from kvpilot.trtllm.metrics import (
     IterationSample,
@@ -45,6 +46,11 @@ MAX_REJECTIONS_KEPT = 256
 BACKOFF_BASE_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 300.0
 WARN_EVERY_SECONDS = 300.0
+
+
+def sample_seconds(interval_seconds: float) -> float:
+    """The sampling period for a tuning interval: six samples per interval, between 1 and 5 seconds."""
+    return max(1.0, min(5.0, interval_seconds / 6))
 
 
 def _positive_int(value: int | None) -> int:
@@ -150,6 +156,21 @@ class EngineSampler:
     rejections: deque[tuple[float, str, str, str]] = field(default_factory=lambda: deque(maxlen=MAX_REJECTIONS_KEPT))
     clock: Callable[[], float] = time.time  # injected in tests
     backoff: dict[str, PodBackoff] = field(default_factory=dict)
+    # The fleet's arrivals per sample, for the burstiness estimate (observe/burst.py): (wall time, seconds since
+    # the previous sample, arrivals or None where they could not be counted), kept BURST_HISTORY_SECONDS. Not
+    # cleared by reset(): the traffic does not depend on the configuration the pods run, and a pod that comes or
+    # goes breaks the chain of counts by itself (fleet_arrivals).
+    arrivals: deque[tuple[float, float, float | None]] = field(default_factory=deque)
+    # Each pod's (finished-requests counter, requests in the pod) at the last tick, and those read in this tick.
+    _counters: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _counted_at: float | None = None
+    _fresh: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _in_pod: dict[str, float] = field(default_factory=dict)
+    # Requests the iteration stats said finished, summed since the pod was first read: the finished count of a pod
+    # without the request counter (1.2's TensorRT backend serves no Prometheus page); and which of the two each
+    # pod's count came from last (a switch is no count: the two start from different origins).
+    _iter_done: dict[str, float] = field(default_factory=dict)
+    _source: dict[str, bool] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget everything (after a rollout: old pods' numbers describe another configuration)."""
@@ -190,11 +211,27 @@ class EngineSampler:
             self.taken_at.pop(gone, None)
         for gone in set(self.backoff) - live:
             self.backoff.pop(gone, None)
+        for gone in (set(self._in_pod) | set(self._iter_done)) - live:
+            self._in_pod.pop(gone, None)
+            self._iter_done.pop(gone, None)
+            self._source.pop(gone, None)
         wall = self.clock()
         warm = [p for p in pods if is_warm(p, now, warmup_seconds) and self._due(p.name, wall)]
         # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
         await asyncio.gather(*(self._scrape(session, pod, port, wall, want_latency, facts or EngineFacts())
                                for pod in warm))
+        self.count_arrivals(wall, {p.name for p in warm})
+
+    def count_arrivals(self, wall: float, scraped: set[str]) -> None:
+        """Append the fleet's arrivals since the previous tick (None when they cannot be counted: a pod came,
+        went or failed to answer, or a counter went back) to the burstiness history."""
+        fresh, self._fresh = self._fresh, {}
+        before, before_at = self._counters, self._counted_at
+        self._counters, self._counted_at = fresh, wall
+        if before_at is not None and wall > before_at:
+            self.arrivals.append((wall, wall - before_at, fleet_arrivals(before, fresh, scraped)))
+        while self.arrivals and self.arrivals[0][0] < wall - BURST_HISTORY_SECONDS:
+            self.arrivals.popleft()
 
     async def _scrape(
         self, session: aiohttp.ClientSession, pod: PodState, port: int, wall: float, want_latency: bool,
@@ -269,6 +306,14 @@ class EngineSampler:
         if ignored:
             self.reject(wall, pod, "inconsistent", ignored[-1], count=len(ignored))
         self.samples.setdefault(pod, deque()).extend(kept)
+        if kept:
+            self._in_pod[pod] = float(kept[-1].active_requests + kept[-1].queued_requests)
+        self._iter_done[pod] = self._iter_done.get(pod, 0.0) + sum(s.completed_requests for s in kept)
+        counted = snap is not None and snap.completed is not None
+        if self._source.setdefault(pod, counted) == counted:
+            done = snap.completed if snap is not None and snap.completed is not None else self._iter_done[pod]
+            self._fresh[pod] = (done, self._in_pod.get(pod, 0.0))
+        self._source[pod] = counted
         if snap is not None:
             self.latency.setdefault(pod, deque()).append(snap)
             self.taken_at.setdefault(pod, deque()).append(wall)
@@ -284,6 +329,7 @@ class EngineSampler:
             window_seconds=interval_seconds,
             slo_ttft_ms=slo_ttft_ms,
             slo_tpot_ms=slo_tpot_ms,
+            arrival_counts=equal_periods([(period, count) for _, period, count in self.arrivals]),
         )
         if not self.rejections:
             return window
