@@ -170,7 +170,6 @@ def test_a_broken_tpot_with_a_limit_that_does_not_bind_is_not_lowered() -> None:
 
 
 # -- do no harm (issue 8) --------------------------------------------------------------------------------------
-from kvpilot.autotune.policy import AppliedChange  # noqa: E402
 
 
 def test_a_partial_window_holds() -> None:
