@@ -138,3 +138,20 @@ def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
         for k, best in enumerate(prefers):
             other = 256 if best == 32 else 32
             assert good[best][k] > 1.03 * good[other][k], (name, k, good)
+
+
+def test_a_failed_oracle_criterion_is_unreachable_only_where_the_instant_bound_misses_it_too() -> None:
+    from kvpilot.bench.suite import _verdict, unreachable
+
+    failing = row(1.5, 0.94, 1.0, [512])
+    failing["criteria"] = criteria(failing, STEADY)
+    failing["ratios"]["instantOverOracle"] = 0.95
+    assert unreachable(failing) == ["nearOracle"]
+    failing["unreachable"] = unreachable(failing)
+    assert _verdict(failing).startswith("FAIL: nearOracle (unreachable: instant bound 0.950x")
+    failing["ratios"]["instantOverOracle"] = 0.99  # a tuner acting at once could pass: a plain failure
+    assert unreachable(failing) == []
+    passing = row(1.0, 1.0, 1.0, [])
+    passing["criteria"] = criteria(passing, STEADY)
+    passing["ratios"]["instantOverOracle"] = 0.5
+    assert unreachable(passing) == [] and _verdict(passing) == "pass"
