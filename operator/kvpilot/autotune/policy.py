@@ -10,6 +10,10 @@ rolling out. It reads the signals TensorRT-LLM actually gives:
 * a full batch with a queue and KV headroom is the case where a higher limit helps;
 * paused requests (MAX_UTILIZATION) or a pool above target mean the batch is too large for memory;
 * a TPOT objective that is broken means the batch is too large for latency.
+
+Traffic changes, so a change may later be undone, but never by flapping: never back to a value left within a
+planning horizon, past it only on strong evidence of the opposite kind, and at most one reversal per horizon
+(``_oscillation``).
 """
 
 from __future__ import annotations
