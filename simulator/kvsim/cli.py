@@ -293,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, KeyError) as exc:
-        print(f"kvsim {args.command}: {exc}", file=sys.stderr)
+        # A KeyError's str() is its repr (quoted): print the message itself.
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"kvsim {args.command}: {message}", file=sys.stderr)
         return 2
 
 
