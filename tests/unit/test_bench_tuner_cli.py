@@ -21,7 +21,12 @@ def no_simulation(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     import kvpilot.bench.tuner as tuner
 
     ran: list[object] = []
-    monkeypatch.setattr(tuner, "main", lambda args: ran.append(args) or 0)
+
+    def fake_main(args: object) -> int:
+        ran.append(args)
+        return 0
+
+    monkeypatch.setattr(tuner, "main", fake_main)
     return ran
 
 
