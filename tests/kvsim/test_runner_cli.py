@@ -67,9 +67,12 @@ def test_cli_bench_throughput_json(capsys):
     assert doc["outputTokensPerSecond"] > 1000 and doc["maxBatchSize"] == 4096
 
 
-def test_cli_sweep_rejects_unknown_fields():
-    with pytest.raises(SystemExit, match="EngineConfig field"):
-        main(["sweep", "--workload", "chat", "--duration", "10", "--param", "nonsense=1,2"])
+def test_cli_sweep_rejects_unknown_fields_and_non_numbers(capsys):
+    assert main(["sweep", "--workload", "chat", "--duration", "10", "--param", "nonsense=1,2"]) == 2
+    assert "kvsim sweep: --param must be FIELD=V1,V2 with FIELD an EngineConfig field" in capsys.readouterr().err
+    assert main(["sweep", "--workload", "chat", "--duration", "10", "--param", "max_batch_size=a,8"]) == 2
+    err = capsys.readouterr().err
+    assert "kvsim sweep: --param max_batch_size takes numbers" in err and "'a'" in err and "Traceback" not in err
 
 
 def test_cli_reports_bad_values_without_traceback(capsys):
@@ -103,3 +106,11 @@ def test_cli_help_exits_0(capsys):
             main(args)
         assert exited.value.code == 0, args
         assert "usage:" in capsys.readouterr().out, args
+
+
+def test_cli_an_out_folder_that_cannot_be_made_is_named(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["run", "--workload", "chat", "--duration", "5", "--out", str(blocker / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvsim run: {blocker / 'x'}") and "Not a directory" in err and "Traceback" not in err
