@@ -113,12 +113,12 @@ def _read_checkpoint(args) -> dict:
     try:
         cfg = read_config_json(path, "checkpoint config")
         model_spec_from_config(cfg, str(path))
-        mapping = cfg.get("mapping") or {}
+        mapping = cfg.get("mapping")
+        mapping = {} if mapping is None else mapping
         if not isinstance(mapping, dict):
             raise ValueError(f"{path}: mapping must be a JSON object (tp_size, pp_size), got {mapping!r:.60}")
         for key in ("world_size", "tp_size", "pp_size"):
-            if mapping.get(key) is not None:
-                config_int(mapping, key, f"{path}: mapping")
+            config_int(mapping, key, f"{path}: mapping", 1)  # absent or 0: deduced, as run_build does
     except ValueError as exc:  # read_config_json and model_spec_from_config say what is wrong, naming the file
         raise BuildError(str(exc)) from None
     return cfg

@@ -58,16 +58,11 @@ def load_engine_dir(path: str | Path) -> EngineDir:
     if "build_config" not in doc or "pretrained_config" not in doc:
         raise ValueError(f"{config_path} is not an engine config: it needs build_config and pretrained_config")
     build, pretrained = doc["build_config"], doc["pretrained_config"]
-    for name, section in (("build_config", build), ("pretrained_config", pretrained),
-                          ("build_config.plugin_config", build.get("plugin_config") if isinstance(build, dict) else None),
-                          ("pretrained_config.mapping", pretrained.get("mapping") if isinstance(pretrained, dict) else None),
-                          ("pretrained_config.quantization",
-                           pretrained.get("quantization") if isinstance(pretrained, dict) else None)):
-        if section is not None and not isinstance(section, dict):
-            raise ValueError(f"{config_path}: {name} must be a JSON object, got {type(section).__name__}")
-    plugin = build.get("plugin_config") or {}
-    mapping = pretrained.get("mapping") or {}
-    quant = pretrained.get("quantization") or {}
+    _object(build, f"{config_path}: build_config")
+    _object(pretrained, f"{config_path}: pretrained_config")
+    plugin = _object(build.get("plugin_config"), f"{config_path}: build_config.plugin_config")
+    mapping = _object(pretrained.get("mapping"), f"{config_path}: pretrained_config.mapping")
+    quant = _object(pretrained.get("quantization"), f"{config_path}: pretrained_config.quantization")
     where = f"{config_path}: build_config"
     kv_type = str(build.get("kv_cache_type", "PAGED")).lower()
     if kv_type not in ("paged", "continuous"):
@@ -85,3 +80,13 @@ def load_engine_dir(path: str | Path) -> EngineDir:
         max_beam_width=config_int(build, "max_beam_width", where, 1),
         tokens_per_block=config_int(plugin, "tokens_per_block", f"{where}.plugin_config", 32),
         kv_cache_type=KvCacheType(kv_type))
+
+
+def _object(section: object, where: str) -> dict:
+    """``section`` when it is a JSON object, {} when absent or null; ValueError naming it otherwise (the file
+    is user-editable; an empty list is no more an object than a full one)."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(section).__name__}")
+    return section
