@@ -133,10 +133,15 @@ class EngineLoops:
                  concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES,
                  concurrent_scrapes: int = DEFAULT_CONCURRENT_SCRAPES,
                  clock: Callable[[], float] = time.monotonic,
-                 wait: Callable[[asyncio.Event, float], Awaitable[None]] = wait_for_wake):
-        """``clock`` and ``wait`` are the loops' time: tests run them on a virtual clock."""
+                 wait: Callable[[asyncio.Event, float], Awaitable[None]] = wait_for_wake,
+                 wall_clock: Callable[[], float] = time.time):
+        """``clock`` and ``wait`` are the loops' time: tests run them on a virtual clock. ``wall_clock`` (seconds
+        since the epoch) is the date the loops see: pod ages (warmup), sample times, and the ``now`` of each
+        reconcile (condition timestamps, the tuner's cooldowns). Every reading of the date goes through it, so
+        a test on a fake date gets the same decisions on any day."""
         self.api = api
         self.clock = clock
+        self.wall_clock = wall_clock
         self.wait = wait
         self.settings = settings
         self.resync_seconds = resync_seconds
@@ -150,6 +155,10 @@ class EngineLoops:
         self.scrape_slots = asyncio.Semaphore(concurrent_scrapes)
         self.planner = Planner()  # the tuner's what-if runs in its worker thread, within a CPU budget per engine
         install_repeat_filter(("kvpilot.observe.scrape", __name__))
+
+    def now(self) -> datetime:
+        """The wall clock as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.wall_clock(), timezone.utc)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -170,7 +179,7 @@ class EngineLoops:
             return
         loop = self.loops.get(key)
         if loop is None:
-            loop = self.loops[key] = EngineLoop(key=key, body=body)
+            loop = self.loops[key] = EngineLoop(key=key, body=body, sampler=EngineSampler(clock=self.wall_clock))
             loop.wake.set()  # a new engine is a pending change: it goes before the resyncs of the others
             loop.task = asyncio.create_task(self._run(loop), name=f"kvpilot:{key[0]}/{key[1]}")
             return
@@ -284,7 +293,7 @@ class EngineLoops:
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             return  # the server keeps the history; queried once per reconcile
         await loop.sampler.tick(
-            self.session(), pods, port=spec.serving.port, now=datetime.now(timezone.utc),
+            self.session(), pods, port=spec.serving.port, now=self.now(),
             warmup_seconds=tune.warmup_seconds, want_latency=True, facts=EngineFacts.from_status(loop.status()),
         )
 
@@ -296,7 +305,7 @@ class EngineLoops:
         if tune.metrics.source == "Prometheus" and tune.metrics.url:
             # Only the warm pods of today's configuration count, as for the Pod source (Prometheus still has
             # the old pods' samples for a while after a rollout).
-            now = datetime.now(timezone.utc)
+            now = self.now()
             live = {p.name for p in pods if is_warm(p, now, tune.warmup_seconds)}
             try:
                 return await query_prometheus(self.session(), tune.metrics.url, engine.meta.namespace,
@@ -343,7 +352,8 @@ class EngineLoops:
                         kv = await self._window(loop, engine, pods)
                         raw = loop.body.get("status")
                         p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
-                                                      self.settings, kv, planner=self.planner, typed=loop.status())
+                                                      self.settings, kv, now=self.now(), planner=self.planner,
+                                                      typed=loop.status())
                     before = _runtime_batch(loop.status())  # the stored status (its parse is kept per version)
                     if p.written is not None:
                         loop.wrote(p.written, p.status)

@@ -110,8 +110,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         name, _, values = item.partition("=")
         name = name.replace("-", "_")
         if name not in fields or not values:
-            raise SystemExit(f"kvsim sweep: --param must be FIELD=V1,V2 with FIELD an EngineConfig field; got {item!r}")
+            raise ValueError(f"--param must be FIELD=V1,V2 with FIELD an EngineConfig field; got {item!r}")
         grid[name] = [_parse_value(v) for v in values.split(",")]
+        kind = str(fields[name].type)
+        if ("int" in kind or "float" in kind) and "str" not in kind:
+            wrong = [v for v in grid[name] if isinstance(v, (str, bool))]
+            if wrong:
+                raise ValueError(f"--param {name} takes numbers ({kind}); got {wrong[0]!r}")
     rows = sweep(engine_config(args), _requests(args), grid, args.slo_ttft_ms, args.slo_tpot_ms, args.horizon)
     if args.out:
         from .plots import plot_sweep
@@ -292,8 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except OSError as exc:  # --out: a folder that cannot be created or written
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvsim {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except (ValueError, KeyError) as exc:
-        print(f"kvsim {args.command}: {exc}", file=sys.stderr)
+        # A KeyError's str() is its repr (quoted): print the message itself.
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"kvsim {args.command}: {message}", file=sys.stderr)
         return 2
 
 

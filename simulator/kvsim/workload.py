@@ -57,6 +57,17 @@ class LengthDistribution:
         missing = [k for k in required if k not in spec]
         if missing:
             raise WorkloadError(f"{where}: distribution {kind} needs {', '.join(missing)}")
+        for key in ("mean", "median", "value", "min", "max"):
+            if key in spec:
+                _number(spec[key], f"{where}.{key}")
+        if kind == "empirical":
+            values = spec["values"]
+            if not isinstance(values, list) or not all(_is_number(v) for v in values):
+                raise WorkloadError(f"{where}.values must be a list of numbers, got {values!r:.60}")
+            weights = spec.get("weights")
+            if weights is not None and (not isinstance(weights, list) or len(weights) != len(values)
+                                        or not all(_is_number(w) and w >= 0 for w in weights)):
+                raise WorkloadError(f"{where}.weights must be a list of numbers >= 0, one per value")
         if kind == "lognormal" and not 0 < spec["median"] <= spec["mean"]:
             raise WorkloadError(f"{where}: lognormal needs 0 < median <= mean, got median {spec['median']} "
                                 f"and mean {spec['mean']}")
@@ -175,6 +186,11 @@ def parse_workload(doc: dict[str, Any], source: str = "<dict>") -> Workload:
     phases = []
     for n, ph in enumerate(doc["arrivals"]):
         where = f"workload {source}: arrivals[{n}]"
+        if not isinstance(ph, dict):
+            raise WorkloadError(f"{where} must be a mapping (durationSeconds, ratePerSecond, ...)")
+        for key in ("durationSeconds", "ratePerSecond", "cv", "maxTokens"):
+            if key in ph:
+                _number(ph[key], f"{where}.{key}")
         process = ph.get("process", "poisson")
         if process not in PROCESSES:
             raise WorkloadError(f"{where}.process must be one of {PROCESSES}, got {process!r}")
@@ -192,10 +208,18 @@ def parse_workload(doc: dict[str, Any], source: str = "<dict>") -> Workload:
     prefix = None
     if "sharedPrefix" in doc:
         sp = doc["sharedPrefix"]
+        if not isinstance(sp, dict):
+            raise WorkloadError(f"workload {source}: sharedPrefix must be a mapping (groups, tokens, fraction)")
+        for key in ("groups", "tokens", "fraction"):
+            if key in sp:
+                _number(sp[key], f"workload {source}: sharedPrefix.{key}")
         prefix = SharedPrefix(int(sp.get("groups", 1)), int(sp.get("tokens", 0)), float(sp.get("fraction", 1.0)))
         if prefix.groups < 1 or prefix.tokens < 0 or not 0 <= prefix.fraction <= 1:
             raise WorkloadError(f"workload {source}: sharedPrefix needs groups >= 1, tokens >= 0, 0 <= fraction <= 1")
     max_tokens = doc.get("maxTokens")
+    for key in ("seed", "maxTokens"):
+        if doc.get(key) is not None:
+            _number(doc[key], f"workload {source}: {key}")
     if max_tokens is not None and int(max_tokens) < 1:
         raise WorkloadError(f"workload {source}: maxTokens must be >= 1")
     return Workload(
@@ -203,6 +227,16 @@ def parse_workload(doc: dict[str, Any], source: str = "<dict>") -> Workload:
         input_tokens=LengthDistribution.parse(doc["inputTokens"], f"workload {source}: inputTokens"),
         output_tokens=LengthDistribution.parse(doc["outputTokens"], f"workload {source}: outputTokens"),
         max_tokens=None if max_tokens is None else int(max_tokens), shared_prefix=prefix, source=source)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: Any, where: str) -> None:
+    """A YAML number (``"12"`` or ``yes`` is a mistake worth naming, not a float() error without a field)."""
+    if not _is_number(value):
+        raise WorkloadError(f"{where} must be a finite number, got {value!r:.60}")
 
 
 def bundled_workloads() -> list[str]:
@@ -213,11 +247,27 @@ def load_workload(path_or_name: str | Path) -> Workload:
     """Load a workload from a YAML path, or by name from the bundled set (``chat``, ``code``, ...)."""
     path = Path(path_or_name)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        text, source = path.read_text(), str(path)
+        source = str(path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WorkloadError(f"workload {source}: cannot read the file: "
+                                f"{getattr(exc, 'strerror', None) or exc}") from None
     else:
         resource = resources.files("kvsim.workloads").joinpath(f"{path_or_name}.yaml")
         if not resource.is_file():
             raise WorkloadError(f"workload {path_or_name!r} is neither a file nor bundled; bundled: "
                                 f"{bundled_workloads()}")
         text, source = resource.read_text(), f"{path_or_name} (bundled)"
-    return parse_workload(yaml.safe_load(text), source)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"workload {source} is not YAML: {_yaml_problem(exc)}") from None
+    return parse_workload(doc, source)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's complaint on one line (its own message spans several, with a caret drawing)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)

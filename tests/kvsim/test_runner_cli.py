@@ -67,11 +67,50 @@ def test_cli_bench_throughput_json(capsys):
     assert doc["outputTokensPerSecond"] > 1000 and doc["maxBatchSize"] == 4096
 
 
-def test_cli_sweep_rejects_unknown_fields():
-    with pytest.raises(SystemExit, match="EngineConfig field"):
-        main(["sweep", "--workload", "chat", "--duration", "10", "--param", "nonsense=1,2"])
+def test_cli_sweep_rejects_unknown_fields_and_non_numbers(capsys):
+    assert main(["sweep", "--workload", "chat", "--duration", "10", "--param", "nonsense=1,2"]) == 2
+    assert "kvsim sweep: --param must be FIELD=V1,V2 with FIELD an EngineConfig field" in capsys.readouterr().err
+    assert main(["sweep", "--workload", "chat", "--duration", "10", "--param", "max_batch_size=a,8"]) == 2
+    err = capsys.readouterr().err
+    assert "kvsim sweep: --param max_batch_size takes numbers" in err and "'a'" in err and "Traceback" not in err
 
 
 def test_cli_reports_bad_values_without_traceback(capsys):
     assert main(["run", "--workload", "chat", "--duration", "10", "--max-batch-size", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [("a: [", "is not YAML"), ("[1]", "must be a mapping"),
+                                           ("{}", "field 'name' is required")])
+def test_cli_bad_workload_file_is_one_line_exit_2(tmp_path, capsys, text, message):
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    assert main(["run", "--workload", str(path), "--duration", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvsim run: workload {path}") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_missing_workload_file_and_bad_profile_are_named(tmp_path, capsys):
+    assert main(["run", "--workload", str(tmp_path / "absent.yaml"), "--duration", "5"]) == 2
+    assert "absent.yaml: cannot read the file" in capsys.readouterr().err
+    assert main(["bench-throughput", "--profile", "nonsense", "--isl", "8", "--osl", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvsim bench-throughput: profile name 'nonsense'")  # the message, not a quoted repr
+
+
+def test_cli_help_exits_0(capsys):
+    for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["checkpoint", "--help"],
+                 ["trtllm-build", "--help"]):
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+        assert exited.value.code == 0, args
+        assert "usage:" in capsys.readouterr().out, args
+
+
+def test_cli_an_out_folder_that_cannot_be_made_is_named(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["run", "--workload", "chat", "--duration", "5", "--out", str(blocker / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvsim run: {blocker / 'x'}") and "Not a directory" in err and "Traceback" not in err

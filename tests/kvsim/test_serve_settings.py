@@ -142,3 +142,59 @@ def test_an_engine_that_does_not_fit_the_gpu_is_refused(tmp_path):
     args = parse([str(tmp_path / "engine"), "--backend", "tensorrt", "--max_batch_size", "8", "--max_num_tokens", "1024"])
     with pytest.raises(ServeError, match="do not fit"):
         resolve(args, ENV)  # a 70B BF16 engine (141 GB of weights) on one 80 GB H100
+
+
+def _no_server(monkeypatch):
+    """A config that is wrongly accepted must fail the test, not start a server that never returns."""
+    import socket
+    import types
+
+    import kvsim.serve.cli as serve_cli
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("trtllm-serve accepted the input and went on to open its socket")
+
+    fake = types.SimpleNamespace(socket=refuse, AF_INET=socket.AF_INET, AF_INET6=socket.AF_INET6,
+                                 SOCK_STREAM=socket.SOCK_STREAM)
+    monkeypatch.setattr(serve_cli, "socket", fake)  # this module's name only: nothing else loses its sockets
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda doc: doc.update(build_config=3), "build_config must be a JSON object, got int"),
+    (lambda doc: doc["build_config"].update(max_batch_size="x"), "max_batch_size must be a positive integer, got 'x'"),
+    (lambda doc: doc["build_config"].update(plugin_config=[]), "build_config.plugin_config must be a JSON object"),
+    (lambda doc: doc["pretrained_config"].update(mapping=[]), "pretrained_config.mapping must be a JSON object"),
+    (lambda doc: doc["pretrained_config"].update(quantization="FP8"), "quantization must be a JSON object"),
+    (lambda doc: doc["pretrained_config"].pop("num_attention_heads"), "lacks num_attention_heads"),
+    (lambda doc: doc["pretrained_config"].update(mapping={"tp_size": "two"}), "tp_size must be a positive integer"),
+])
+def test_a_hand_edited_engine_config_is_one_error_line(engine_dir, capsys, monkeypatch, edit, message):
+    import json
+
+    _no_server(monkeypatch)
+
+    doc = json.loads((engine_dir / "config.json").read_text())
+    edit(doc)
+    (engine_dir / "config.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("KVSIM_PROFILE", "llama-3.1-8b-fp8-h100")
+    assert serve_main([str(engine_dir), "--backend", "tensorrt"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: {engine_dir / 'config.json'}") and message in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, message", [("{bad", "is not JSON"), ("[]", "must hold a JSON object, got list"),
+                                           ('{"architecture": 1}', "lacks num_hidden_layers")])
+def test_a_bad_checkpoint_config_beside_an_hf_model_is_one_error_line(tmp_path, capsys, monkeypatch, text, message):
+    (tmp_path / "config.json").write_text(text)
+    monkeypatch.setenv("KVSIM_PROFILE", "llama-3.1-8b-fp8-h100")
+    _no_server(monkeypatch)
+    assert serve_main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and str(tmp_path / "config.json") in err and "Traceback" not in err
+
+
+def test_extra_options_that_are_not_yaml_are_named(engine_dir, tmp_path):
+    path = yaml_file(tmp_path, "kv_cache_config: [")
+    with pytest.raises(ServeError, match=r"extra.yaml is not readable YAML: .* at line 1, column"):
+        resolve(parse([str(engine_dir), "--backend", "tensorrt", "--extra_llm_api_options", path]), ENV)

@@ -117,3 +117,56 @@ def test_console_script_dispatches_to_trtllm_build(checkpoint, tmp_path):
                            str(tmp_path / "e"), "--max_batch_size", "128"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert load_engine_dir(tmp_path / "e").max_batch_size == 128
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{bad", "is not JSON"),
+    ("", "is empty; it must hold a JSON object"),
+    ("[1, 2]", "must hold a JSON object, got list"),
+    ("{}", "checkpoint config.json lacks architecture"),
+    ('{"architecture": "A", "num_hidden_layers": "many", "num_attention_heads": 8, "hidden_size": 64, '
+     '"vocab_size": 10}', "num_hidden_layers must be a positive integer, got 'many'"),
+    ('{"architecture": "A", "num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 64, '
+     '"vocab_size": 10, "mapping": [2]}', "mapping must be a JSON object"),
+])
+def test_a_bad_checkpoint_config_is_one_error_line(tmp_path, capsys, text, message):
+    path = tmp_path / "model.json"
+    path.write_text(text)
+    assert build_main(["--model_config", str(path), "--output_dir", str(tmp_path / "e")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("[TensorRT-LLM][ERROR] ")
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{bad", "--build_config file {path} is not JSON"),
+    ("", "--build_config file {path} is empty"),
+    ('["max_batch_size", 8]', "--build_config file {path} must hold a JSON object, got list"),
+    ('{"max_batch_size": "lots"}', "build_config.max_batch_size must be a positive integer, got 'lots'"),
+    ('{"max_num_tokens": 0}', "build_config.max_num_tokens must be a positive integer, got 0"),
+    (None, "--build_config file {path} cannot be read: No such file"),
+])
+def test_a_bad_build_config_file_is_one_error_line(checkpoint, tmp_path, capsys, text, message):
+    path = tmp_path / "build.json"
+    if text is not None:
+        path.write_text(text)
+    args = ["--checkpoint_dir", str(checkpoint), "--build_config", str(path), "--output_dir", str(tmp_path / "e")]
+    assert build_main(args) == 1
+    err = capsys.readouterr().err
+    assert message.format(path=path) in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_a_build_config_file_sets_limits(checkpoint, tmp_path):
+    path = tmp_path / "build.json"
+    path.write_text('{"max_batch_size": 48, "max_seq_len": 4096}')
+    args = ["--checkpoint_dir", str(checkpoint), "--build_config", str(path), "--output_dir", str(tmp_path / "e")]
+    assert build_main(args) == 0
+    engine = load_engine_dir(tmp_path / "e")
+    assert (engine.max_batch_size, engine.max_seq_len) == (48, 4096)
+
+
+@pytest.mark.parametrize("text", ['"build_config"', "3", "[\"build_config\"]", "{bad"])
+def test_only_a_json_object_with_a_build_config_is_an_engine_dir(tmp_path, text):
+    (tmp_path / "config.json").write_text(text)
+    assert not is_engine_dir(tmp_path)

@@ -69,10 +69,42 @@ def test_empirical_and_shared_prefix():
     ({"inputTokens": {"distribution": "lognormal", "mean": 10, "median": 20}}, "median <= mean"),
     ({"outputTokens": {"distribution": "zipf"}}, "distribution"),
     ({"inputTokens": {"distribution": "fixed"}}, "value"),
+    ({"arrivals": ["poisson"]}, r"arrivals\[0\] must be a mapping"),
+    ({"arrivals": [{"durationSeconds": "ten", "ratePerSecond": 1}]}, r"arrivals\[0\].durationSeconds must be a finite"),
+    ({"arrivals": [{"durationSeconds": 10, "ratePerSecond": True}]}, r"arrivals\[0\].ratePerSecond must be a finite"),
+    ({"inputTokens": {"distribution": "lognormal", "mean": "big", "median": 20}}, "inputTokens.mean must be"),
+    ({"outputTokens": {"distribution": "empirical", "values": "12"}}, "values must be a list of numbers"),
+    ({"outputTokens": {"distribution": "empirical", "values": [1, 2], "weights": [1]}}, "weights must be"),
+    ({"sharedPrefix": [8, 512]}, "sharedPrefix must be a mapping"),
+    ({"sharedPrefix": {"groups": "eight"}}, "sharedPrefix.groups must be"),
+    ({"maxTokens": "2048"}, "maxTokens must be a finite number"),
 ])
 def test_invalid_workloads_name_the_field(patch, message):
     with pytest.raises(WorkloadError, match=message):
         parse_workload(dict(BASE, **patch))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: [", "is not YAML: .* at line 1, column"),
+    ("", "must be a mapping"),
+    ("- 1\n- 2\n", "must be a mapping"),
+    ("\xff\xfe", None),  # written as bytes below: not UTF-8
+])
+def test_unreadable_workload_files_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "w.yaml"
+    if message is None:
+        path.write_bytes(b"\xff\xfe\x00garbage")
+        message = "cannot read the file"
+    else:
+        path.write_text(text)
+    with pytest.raises(WorkloadError, match=message) as raised:
+        load_workload(str(path))
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_missing_workload_file_is_named(tmp_path):
+    with pytest.raises(WorkloadError, match="absent.yaml: cannot read the file: No such file"):
+        load_workload(str(tmp_path / "absent.yaml"))
 
 
 def test_chat_workload_has_azure_conversation_statistics():

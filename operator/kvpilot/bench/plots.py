@@ -7,13 +7,16 @@ interval, and every applied change as a vertical marker. Needs the ``bench`` ext
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
+from kvpilot.bench.suite_file import SuiteFileError, load_suite_rows
+
 
 def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = None) -> Path:
+    """Draw ``row`` (checked by ``suite_file``) into ``out/<case>.svg``."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -75,18 +78,35 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else 100 * value
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvpilot.bench.plots",
+        description="Draw one SVG per case of a tuner-suite result: offered load and the limit in force, KV-pool "
+                    "utilization, p95 TTFT/TPOT against the objectives, SLO attainment, and each applied change. "
+                    "Needs the bench extra (matplotlib).")
+    parser.add_argument("suite", type=Path, metavar="SUITE.json",
+                        help="the JSON object printed by `kvpilot bench tuner --suite --json`")
+    parser.add_argument("out", type=Path, metavar="OUTPUT_DIR", help="folder for the SVG files (created if missing)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2:
-        print("usage: python -m kvpilot.bench.plots SUITE.json OUTPUT_DIR", file=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        rows = load_suite_rows(args.suite)
+    except SuiteFileError as exc:
+        print(f"kvpilot bench plots: {exc}", file=sys.stderr)
         return 2
-    suite = json.loads(Path(args[0]).read_text())
-    out = Path(args[1])
-    out.mkdir(parents=True, exist_ok=True)
+    out: Path = args.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"kvpilot bench plots: cannot create the output folder {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     from kvpilot.bench.suite import CASES
 
     slos = {c.name: (c.ttft_ms, c.tpot_ms) for c in CASES}
-    for row in suite["cases"]:
+    for row in rows:
         print(plot_case(row, out, slos.get(row["case"])))
     return 0
 

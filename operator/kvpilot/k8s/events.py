@@ -38,9 +38,13 @@ def _stamp(now: datetime) -> str:
 
 
 class EventRecorder:
-    def __init__(self, api: Api, clock: Callable[[], float] | None = None, size: int = LRU_SIZE):
+    def __init__(self, api: Api, clock: Callable[[], float] | None = None, size: int = LRU_SIZE,
+                 wall_clock: Callable[[], float] = time.time):
+        """``clock`` (monotonic) times the aggregation window; ``wall_clock`` (seconds since the epoch) dates
+        the Events. Both are injected so a test on a fake clock writes the same Events on any day."""
         self._api = api
         self._clock = clock or time.monotonic
+        self._wall_clock = wall_clock
         self._size = size
         self._seen: OrderedDict[tuple[str, str, str, str, str], _Seen] = OrderedDict()
 
@@ -49,7 +53,7 @@ class EventRecorder:
         return (meta["namespace"], meta.get("uid") or meta["name"], type_, reason, message[:1024])
 
     async def record(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        now = datetime.now(timezone.utc)
+        now = datetime.fromtimestamp(self._wall_clock(), timezone.utc)
         key = self.key(involved, type_, reason, message)
         seen = self._seen.get(key)
         if seen is not None and self._clock() - seen.at < AGGREGATE_WINDOW_SECONDS:

@@ -25,7 +25,7 @@ from ..config import CapacityPolicy, EngineConfig, KvCacheType
 from ..memory import plan_memory
 from ..profiles import Profile, get_profile
 from ..trtllm import TRTLLM_VERSION
-from ..trtllm.checkpoint import model_spec_from_config
+from ..trtllm.checkpoint import model_spec_from_config, read_config_json
 from ..trtllm.engine_dir import is_engine_dir, load_engine_dir
 from ..trtllm.releases import Release
 from ..trtllm.releases import resolve as resolve_release
@@ -154,7 +154,14 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         path = Path(args.extra_llm_api_options)
         if not path.is_file():
             raise ServeError(f"--extra_llm_api_options file {path} does not exist")
-        llm_args = merge_yaml(llm_args, yaml.safe_load(path.read_text()) or {}, str(path), release)
+        try:
+            extra = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            mark = getattr(exc, "problem_mark", None)  # YAML's own message spans lines, with a caret drawing
+            why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or type(exc).__name__
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ServeError(f"--extra_llm_api_options file {path} is not readable YAML: {why}{at}") from None
+        llm_args = merge_yaml(llm_args, extra or {}, str(path), release)
     backend = llm_args.get("backend", args.backend)
     kv = llm_args.get("kv_cache_config") or {}
     scheduler = llm_args.get("scheduler_config") or {}
@@ -173,7 +180,10 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
     if is_engine_dir(model_path):
         if backend != "tensorrt":
             raise ServeError(f"{args.model} is a TensorRT engine directory: serve it with --backend tensorrt")
-        engine = load_engine_dir(model_path)
+        try:
+            engine = load_engine_dir(model_path)
+        except ValueError as exc:  # a hand-edited or truncated config.json: one line naming the file and field
+            raise ServeError(str(exc)) from None
         if runtime_bs > engine.max_batch_size:
             if not release.clamps_runtime_limits:  # 1.1
                 raise ServeError(f"max_batch_size [{runtime_bs}] is greater than build_config.max_batch_size "
@@ -203,10 +213,11 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         base = profile
         ckpt = model_path / "config.json"
         if ckpt.is_file():
-            import json
-
-            cfg = json.loads(ckpt.read_text())
-            base = _with_model(profile, model_spec_from_config(cfg, str(ckpt)))
+            try:
+                base = _with_model(profile, model_spec_from_config(read_config_json(ckpt, "checkpoint config"),
+                                                                   str(ckpt)))
+            except ValueError as exc:
+                raise ServeError(str(exc)) from None
         tp, pp = int(llm_args.get("tensor_parallel_size", 1)), int(llm_args.get("pipeline_parallel_size", 1))
         if (tp, pp) != (1, 1) or base.tp != 1:
             base = base.with_parallelism(tp if tp > 1 else base.tp, pp)

@@ -20,7 +20,7 @@ from pathlib import Path
 from .releases import ENV as RELEASE_ENV
 from .releases import resolve as resolve_release
 from .build_args import PLUGIN_ARGS, build_parser
-from .checkpoint import model_spec_from_config
+from .checkpoint import config_int, model_spec_from_config, read_config_json
 
 PLACEHOLDER = b"KVSIM-PLACEHOLDER-ENGINE\n"
 
@@ -60,9 +60,13 @@ def build_config(args, pretrained: dict, overrides: dict | None = None) -> dict:
         cfg.update({k: v for k, v in overrides.items() if k in cfg})
     if hasattr(args, "paged_kv_cache") and not hasattr(args, "kv_cache_type"):
         cfg["kv_cache_type"] = "PAGED" if str(args.paged_kv_cache).lower() in ("enable", "true", "1") else "DISABLED"
-    for key in ("max_batch_size", "max_input_len", "max_beam_width", "max_num_tokens"):
-        if cfg[key] is None or int(cfg[key]) < 1:
-            raise BuildError(f"build_config.{key} must be a positive integer, got {cfg[key]}")
+    for key in ("max_batch_size", "max_input_len", "max_beam_width", "max_num_tokens", "max_seq_len",
+                "opt_num_tokens"):
+        if cfg[key] is not None or key not in ("max_seq_len", "opt_num_tokens"):  # those two may be deduced
+            try:
+                cfg[key] = config_int(cfg, key, "build_config")
+            except ValueError as exc:
+                raise BuildError(f"build_config.{key} must be a positive integer, got {cfg[key]!r:.60}") from exc
     if cfg["max_seq_len"] is None:
         cfg["max_seq_len"] = int(pretrained.get("max_position_embeddings") or 2048)
         _log("INFO", f"max_seq_len is not specified, using deduced value {cfg['max_seq_len']}")
@@ -107,10 +111,16 @@ def _read_checkpoint(args) -> dict:
     if not path.is_file():
         raise BuildError(f"checkpoint config {path} does not exist")
     try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BuildError(f"checkpoint config {path} is not JSON: {exc}") from None
-    model_spec_from_config(cfg, str(path))
+        cfg = read_config_json(path, "checkpoint config")
+        model_spec_from_config(cfg, str(path))
+        mapping = cfg.get("mapping")
+        mapping = {} if mapping is None else mapping
+        if not isinstance(mapping, dict):
+            raise ValueError(f"{path}: mapping must be a JSON object (tp_size, pp_size), got {mapping!r:.60}")
+        for key in ("world_size", "tp_size", "pp_size"):
+            config_int(mapping, key, f"{path}: mapping", 1)  # absent or 0: deduced, as run_build does
+    except ValueError as exc:  # read_config_json and model_spec_from_config say what is wrong, naming the file
+        raise BuildError(str(exc)) from None
     return cfg
 
 
@@ -125,7 +135,12 @@ def run_build(args) -> Path:
     tpb = args.tokens_per_block
     if tpb < 2 or tpb & (tpb - 1):
         raise BuildError(f"tokens_per_block must be a power of two greater than 1, got {tpb}")
-    overrides = json.loads(Path(args.build_config).read_text()) if args.build_config else None
+    overrides = None
+    if args.build_config:
+        try:
+            overrides = read_config_json(Path(args.build_config), "--build_config file")
+        except ValueError as exc:
+            raise BuildError(str(exc)) from None
     cfg = build_config(args, pretrained, overrides)
     if cfg["kv_cache_type"] == "DISABLED":
         raise BuildError("kvsim simulates in-flight batching, which needs a KV cache: --kv_cache_type paged")

@@ -42,20 +42,58 @@ def checkpoint_config(profile: Profile, tp_size: int | None = None, pp_size: int
     }
 
 
+def read_config_json(path: Path, what: str) -> dict:
+    """The JSON object in ``path``; ValueError (one line, naming the file and what must hold) for a file that
+    cannot be read, is empty, is not JSON, or holds something other than an object."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise ValueError(f"{what} {path} is empty; it must hold a JSON object")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} {path} must hold a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def config_int(doc: dict, key: str, where: str, default: object = None) -> int:
+    """``doc[key]`` as a positive int; ValueError names the field. With a ``default``, an absent, null or zero
+    value means the default (as TensorRT-LLM reads ``num_key_value_heads: 0``)."""
+    value = doc.get(key)
+    if value is None or (default is not None and not value):
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r:.60}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r:.60}") from None
+    if number < 1:
+        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r:.60}")
+    return number
+
+
 def model_spec_from_config(cfg: dict, where: str) -> ModelSpec:
     """A ModelSpec from a checkpoint config.json; fields that must exist are named when missing."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{where}: the checkpoint config must be a JSON object, got {type(cfg).__name__}")
     required = ("architecture", "num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
     missing = [k for k in required if k not in cfg]
     if missing:
         raise ValueError(f"{where}: checkpoint config.json lacks {', '.join(missing)}")
-    heads = int(cfg["num_attention_heads"])
-    hidden = int(cfg["hidden_size"])
-    spec = dict(architecture=cfg["architecture"], num_layers=int(cfg["num_hidden_layers"]), hidden_size=hidden,
-                num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_size") or hidden // heads),
-                intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden),
-                vocab_size=int(cfg["vocab_size"]),
-                max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048))
+    heads = config_int(cfg, "num_attention_heads", where)
+    hidden = config_int(cfg, "hidden_size", where)
+    spec = dict(architecture=cfg["architecture"], num_layers=config_int(cfg, "num_hidden_layers", where),
+                hidden_size=hidden, num_heads=heads,
+                num_kv_heads=config_int(cfg, "num_key_value_heads", where, heads),
+                head_dim=config_int(cfg, "head_size", where, hidden // heads or None),
+                intermediate_size=config_int(cfg, "intermediate_size", where, 4 * hidden),
+                vocab_size=config_int(cfg, "vocab_size", where),
+                max_position_embeddings=config_int(cfg, "max_position_embeddings", where, 2048))
     for known in MODELS.values():
         if all(getattr(known, k) == v for k, v in spec.items()):
             return known

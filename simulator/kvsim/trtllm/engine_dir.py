@@ -9,7 +9,7 @@ from pathlib import Path
 from ..config import KvCacheType
 from ..profiles import Profile
 from ..specs import ModelSpec, dtype_key
-from .checkpoint import model_spec_from_config
+from .checkpoint import config_int, model_spec_from_config, read_config_json
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,10 @@ def is_engine_dir(path: str | Path) -> bool:
     if not config.is_file():
         return False
     try:
-        return "build_config" in json.loads(config.read_text())
-    except (OSError, json.JSONDecodeError):
+        doc = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
+    return isinstance(doc, dict) and "build_config" in doc
 
 
 def load_engine_dir(path: str | Path) -> EngineDir:
@@ -53,16 +54,16 @@ def load_engine_dir(path: str | Path) -> EngineDir:
     config_path = root / "config.json"
     if not config_path.is_file():
         raise ValueError(f"engine directory {root} has no config.json (build one with trtllm-build)")
-    try:
-        doc = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{config_path} is not JSON: {exc}") from None
+    doc = read_config_json(config_path, "engine config")
     if "build_config" not in doc or "pretrained_config" not in doc:
         raise ValueError(f"{config_path} is not an engine config: it needs build_config and pretrained_config")
     build, pretrained = doc["build_config"], doc["pretrained_config"]
-    plugin = build.get("plugin_config") or {}
-    mapping = pretrained.get("mapping") or {}
-    quant = pretrained.get("quantization") or {}
+    _object(build, f"{config_path}: build_config")
+    _object(pretrained, f"{config_path}: pretrained_config")
+    plugin = _object(build.get("plugin_config"), f"{config_path}: build_config.plugin_config")
+    mapping = _object(pretrained.get("mapping"), f"{config_path}: pretrained_config.mapping")
+    quant = _object(pretrained.get("quantization"), f"{config_path}: pretrained_config.quantization")
+    where = f"{config_path}: build_config"
     kv_type = str(build.get("kv_cache_type", "PAGED")).lower()
     if kv_type not in ("paged", "continuous"):
         raise ValueError(f"{config_path}: build_config.kv_cache_type must be PAGED or CONTINUOUS, got {kv_type}")
@@ -70,8 +71,22 @@ def load_engine_dir(path: str | Path) -> EngineDir:
         path=root, version=str(doc.get("version", "")),
         model=model_spec_from_config(pretrained, str(config_path)),
         dtype=dtype_key(quant.get("quant_algo"), quant.get("kv_cache_quant_algo"), pretrained.get("dtype", "bfloat16")),
-        tp=int(mapping.get("tp_size", 1)), pp=int(mapping.get("pp_size", 1)),
-        max_batch_size=int(build["max_batch_size"]), max_num_tokens=int(build["max_num_tokens"]),
-        max_seq_len=int(build["max_seq_len"]), max_input_len=int(build.get("max_input_len") or build["max_seq_len"]),
-        max_beam_width=int(build.get("max_beam_width", 1)), tokens_per_block=int(plugin.get("tokens_per_block", 32)),
+        tp=config_int(mapping, "tp_size", f"{config_path}: pretrained_config.mapping", 1),
+        pp=config_int(mapping, "pp_size", f"{config_path}: pretrained_config.mapping", 1),
+        max_batch_size=config_int(build, "max_batch_size", where),
+        max_num_tokens=config_int(build, "max_num_tokens", where),
+        max_seq_len=config_int(build, "max_seq_len", where),
+        max_input_len=config_int(build, "max_input_len", where, build.get("max_seq_len")),
+        max_beam_width=config_int(build, "max_beam_width", where, 1),
+        tokens_per_block=config_int(plugin, "tokens_per_block", f"{where}.plugin_config", 32),
         kv_cache_type=KvCacheType(kv_type))
+
+
+def _object(section: object, where: str) -> dict:
+    """``section`` when it is a JSON object, {} when absent or null; ValueError naming it otherwise (the file
+    is user-editable; an empty list is no more an object than a full one)."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(section).__name__}")
+    return section
