@@ -328,3 +328,56 @@ def test_with_the_simulation_a_protective_lower_is_sized_from_the_batch_that_run
     assert (rules_only.action, rules_only.reason) == ("Hold", "LimitNotBinding"), rules_only.message
     simulated = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True, what_if=model), w, 8, 1024)
     assert simulated.action == "Lower" and simulated.target < 150, simulated.message
+
+
+def _model() -> object:
+    from kvpilot.autotune.whatif import Engine
+
+    return Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict",
+                  replicas=2, restart_seconds=90.0, surge=True, ttft_ms=3000.0, tpot_ms=50.0)
+
+
+def test_the_simulation_never_sees_or_picks_a_value_left_recently(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if chooses among the candidates as the guarantees leave them: 64 (left 10 minutes ago) is moved
+    past, never offered; a simulation that would take the value nearest 64 gets at most 51."""
+    import kvpilot.autotune.policy as policy
+
+    seen: list[list[int]] = []
+
+    def nearest_64(_e: object, _w: object, _cur: int, options: list[int], *_a: object, **_k: object) -> tuple[int, str]:
+        seen.append(list(options))
+        return min(options, key=lambda c: abs(c - 64)), "stub"
+
+    monkeypatch.setattr(policy, "what_if_verdict", nearest_64)
+    raised = (AppliedChange(NOW - timedelta(minutes=10), 64, 128),)
+    w = replace(window(util=0.4, active=128, tpot=70), tpot_miss_fraction=0.8)
+    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=raised, w=w, surge=True, what_if=_model()))
+    assert seen and all(not 64 / 1.25 <= c <= 64 * 1.25 for c in seen[0]), seen
+    assert d.action == "Lower" and d.target <= 51, d.message
+
+
+def test_every_value_left_within_the_horizon_is_kept_clear_not_only_the_latest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 -> 128 -> 256, then most requests miss TPOT: a lower sized to 128 goes past it (102), and one sized to
+    64 (from the batch that runs, with the simulation) goes past 64 too, never back to either."""
+    import kvpilot.autotune.policy as policy
+
+    def clear(target: int) -> bool:
+        return all(not a / 1.25 <= target <= a * 1.25 for a in (64, 128))
+
+    history = (AppliedChange(NOW - timedelta(minutes=5), 128, 256), AppliedChange(NOW - timedelta(minutes=10), 64, 128))
+    w = replace(window(util=0.4, active=250, tpot=200), tpot_miss_fraction=0.9)
+    d = decide(inp(current=256, spec=TPOT_SPEC, recent_changes=history, w=w, surge=True))
+    assert d.action == "Lower" and d.target == 102 and clear(d.target), d.message
+    seen: list[list[int]] = []
+
+    def largest(_e: object, _w: object, _cur: int, options: list[int], *_a: object, **_k: object) -> tuple[int, str]:
+        seen.append(list(options))
+        return max(options), "stub"
+
+    monkeypatch.setattr(policy, "what_if_verdict", largest)
+    w = replace(window(util=0.4, active=128, tpot=200), tpot_miss_fraction=0.9)
+    d = decide(inp(current=256, spec=TPOT_SPEC, recent_changes=history, w=w, surge=True, what_if=_model()))
+    assert seen and all(clear(c) for c in seen[0]), seen
+    assert d.action == "Lower" and clear(d.target), d.message
+    assert "past 64, not back to it" in d.message  # the rules' own target (64) was moved past 64

@@ -360,8 +360,10 @@ def decide(inp: TunerInput) -> Decision:
         recheck = _what_if_rechecks(inp, w)
         if recheck is not None:
             return _hold(inp, "NoPredictedGain", f"{decision.message}; {recheck}")
-        options = [c for c in what_if_candidates(inp.current, decision.target, lo, hi)
-                   if _no_harm(inp, w, replace(decision, target=c)).changes]
+        # Each candidate as the guarantees leave it (moved past a value left recently, or dropped), so the
+        # simulation can only choose among changes _no_harm allows as they are.
+        options = sorted({d.target for c in what_if_candidates(inp.current, decision.target, lo, hi)
+                          if (d := _no_harm(inp, w, replace(decision, target=c))).changes and d.target != inp.current})
         load = 1.0 if w.mean_queued >= 1 else _load(inp, w)
         tpot_near = not _tpot_margin(inp, w)
         margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
@@ -371,6 +373,11 @@ def decide(inp: TunerInput) -> Decision:
             held = _hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
             return replace(held, simulated=True)
         if best is not None:
+            checked = _no_harm(inp, w, replace(decision, target=best))
+            if not checked.changes or checked.target != best:
+                return replace(_hold(inp, checked.reason if not checked.changes else "WouldOscillate",
+                                     f"{decision.message}; the simulation chose {best}, which the guarantees "
+                                     f"refuse"), simulated=True)
             decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)
     return decision
 
@@ -379,18 +386,13 @@ def _what_if_rechecks(inp: TunerInput, w: KvWindow) -> str | None:
     """Why the simulation is skipped this interval (None: run it). Once it has declined, it reruns only
     WHAT_IF_RECHECK_SECONDS later, so a pressure that persists without paying costs a simulation every few
     minutes, not every interval; most requests missing reruns it at once."""
-    if inp.declined_since is None or _severe(w):
+    if inp.declined_since is None or (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES:
         return None
     ago = (inp.now - inp.declined_since).total_seconds()
     if ago >= WHAT_IF_RECHECK_SECONDS:
         return None
     return (f"the simulation declined it {ago:.0f}s ago and reruns {WHAT_IF_RECHECK_SECONDS:.0f}s after that "
             f"unless most requests miss")
-
-
-def _severe(w: KvWindow) -> bool:
-    """Most requests miss an objective (TTFT or TPOT): acting beats waiting, whatever a restart costs."""
-    return max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES
 
 
 def _decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:
@@ -490,7 +492,8 @@ def _undo_evidence(inp: TunerInput, w: KvWindow, decision: Decision) -> str | No
 
 
 def _oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
-    """No A->B->A within a planning horizon (see ``_no_harm``): the decision, moved clear of A, or a hold."""
+    """No A->B->A within a planning horizon (see ``_no_harm``): the decision, moved clear of every value A the
+    limit left within the horizon, or a hold."""
     horizon = PLANNING_HORIZON_SECONDS
     recent = [c for c in inp.recent_changes if (inp.now - c.at).total_seconds() < horizon]  # newest first
     lower = decision.action == Action.LOWER
@@ -500,25 +503,36 @@ def _oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
         return _hold(inp, "WouldOscillate", f"{decision.message}; but the limit changed direction once already "
                      f"less than {horizon:.0f}s ago: at most one reversal per planning horizon")
     band = 1.0 + MIN_RELATIVE_STEP
-    for change in recent:
-        raised = change.to_value > change.from_value
-        if lower != raised:
-            continue  # the same direction as that change: nothing undone
-        a = change.from_value
-        if (decision.target > a * band) if raised else (decision.target < a / band):
-            continue  # still on that change's side of A (beyond the band around A)
-        held = f"{decision.message}; but the limit left {a} less than {horizon:.0f}s ago"
-        why = _undo_evidence(inp, w, decision)
-        if why is None:
-            return _hold(inp, "WouldOscillate", f"{held}: no A->B->A within a planning horizon")
-        if a / band <= decision.target <= a * band:
-            # Never back to A itself: past it, by a step worth a restart, or not at all.
-            past = math.floor(a / band) if lower else math.ceil(a * band)
-            lo, hi = bounds(inp)
-            if not lo <= past <= hi or (past >= inp.current if lower else past <= inp.current):
-                return _hold(inp, "WouldOscillate", f"{held}: no A->B->A, and past {a} is out of bounds")
-            decision = replace(decision, target=past, message=f"{decision.message}; past {a}, not back to it")
-        return replace(decision, message=f"{decision.message}; undoing the change from {a}: {why}")
+    lo, hi = bounds(inp)
+    undone: dict[int, str] = {}
+    # Moving past one value may land near another left earlier: repeat until the target is clear of all of them
+    # (each move goes the same way, so this ends).
+    for _ in range(len(recent) + 1):
+        moved = False
+        for change in recent:
+            if lower != (change.to_value > change.from_value):
+                continue  # the same direction as that change: nothing undone
+            a = change.from_value
+            if (decision.target < a / band) if lower else (decision.target > a * band):
+                pass  # past A by a step worth a restart: an undo, judged below
+            elif (decision.target > a * band) if lower else (decision.target < a / band):
+                continue  # still on that change's side of A
+            held = f"{decision.message}; but the limit left {a} less than {horizon:.0f}s ago"
+            why = _undo_evidence(inp, w, decision)
+            if why is None:
+                return _hold(inp, "WouldOscillate", f"{held}: no A->B->A within a planning horizon")
+            undone[a] = why
+            if a / band <= decision.target <= a * band:
+                # Never back to A itself: past it, by a step worth a restart, or not at all.
+                past = math.floor(a / band) if lower else math.ceil(a * band)
+                if not lo <= past <= hi or (past >= inp.current if lower else past <= inp.current):
+                    return _hold(inp, "WouldOscillate", f"{held}: no A->B->A, and past {a} is out of bounds")
+                decision = replace(decision, target=past, message=f"{decision.message}; past {a}, not back to it")
+                moved = True
+        if not moved:
+            break
+    for a, why in undone.items():
+        decision = replace(decision, message=f"{decision.message}; undoing the change from {a}: {why}")
     return decision
 
 
