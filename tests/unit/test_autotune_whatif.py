@@ -99,3 +99,14 @@ def test_the_choice_within_the_simulations_noise() -> None:
     assert choose(results, 27.18, gains, 500.0, 64, margin=0.06) is None  # +3.9% does not clear a 6% margin
     assert choose(results, 27.18, {c: 100.0 for c in results}, 500.0, 64) is None  # the restart costs more
     assert choose({32: 10.5, 48: 10.4}, 10.0, {32: 900.0, 48: 700.0}, 500.0, 64) == 48  # a lower: the mildest
+
+
+def test_bursty_arrivals_keep_the_fitted_rate_when_the_request_cap_binds() -> None:
+    """At 200 req/s the 12,000-request cap covers 60 s, not the 180 s asked: the gaps are pinned over those
+    60 s (stretching them over 180 s would simulate a third of the load)."""
+    from kvpilot.autotune.whatif import TrafficFit, _requests
+
+    for cv in (1.0, 3.0):
+        reqs = _requests(TrafficFit(200.0, 500.0, 200.0, 1024, cv), 180.0)
+        rate = len(reqs) / reqs[-1].arrival_s
+        assert 180 <= rate <= 220, (cv, rate)

@@ -103,7 +103,9 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
     if fit.arrival_cv != 1.0:
         n = min(2 * MAX_REQUESTS, round(fit.rate_per_s * duration_s))
         gaps = [phase.next_gap(rng, fit.rate_per_s) for _ in range(n + 1)]
-        scale = duration_s / sum(gaps)
+        # When the request cap binds, the run is shorter than asked: pin the rate over the span n requests
+        # take, not over the whole duration (which would stretch the gaps and simulate a lighter load).
+        scale = min(duration_s, n / fit.rate_per_s) / sum(gaps)
         pinned = [g * scale for g in gaps]
     while True:
         t += pinned[len(out)] if pinned else phase.next_gap(rng, fit.rate_per_s)
@@ -125,20 +127,23 @@ def _config(e: Engine, limit: int) -> EngineConfig:
 def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, horizon_s: float) -> float:
     """Requests per second meeting both objectives, of those arriving after the (possible) change."""
     horizon_s = min(horizon_s, MAX_REQUESTS / fit.rate_per_s)
-    requests = _requests(fit, WARMUP_SECONDS + horizon_s)
+    # Warm-up and horizon share the 2 x MAX_REQUESTS a run may draw: at a high rate a full warm-up alone would
+    # use them all, and the candidate would never be rolled.
+    warmup = min(WARMUP_SECONDS, MAX_REQUESTS / fit.rate_per_s)
+    requests = _requests(fit, warmup + horizon_s)
     fleet = Fleet(_config(e, current), e.replicas, e.restart_seconds, surge=e.surge,
                   queue_timeout_s=e.queue_timeout_s, max_surge=e.max_surge)
     rolled = candidate == current
     for req in requests:
-        if not rolled and req.arrival_s >= WARMUP_SECONDS:
-            fleet.advance(WARMUP_SECONDS)
+        if not rolled and req.arrival_s >= warmup:
+            fleet.advance(warmup)
             fleet.roll_to(_config(e, candidate))
             rolled = True
         _advance(fleet, req.arrival_s)
         fleet.submit(req)
-    _advance(fleet, WARMUP_SECONDS + horizon_s + 60.0)
+    _advance(fleet, warmup + horizon_s + 60.0)
     good = sum(1 for r in fleet.records
-               if r.arrival_s >= WARMUP_SECONDS and r.finish_s is not None and r.ttft_s is not None
+               if r.arrival_s >= warmup and r.finish_s is not None and r.ttft_s is not None
                and r.ttft_s * 1e3 <= e.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= e.tpot_ms))
     return good / horizon_s
 
