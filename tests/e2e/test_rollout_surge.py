@@ -1,11 +1,13 @@
 """serving.rollout.strategy Auto on a real API server: the operator watches Nodes and the pods bound to them
-(k8s/capacity.py) and renders surge (maxUnavailable 0) by as many pods as the free GPUs of the pods' product
-place, up to every replica: 2 with room for both, 1 when another workload leaves one GPU, surge 0 when it
-takes the last, and surge again once they are released."""
+(k8s/capacity.py) and sizes each rollout's surge (maxUnavailable 0) by as many pods as the free GPUs of the
+pods' product place, up to every replica: 2 with room for both, 1 when another workload leaves one GPU, surge
+0 when it takes the last. Between rollouts a surge written is kept (GPUs taken alone write nothing); limits
+without surge become a surge once GPUs are free."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from tests.e2e.conftest import apply, get, kubectl, wait_for
@@ -47,7 +49,15 @@ def bound(ns: str, name: str) -> bool:
     return bool((get("pod", name, ns) or {}).get("spec", {}).get("nodeName"))
 
 
-def test_auto_surges_by_as_many_pods_as_free_gpus_place(ns: str) -> None:
+def roll(ns: str, batch: int) -> None:
+    """A rollout the operator starts: a new runtime limit changes the pod template."""
+    kubectl("patch", "ie", "sim", "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"batching": {"maxBatchSize": batch}}}))
+    wait_for(lambda: (get("deployment", "sim", ns) or {}).get("spec", {}).get("template", {}).get("metadata", {})
+             .get("annotations", {}).get("serving.kvpilot.io/max-batch-size") == str(batch), 60,
+             f"the Deployment to roll to max_batch_size {batch}")
+
+
+def test_auto_sizes_each_rollouts_surge_by_the_free_gpus(ns: str) -> None:
     apply(sim_engine(ns, serving={"gpuProduct": PRODUCT, "replicas": 2}))
     kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
     allocatable, held = gpus_held_on({"nvidia.com/gpu.product": PRODUCT})
@@ -56,12 +66,20 @@ def test_auto_surges_by_as_many_pods_as_free_gpus_place(ns: str) -> None:
 
     apply(filler(ns, allocatable - held - 1))
     wait_for(lambda: bound(ns, "filler"), 60, "the filler bound")
-    wait_for(lambda: rolling_update(ns) == SURGE_ONE, 60, "Auto to surge one pod once one GPU is free")
+    time.sleep(10)  # three resyncs or more of the e2e operator (3 s): GPUs taken alone write nothing
+    assert rolling_update(ns) == SURGE_ALL
+    roll(ns, 48)
+    assert rolling_update(ns) == SURGE_ONE  # the rollout is sized by the one GPU left
+    kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
+    wait_for(lambda: gpus_held_on({"nvidia.com/gpu.product": PRODUCT})[1] == allocatable - 1, 120,
+             "the old pods to release their GPUs")
 
     apply(filler(ns, 1, "filler-last"))
     wait_for(lambda: bound(ns, "filler-last"), 60, "the last filler bound")
     assert gpus_held_on({"nvidia.com/gpu.product": PRODUCT})[1] == allocatable
-    wait_for(lambda: rolling_update(ns) == NO_SURGE, 60, "Auto to render surge 0 once no GPU is free")
+    roll(ns, 40)
+    assert rolling_update(ns) == NO_SURGE  # no GPU free: the spec's limits
+    kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
 
     kubectl("delete", "pod", "filler", "filler-last", "-n", ns, "--wait=true", "--timeout=60s")
     wait_for(lambda: rolling_update(ns) == SURGE_ALL, 60, "Auto to surge both again once the GPUs are released")

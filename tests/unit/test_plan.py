@@ -249,3 +249,38 @@ def test_the_tuning_cadence_starts_once_the_pods_have_reported() -> None:
     reported = replace(p, status=EngineStatus(kv_cache=KvCacheStatus(utilization_percent=40)))
     assert requeue_after(e, silent, 60.0).total_seconds() == 60.0
     assert requeue_after(e, reported, 60.0).total_seconds() == e.spec.autotune.interval_seconds
+
+
+def test_auto_keeps_the_surge_written_between_rollouts_and_sizes_it_afresh_for_one() -> None:
+    """Free GPUs come and go (another team's pods, the old pods of every rollout draining): between rollouts the
+    Deployment's limits stay as written (no write); a rollout the operator starts sizes them from the free GPUs."""
+    import copy
+    from dataclasses import replace
+
+    from kvpilot.desired.observed import deployment_state
+
+    e = engine(serving__replicas=2)
+    first = plan(e, Observed(claim_phase="Bound"), S, NOW)
+    served = plan(e, built(first), S, NOW)
+    (dep,) = [o for o in served.apply if o["kind"] == "Deployment"]
+    written = copy.deepcopy(dep)
+    written["metadata"]["generation"] = 3
+    written["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 2, "maxUnavailable": 0}
+    written["status"] = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+                         "availableReplicas": 2}
+    settled = replace(built(first), status=served.status, deployment=deployment_state(written))
+
+    def limits(p: object) -> dict:
+        (d,) = [o for o in p.apply if o["kind"] == "Deployment"]  # type: ignore[attr-defined]
+        return d["spec"]["strategy"]["rollingUpdate"]
+
+    for room in (0, 1, 2, None):  # the GPUs others hold change; nothing rolls: the written limits stay
+        assert limits(plan(e, replace(settled, surge_room=room), S, NOW)) == {"maxSurge": 2, "maxUnavailable": 0}
+    raised = engine(serving__replicas=2, batching__maxBatchSize=128)  # a new limit: the template changes
+    assert limits(plan(raised, replace(settled, surge_room=1), S, NOW)) == {"maxSurge": 1, "maxUnavailable": 0}
+    assert limits(plan(raised, replace(settled, surge_room=0), S, NOW)) == {"maxSurge": 0, "maxUnavailable": 1}
+    # written without surge (free GPUs unknown or none at the time): surging once GPUs are free is worth a write
+    no_surge = copy.deepcopy(written)
+    no_surge["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 0, "maxUnavailable": 1}
+    unsurged = replace(settled, deployment=deployment_state(no_surge), surge_room=2)
+    assert limits(plan(e, unsurged, S, NOW)) == {"maxSurge": 2, "maxUnavailable": 0}

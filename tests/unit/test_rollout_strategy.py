@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpilot.api.models import RolloutSpec
-from kvpilot.desired.rollout import rolling_update, surge_in_force
+from kvpilot.desired.rollout import rolling_update, surge_pods_in_force
 
 SPEC_LIMITS = {"maxSurge": 0, "maxUnavailable": 1}
 
@@ -27,9 +27,9 @@ def surge(n: int) -> dict[str, int]:
 def test_rolling_update_limits(strategy: str, room: int | None, replicas: int, expected: dict[str, int]) -> None:
     rollout = RolloutSpec(max_surge=0, max_unavailable=1, strategy=strategy)
     assert rolling_update(rollout, room, replicas) == expected
-    assert surge_in_force(rollout, room, replicas) == (expected["maxSurge"] if expected["maxUnavailable"] == 0 else 0)
+    assert surge_pods_in_force(rollout, room, replicas) == (expected["maxSurge"] if expected["maxUnavailable"] == 0 else 0)
 
 
 def test_explicit_limits_with_surge_count_as_surge() -> None:
-    assert surge_in_force(RolloutSpec(max_surge=2, max_unavailable=0, strategy="NoSurge"), None, 3) == 2
-    assert surge_in_force(RolloutSpec(max_surge=2, max_unavailable=1, strategy="NoSurge"), None, 3) == 0
+    assert surge_pods_in_force(RolloutSpec(max_surge=2, max_unavailable=0, strategy="NoSurge"), None, 3) == 2
+    assert surge_pods_in_force(RolloutSpec(max_surge=2, max_unavailable=1, strategy="NoSurge"), None, 3) == 0

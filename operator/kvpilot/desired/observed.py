@@ -71,6 +71,9 @@ class DeploymentState:
     max_batch_size: str | None
     config_hash: str | None
     pods: int = 0  # pods that exist (status.replicas), what the scale subresource reports
+    image: str | None = None  # the serving container's image in the pod template
+    # The strategy as written (maxSurge, maxUnavailable), when both are plain integers; None otherwise.
+    rolling_update: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,24 @@ def deployment_state(dep: dict[str, Any]) -> DeploymentState:
         max_batch_size=annotations.get(L.BATCH_ANNOTATION),
         config_hash=annotations.get(L.CONFIG_HASH_ANNOTATION),
         pods=st.get("replicas", 0),
+        image=_server_image(dep),
+        rolling_update=_int_limits(dep),
     )
+
+
+def _server_image(dep: dict[str, Any]) -> str | None:
+    containers = ((dep["spec"]["template"].get("spec") or {}).get("containers")) or []
+    first = containers[0] if containers and isinstance(containers[0], dict) else {}
+    image = first.get("image")
+    return image if isinstance(image, str) else None
+
+
+def _int_limits(dep: dict[str, Any]) -> tuple[int, int] | None:
+    limits = (dep["spec"].get("strategy") or {}).get("rollingUpdate") or {}
+    surge, unavailable = limits.get("maxSurge"), limits.get("maxUnavailable")
+    if type(surge) is int and type(unavailable) is int:  # not a bool, not a percentage
+        return surge, unavailable
+    return None
 
 
 def pod_state(pod: dict[str, Any]) -> PodState:

@@ -28,7 +28,7 @@ from kvpilot.api.status import (
 )
 from kvpilot.autotune.policy import PROTECTIVE_REASONS, AppliedChange, Decision, TunerInput, decide
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
-from kvpilot.desired.rollout import rolling_update, surge_in_force
+from kvpilot.desired.rollout import rolling_update, surge_pods_in_force
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
 from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
@@ -36,7 +36,7 @@ from kvpilot.desired.build_job import build_job
 from kvpilot.desired.conditions import compute_conditions
 from kvpilot.desired.build import BuildDecision, decide_build, served_engine
 from kvpilot.desired.events import Event, events_between
-from kvpilot.desired.observed import Observed
+from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.trtllm.release import DEFAULT_IMAGE
@@ -91,13 +91,40 @@ class Plan:
 
 def _serving_children(
     engine: InferenceEngine, served: ServedEngine | None, *, image: str, claim: str | None, batch: int,
-    surface: Surface | None = None, surge_room: int | None = None,
+    surface: Surface | None = None, observed: Observed,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
+    rollout = engine.spec.serving.rollout
+    limits = rolling_update(rollout, observed.surge_room, engine.spec.serving.replicas)
     dep = serving.deployment(engine.meta, engine.spec, served, image=image, claim=claim, max_batch_size=batch,
-                             config_map=cm, rolling_update=rolling_update(engine.spec.serving.rollout, surge_room,
-                                                                          engine.spec.serving.replicas))
+                             config_map=cm, rolling_update=limits)
+    kept = _limits_between_rollouts(rollout.strategy, dep, observed.deployment)
+    if kept is not None:
+        dep["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": kept[0], "maxUnavailable": kept[1]}
     return cm, dep
+
+
+def _limits_between_rollouts(strategy: str, dep: dict[str, Any],
+                             written: DeploymentState | None) -> tuple[int, int] | None:
+    """The limits to keep when ``Auto`` would only resize maxSurge (None: write the fresh ones).
+
+    Auto sizes maxSurge by the free GPUs, which other workloads take and release all the time, and which the
+    old pods of every rollout hold for a while after it is done. The limits only matter while pods roll, and
+    every rollout the operator starts changes the pod template in the same write, so between rollouts a surge
+    written is kept: GPUs taken or released alone write nothing, and the next rollout sizes it afresh. Limits
+    without surge are not kept, so a Deployment written while free GPUs were unknown (an operator start) or
+    none were free surges once some are: at most one such write between two rollouts."""
+    if strategy != "Auto" or written is None or written.rolling_update is None:
+        return None
+    if written.rolling_update[0] < 1 or written.rolling_update[1] != 0:
+        return None
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    same = (written.config_hash == annotations.get(L.CONFIG_HASH_ANNOTATION)
+            and written.max_batch_size == annotations.get(L.BATCH_ANNOTATION)
+            and written.fingerprint == annotations.get(L.FINGERPRINT_ANNOTATION)
+            and written.image == containers[0].get("image"))
+    return written.rolling_update if same else None
 
 
 def _tune(
@@ -124,7 +151,7 @@ def _tune(
             build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
             recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
-            surge=surge_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
+            surge=surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
             what_if=what_if if observed.what_if_allowed else None,
             declined_since=_declined_since(observed.status.autotune, now),
         )
@@ -151,11 +178,11 @@ def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> Wha
         return None
     slo = spec.autotune.slo
     ttft = slo.time_to_first_token_millis if slo else None
+    surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
     return WhatIfEngine(
         profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
         replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-        surge=surge_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
-        max_surge=max(1, surge_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)),
+        surge=surge > 0, max_surge=max(1, surge),
         ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
         tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
         queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
@@ -214,7 +241,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     recorded = engine_info.trtllm if engine_info is not None else None
     surface, known_by, mismatch = serving_surface(spec, serve_image, to_wire(recorded) if recorded else None)
     cm, dep = (_serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
-                                 surge_room=observed.surge_room) if can_serve else ({}, {}))
+                                 observed=observed) if can_serve else ({}, {}))
     desired_hash = serving.config_hash(cm) if cm else ""
     obs = replace(observed, claim_phase=claim_phase)
     serving_fp = served.fingerprint if served else None
@@ -231,7 +258,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         reason = "AutotuneRaised" if decision.action == Action.RAISE else "AutotuneLowered"
         message = decision.message
         cm, dep = _serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
-                                    surge_room=observed.surge_room)
+                                    observed=observed)
         conds, rolling = compute_conditions(
             spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve, desired_batch=str(batch),
             desired_hash=serving.config_hash(cm),

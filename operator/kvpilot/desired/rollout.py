@@ -35,7 +35,7 @@ def rolling_update(rollout: RolloutSpec, room: int | None, replicas: int) -> dic
     return {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable}
 
 
-def surge_in_force(rollout: RolloutSpec, room: int | None, replicas: int) -> int:
+def surge_pods_in_force(rollout: RolloutSpec, room: int | None, replicas: int) -> int:
     """Pods a restart starts ahead of the old ones, every serving pod staying up until its replacement is
     Ready; 0 when a restart takes capacity down (the spec's own limits with maxUnavailable >= 1)."""
     limits = rolling_update(rollout, room, replicas)
