@@ -170,3 +170,14 @@ def test_a_build_config_file_sets_limits(checkpoint, tmp_path):
 def test_only_a_json_object_with_a_build_config_is_an_engine_dir(tmp_path, text):
     (tmp_path / "config.json").write_text(text)
     assert not is_engine_dir(tmp_path)
+
+
+def test_a_config_integer_that_is_infinite_fractional_or_huge_is_one_error_naming_the_field() -> None:
+    import pytest
+
+    from kvsim.trtllm.checkpoint import config_int
+
+    for bad in (float("inf"), float("nan"), 2.7, 1e30, 2 ** 63):
+        with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+            config_int({"num_layers": bad}, "num_layers", "config.json")
+    assert config_int({"num_layers": 32.0}, "num_layers", "config.json") == 32

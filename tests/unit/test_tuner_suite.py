@@ -120,7 +120,7 @@ def test_phase_lengths_change_the_traffic_mix_per_phase() -> None:
 
 
 def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
-    """The suite's phase shifts where the best static value differs per phase (docs/tuner-suite-phase-case.md):
+    """The suite's phase shifts where the best static value differs per phase (docs/tuner-suite.md, "The two phase cases in detail"):
     in chat-then-rag-a100 and rag-then-chat-a100 the chat phase strictly prefers a high limit (256) and the RAG
     phase a low one (32). Checked on 120 s phases (the suite runs 900 s each) so that it stays a unit test."""
     from dataclasses import replace
@@ -140,18 +140,18 @@ def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
             assert good[best][k] > 1.03 * good[other][k], (name, k, good)
 
 
-def test_a_failed_oracle_criterion_is_unreachable_only_where_the_instant_bound_misses_it_too() -> None:
-    from kvpilot.bench.suite import _verdict, unreachable
+def test_a_failed_oracle_criterion_is_marked_only_where_the_instant_reference_misses_it_too() -> None:
+    from kvpilot.bench.suite import _verdict, missed_by_instant
 
     failing = row(1.5, 0.94, 1.0, [512])
     failing["criteria"] = criteria(failing, STEADY)
     failing["ratios"]["instantOverOracle"] = 0.95
-    assert unreachable(failing) == ["nearOracle"]
-    failing["unreachable"] = unreachable(failing)
-    assert _verdict(failing).startswith("FAIL: nearOracle (unreachable: instant bound 0.950x")
+    assert missed_by_instant(failing) == ["nearOracle"]
+    failing["missedByInstant"] = missed_by_instant(failing)
+    assert _verdict(failing).startswith("FAIL: nearOracle (the instant reference misses it too: 0.950x")
     failing["ratios"]["instantOverOracle"] = 0.99  # a tuner acting at once could pass: a plain failure
-    assert unreachable(failing) == []
+    assert missed_by_instant(failing) == []
     passing = row(1.0, 1.0, 1.0, [])
     passing["criteria"] = criteria(passing, STEADY)
     passing["ratios"]["instantOverOracle"] = 0.5
-    assert unreachable(passing) == [] and _verdict(passing) == "pass"
+    assert missed_by_instant(passing) == [] and _verdict(passing) == "pass"

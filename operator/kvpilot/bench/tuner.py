@@ -196,8 +196,8 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     arrived_before = gave_up_before = 0
-    # Arrivals per sample period, as the live sampler counts them (observe/scrape.py count_arrivals), over its
-    # burstiness history.
+    # Arrivals per sample period, at the live sampler's period and over its burstiness history (observe/scrape.py
+    # count_arrivals); the bench counts the true arrivals, where the live sampler infers them from counters.
     period = sample_seconds(interval)
     arrival_times = [r.arrival_s for r in requests]
     counts: deque[float | None] = deque(maxlen=int(BURST_HISTORY_SECONDS / period))

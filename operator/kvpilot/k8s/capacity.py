@@ -1,7 +1,7 @@
 """Free GPUs per node, from a watch of Nodes and of pods bound to nodes: may a surge pod be scheduled?
 
-``serving.rollout.strategy: Auto`` rolls a retune with surge (one extra pod first) only when a GPU of the
-serving pods' product is free; otherwise the surge pod would stay Pending until the progress deadline.
+``serving.rollout.strategy: Auto`` rolls a retune with surge (new pods first) only by as many pods as the free
+GPUs of the serving pods' product place; beyond that a surge pod would stay Pending until the progress deadline.
 Kubernetes keeps no "allocated" figure on a Node: the scheduler sums the requests of the pods bound to it
 (``spec.nodeName``) that have not terminated. This module does the same from two watches (Nodes, and pods of
 every namespace), kept as small records (a node's labels, taints and allocatable GPUs; a pod's node and GPU
@@ -9,9 +9,10 @@ request), so a reconcile asks "is one more pod like this schedulable?" without a
 
 It is a conservative estimate, not the scheduler: it checks the node's labels against the pod's
 ``nodeSelector``, its NoSchedule/NoExecute taints against the pod's tolerations, readiness, cordoning and
-free GPUs; it does not model node affinity, CPU or memory, or topology. A wrong "yes" costs one Pending surge
-pod until the rollout's deadline (the last good pods keep serving); a wrong "no" costs capacity during a
-restart, as a cluster without a spare GPU would.
+free GPUs; it does not model node affinity, CPU or memory, or topology, nor pods still Pending (unbound), nor
+other engines that read the same free GPUs for rollouts at the same moment. A wrong "yes" costs Pending surge
+pods until GPUs free up or the rollout's deadline (maxUnavailable is 0, so the last good pods keep serving);
+a wrong "no" costs capacity during a restart, as a cluster without a spare GPU would.
 """
 
 from __future__ import annotations

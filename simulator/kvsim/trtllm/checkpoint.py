@@ -70,9 +70,9 @@ def config_int(doc: dict, key: str, where: str, default: object = None) -> int:
         raise ValueError(f"{where}: {key} must be a positive integer, got {value!r:.60}")
     try:
         number = int(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # "abc", or JSON's Infinity / NaN
         raise ValueError(f"{where}: {key} must be a positive integer, got {value!r:.60}") from None
-    if number < 1:
+    if number < 1 or number >= 2 ** 63 or (isinstance(value, float) and value != number):
         raise ValueError(f"{where}: {key} must be a positive integer, got {value!r:.60}")
     return number
 
