@@ -16,7 +16,7 @@ from kvpilot.desired.plan import Settings
 from kvpilot.observe.scrape import EngineFacts
 from kvpilot.reconcile import reconcile
 from tests.unit.helpers import manifest
-from tests.unit.test_reconcile_cache import FakeApi, claim
+from tests.unit.test_reconcile_cache import RecordingApi, claim
 from tests.unit.virtual_time import VirtualTime
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -51,16 +51,6 @@ def test_the_loop_and_the_scrape_facts_read_a_hostile_status_as_absent(status: o
     assert loop.engine().meta.name == "e1"
     assert EngineFacts.from_status(typed) == EngineFacts()  # nothing known: no sample is judged by junk
     assert loop.status() is typed  # parsed once per stored version
-
-
-class RecordingApi(FakeApi):
-    def __init__(self) -> None:
-        super().__init__()
-        self.status_patches: list[dict[str, Any]] = []
-
-    async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
-        await super().patch_engine_status(name, namespace, status)
-        self.status_patches.append(status)
 
 
 @pytest.mark.parametrize("status", [s for s in HOSTILE if isinstance(s, dict)], ids=["wrong-types", "bad-fields"])

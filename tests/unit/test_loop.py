@@ -15,7 +15,7 @@ from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.observe.scrape import EngineSampler
 from tests.unit.helpers import manifest
-from tests.unit.test_reconcile_cache import FakeApi, claim
+from tests.unit.test_reconcile_cache import RecordingApi, claim
 from tests.unit.virtual_time import VirtualTime
 
 # A date far from any day the tests run on: a reading of the real date instead of the injected one shows.
@@ -92,20 +92,10 @@ def _fake_wall(vt: VirtualTime) -> float:
     return FAKE_DATE.timestamp() + vt.now
 
 
-class _StatusApi(FakeApi):
-    def __init__(self) -> None:
-        super().__init__()
-        self.status_patches: list[dict[str, Any]] = []
-
-    async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
-        await super().patch_engine_status(name, namespace, status)
-        self.status_patches.append(status)
-
-
 def test_a_reconcile_dates_the_status_by_the_injected_wall_clock() -> None:
     """The real loop and reconcile (fake API wire): the conditions it writes carry the injected date, not the
     machine's (the loop used to leave ``now`` to reconcile, which read ``datetime.now``)."""
-    api = _StatusApi()
+    api = RecordingApi()
     api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
     vt = VirtualTime()
     vt.now = 42.0

@@ -69,6 +69,18 @@ class FakeApi(Api):
         self.writes.append(("create", "Event", reason))
 
 
+class RecordingApi(FakeApi):
+    """A FakeApi that also keeps every status patch, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status_patches: list[dict[str, Any]] = []
+
+    async def patch_engine_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
+        await super().patch_engine_status(name, namespace, status)
+        self.status_patches.append(status)
+
+
 def claim(uid: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": "engines", "namespace": "ns", "uid": uid, "resourceVersion": "1"},
