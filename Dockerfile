@@ -52,7 +52,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # imports go: the simulated trtllm-serve and trtllm-build, the kvsim CLI and its offline tools. That list is
 # checked against the operator's imports by tests/unit/test_import_graph.py; the import below proves the
 # operator's modules still load without them.
-ARG KVSIM_NOT_IN_OPERATOR="serve trtllm cli.py bench.py calibration.py claims.py plots.py"
+ARG KVSIM_NOT_IN_OPERATOR="serve trtllm cli.py bench.py calibration.py claims.py plots.py perturb.py"
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/kvpilot \
  && /opt/kvpilot/bin/pip install --no-index --find-links=/wheels kvpilot \

@@ -45,13 +45,24 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunked-context", action="store_true")
     g.add_argument("--tuner", action="store_true", help="TensorRT-LLM's in-engine dynamic batch size tuner")
     g.add_argument("--max-num-tokens-tuning", action="store_true")
+    g.add_argument("--perturb", default="", metavar="KEY=F,...", help=PERTURB_HELP)
+
+
+PERTURB_HELP = ("multiply the profile's calibration and GPU memory (as KVSIM_PERTURB does for trtllm-serve): "
+                "decode, prefill (>1 faster), overhead, per_seq (>1 slower), memory (>1 more); factors in [0.25, 4]")
+
+
+def _profile(args: argparse.Namespace):
+    from .perturb import Perturbation
+
+    return Perturbation.parse(args.perturb, "--perturb").apply(get_profile(args.profile))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     build_bs = max(args.build_max_batch_size, args.max_batch_size or 0)
     build_nt = max(args.build_max_num_tokens, args.max_num_tokens or 0)
     return EngineConfig(
-        profile=get_profile(args.profile), build_max_batch_size=build_bs, build_max_num_tokens=build_nt,
+        profile=_profile(args), build_max_batch_size=build_bs, build_max_num_tokens=build_nt,
         max_seq_len=args.max_seq_len, max_input_len=args.max_input_len, tokens_per_block=args.tokens_per_block,
         kv_cache_type=KvCacheType(args.kv_cache_type), max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens, capacity_policy=CapacityPolicy(args.policy),
@@ -140,7 +151,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_throughput
 
-    result = bench_throughput(args.profile, args.isl, args.osl, args.num_requests, args.kv_fraction,
+    result = bench_throughput(_profile(args), args.isl, args.osl, args.num_requests, args.kv_fraction,
                               args.max_batch_size, args.max_num_tokens, CapacityPolicy(args.policy),
                               not args.disable_chunked_context)
     if args.json:
@@ -255,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-tokens", type=int, default=None)
     p.add_argument("--policy", default="GUARANTEED_NO_EVICT", choices=[c.value for c in CapacityPolicy])
     p.add_argument("--disable-chunked-context", action="store_true")
+    p.add_argument("--perturb", default="", metavar="KEY=F,...", help=PERTURB_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("calibrate", help="errors against NVIDIA's published H100 table")

@@ -7,6 +7,7 @@ import socket
 import sys
 import time
 
+from ..perturb import PerturbationError
 from .args import parse
 from .settings import ServeError, resolve
 
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     try:
         settings = resolve(args)
+    except PerturbationError as exc:  # a usage error in the environment: one line, click's exit code 2
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except ServeError as exc:
         message = str(exc)
         if any(marker in message for marker in LIMIT_ERRORS):
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"kvsim plays TensorRT-LLM {settings.version} (KVSIM_TRTLLM_RELEASE)")
     _log(f"kvsim simulated backend: profile {settings.profile_name} ({cfg.resolved_profile.name}), backend {settings.backend}, "
          f"speedup x{settings.speedup:g}")
+    if not settings.perturbation.is_identity:
+        _log(f"kvsim perturbed engine (KVSIM_PERTURB): {settings.perturbation.to_text()}")
     _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")
     time.sleep(settings.startup_s)  # bound but not listening: connections are refused, as during a real load
     _log(f"Number of blocks in KV cache primary pool: {plan.num_blocks}")

@@ -9,7 +9,9 @@ the engine's build_config exactly as ``validate_build_config_with_runtime_params
 
 Environment: KVSIM_PROFILE (required: the GPU, the calibration, and the model for HF ids), KVSIM_SPEEDUP
 (simulated seconds per wall second, default 1), KVSIM_STARTUP_SECONDS (model-load delay, default 0),
-KVSIM_TRTLLM_RELEASE (the release whose surface kvsim plays, see ``trtllm/releases.py``; default 1.2.0).
+KVSIM_TRTLLM_RELEASE (the release whose surface kvsim plays, see ``trtllm/releases.py``; default 1.2.0),
+KVSIM_PERTURB (multipliers on the profile's calibration and GPU memory, see ``perturb.py``; a bad value raises
+PerturbationError, which the command reports as a usage error, exit 2).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import yaml
 
 from ..config import CapacityPolicy, EngineConfig, KvCacheType
 from ..memory import plan_memory
+from ..perturb import Perturbation
 from ..profiles import Profile, get_profile
 from ..trtllm import TRTLLM_VERSION
 from ..trtllm.checkpoint import model_spec_from_config, read_config_json
@@ -79,6 +82,7 @@ class ServeSettings:
     return_perf_metrics: bool
     version: str = TRTLLM_VERSION
     release: Release | None = None
+    perturbation: Perturbation = Perturbation()  # KVSIM_PERTURB, already applied to engine's profile
     warnings: tuple[str, ...] = ()  # logged at startup, as TensorRT-LLM's logger.warning would
 
 
@@ -147,7 +151,8 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         release = resolve_release(env.get("KVSIM_TRTLLM_RELEASE"))
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    profile = _profile_from_env(env)
+    perturbation = Perturbation.from_env(env)  # PerturbationError: the caller exits 2
+    profile = perturbation.apply(_profile_from_env(env))
     llm_args = cli_llm_args(args)
     warnings: list[str] = []
     if args.extra_llm_api_options:
@@ -241,7 +246,7 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         startup_s=_positive_float(env, "KVSIM_STARTUP_SECONDS", 0.0, allow_zero=True),
         iter_perf_stats=bool(llm_args.get("enable_iter_perf_stats", backend == "tensorrt")),
         return_perf_metrics=bool(llm_args.get("return_perf_metrics", False)),
-        version=release.version, release=release, warnings=tuple(warnings))
+        version=release.version, release=release, perturbation=perturbation, warnings=tuple(warnings))
 
 
 def _with_model(profile: Profile, model) -> Profile:

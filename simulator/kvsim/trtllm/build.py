@@ -6,7 +6,9 @@ that decide the engine's limits, and writes ``OUTPUT_DIR/config.json`` in Tensor
 (``rank0.engine`` ...; not an engine) so the folder looks like an engine directory to tools and caches.
 
 Failure injection for the operator's tests: ``KVSIM_FAIL_BUILD=<message>`` prints the message to stderr and exits
-1; ``KVSIM_BUILD_SECONDS`` (default 0) sleeps to mimic build time.
+1; ``KVSIM_BUILD_SECONDS`` (default 0) sleeps to mimic build time. ``KVSIM_PERTURB`` (kvsim.perturb) is checked
+here as trtllm-serve checks it (a bad value: one line, exit 2) and recorded in the engine's ``kvsim`` section;
+the served engine is perturbed by the serving pod's own environment, not by this record.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..perturb import Perturbation, PerturbationError
 from .releases import ENV as RELEASE_ENV
 from .releases import resolve as resolve_release
 from .build_args import PLUGIN_ARGS, build_parser
@@ -124,7 +127,7 @@ def _read_checkpoint(args) -> dict:
     return cfg
 
 
-def run_build(args) -> Path:
+def run_build(args, perturbation: Perturbation | None = None) -> Path:
     pretrained = _read_checkpoint(args)
     if args.multiple_profiles == "enable" and args.opt_num_tokens is not None:
         raise BuildError("multiple_profiles is enabled, while opt_num_tokens is set. "
@@ -151,8 +154,10 @@ def run_build(args) -> Path:
         time.sleep(seconds)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    engine = {"version": played_version(), "pretrained_config": pretrained, "build_config": cfg,
-              "kvsim": {"simulated": True, "builtAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    record: dict[str, object] = {"simulated": True, "builtAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if perturbation is not None and not perturbation.is_identity:
+        record["perturbation"] = perturbation.to_text()
+    engine = {"version": played_version(), "pretrained_config": pretrained, "build_config": cfg, "kvsim": record}
     (out / "config.json").write_text(json.dumps(engine, indent=4) + "\n")
     for rank in range(world):
         (out / f"rank{rank}.engine").write_bytes(PLACEHOLDER)
@@ -169,6 +174,11 @@ def played_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        perturbation = Perturbation.from_env(os.environ)
+    except PerturbationError as exc:  # a usage error, like argparse's own: exit 2
+        _log("ERROR", str(exc))
+        return 2
     failure = os.environ.get("KVSIM_FAIL_BUILD")
     if failure:
         print(failure, file=sys.stderr, flush=True)
@@ -178,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         _log("INFO", f"TensorRT LLM version: {played_version()} (kvsim simulated backend)")
-        out = run_build(args)
+        out = run_build(args, perturbation)
     except BuildError as exc:
         _log("ERROR", str(exc))
         return 1
