@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 
-from kvpilot import telemetry
+from kvpilot import defaults, telemetry
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.status import EngineStatus, parse_status
 from kvpilot.api.validate import InvalidEngineError
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
 # RBAC denials and rejected objects do not heal by retrying: wait longer (the status already says why).
 PERMANENT_BACKOFF_SECONDS = (30, 120, 300, 600)
-DEFAULT_CONCURRENT_RECONCILES = 32
-DEFAULT_CONCURRENT_SCRAPES = 64
 
 
 async def wait_for_wake(wake: asyncio.Event, timeout: float) -> None:
@@ -130,8 +128,8 @@ class EngineLoops:
     """The registry of loops, fed by kopf events."""
 
     def __init__(self, api: Api, settings: Settings, resync_seconds: float,
-                 concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES,
-                 concurrent_scrapes: int = DEFAULT_CONCURRENT_SCRAPES,
+                 concurrent_reconciles: int = defaults.CONCURRENT_RECONCILES,
+                 concurrent_scrapes: int = defaults.CONCURRENT_SCRAPES,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[asyncio.Event, float], Awaitable[None]] = wait_for_wake,
                  wall_clock: Callable[[], float] = time.time):

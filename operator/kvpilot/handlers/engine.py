@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot import GROUP, PLURAL, VERSION
+from kvpilot import GROUP, PLURAL, VERSION, defaults
 from kvpilot.desired.plan import Settings
 from kvpilot.k8s.api import Api
 from kvpilot.loop import EngineLoops
@@ -40,7 +40,8 @@ async def on_engine_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     memo.loops.observe(event.get("type"), dict(body))
 
 
-def memo_for(settings: Settings, resync_seconds: float, concurrent_reconciles: int = 16,
-             api_pool_size: int = 16, namespaces: list[str] | None = None, gpu_capacity: bool = True) -> kopf.Memo:
+def memo_for(settings: Settings, resync_seconds: float,
+             concurrent_reconciles: int = defaults.CONCURRENT_RECONCILES, api_pool_size: int = defaults.API_POOL_SIZE,
+             namespaces: list[str] | None = None, gpu_capacity: bool = True) -> kopf.Memo:
     return kopf.Memo(settings=settings, resync_seconds=resync_seconds, concurrent_reconciles=concurrent_reconciles,
                      api_pool_size=api_pool_size, namespaces=namespaces or [], gpu_capacity=gpu_capacity)

@@ -22,7 +22,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 
-from kvpilot import API_VERSION, KIND, telemetry
+from kvpilot import API_VERSION, KIND, defaults, telemetry
 from kvpilot.k8s.cache import ChildCache
 from kvpilot.k8s.capacity import GpuCapacity
 from kvpilot.k8s.drift import needs_apply, with_applied_hash
@@ -31,7 +31,6 @@ from kvpilot.k8s.errors import NotFound, convert
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpilot"
-DEFAULT_POOL_SIZE = 32
 # The API server creates Services one at a time (it allocates each a ClusterIP): 1 to 5 a second on the shared
 # 2-core machine while 1,000 engines rolled out, so a creation waited 3 to 24 s there, every other write ~0.5 s.
 # Waiting in the shared pool, they held every thread and the status patches queued behind them; with more than a
@@ -40,7 +39,7 @@ SERVICE_LANE = 8
 T = TypeVar("T")
 
 
-def load_client_config(pool_size: int = DEFAULT_POOL_SIZE) -> k8s_client.ApiClient:
+def load_client_config(pool_size: int = defaults.API_POOL_SIZE) -> k8s_client.ApiClient:
     """In-cluster config in a pod, else the current kubeconfig (``kvpilot run`` on a laptop)."""
     try:
         k8s_config.load_incluster_config()
@@ -60,7 +59,7 @@ def _plain(answer: Any) -> dict[str, Any]:
 class Api:
     """Typed-enough access to the handful of kinds kvpilot reads and writes."""
 
-    def __init__(self, api_client: k8s_client.ApiClient | None = None, pool_size: int = DEFAULT_POOL_SIZE):
+    def __init__(self, api_client: k8s_client.ApiClient | None = None, pool_size: int = defaults.API_POOL_SIZE):
         self._api_client = api_client or load_client_config(pool_size)
         self.api_client = self._api_client  # the informers read through the same client (auth, TLS)
         self._dyn: DynamicClient | None = None
