@@ -29,6 +29,7 @@ from kvpilot.desired.plan import Settings, requeue_after
 from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
+from kvpilot.k8s.writes import ChildWriter
 from kvpilot.logfilter import install as install_repeat_filter
 from kvpilot.logjson import bind_engine
 from kvpilot.observe.prometheus import query_prometheus
@@ -132,12 +133,14 @@ class EngineLoops:
                  concurrent_scrapes: int = defaults.CONCURRENT_SCRAPES,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[asyncio.Event, float], Awaitable[None]] = wait_for_wake,
-                 wall_clock: Callable[[], float] = time.time):
-        """``clock`` and ``wait`` are the loops' time: tests run them on a virtual clock. ``wall_clock`` (seconds
+                 wall_clock: Callable[[], float] = time.time, writer: ChildWriter | None = None):
+        """``writer`` is the operator's write layer over ``api`` (one per operator; by default a new one).
+        ``clock`` and ``wait`` are the loops' time: tests run them on a virtual clock. ``wall_clock`` (seconds
         since the epoch) is the date the loops see: pod ages (warmup), sample times, and the ``now`` of each
         reconcile (condition timestamps, the tuner's cooldowns). Every reading of the date goes through it, so
         a test on a fake date gets the same decisions on any day."""
         self.api = api
+        self.writer = writer or ChildWriter(api)
         self.clock = clock
         self.wall_clock = wall_clock
         self.wait = wait
@@ -351,7 +354,7 @@ class EngineLoops:
                         raw = loop.body.get("status")
                         p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
                                                       self.settings, kv, now=self.now(), planner=self.planner,
-                                                      typed=loop.status())
+                                                      typed=loop.status(), writer=self.writer)
                     before = _runtime_batch(loop.status())  # the stored status (its parse is kept per version)
                     if p.written is not None:
                         loop.wrote(p.written, p.status)

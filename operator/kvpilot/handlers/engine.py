@@ -10,6 +10,7 @@ import kopf
 from kvpilot import GROUP, PLURAL, VERSION, defaults
 from kvpilot.desired.plan import Settings
 from kvpilot.k8s.api import Api
+from kvpilot.k8s.writes import ChildWriter
 from kvpilot.loop import EngineLoops
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # "Handler succeeded" per watch event
     settings.watching.server_timeout = 60
     api = Api(pool_size=memo.api_pool_size)
-    memo.loops = EngineLoops(api, memo.settings, memo.resync_seconds, memo.concurrent_reconciles)
+    # The operator's one write layer: shared-Job creates, writes in flight and their late failures live there.
+    memo.loops = EngineLoops(api, memo.settings, memo.resync_seconds, memo.concurrent_reconciles,
+                             writer=ChildWriter(api))
     # Children are read from a watch cache of kvpilot's own (k8s/informer.py), filtered on the server by label
     # (claims excepted: a user's claim has none); kopf watches only the InferenceEngines.
     memo.loops.start_informers(list(memo.namespaces))

@@ -1,5 +1,8 @@
 """The one boundary to the API server: server-side apply, reads, creates, status patches, events.
 
+What to write and when (only on a diff, create-or-join of shared Jobs, the write wait) is decided above it, in
+the write layer (``k8s/writes.py``); this module is the wire.
+
 Everything goes through the official Python client's DynamicClient (one field manager, ``kvpilot``).
 Client exceptions are converted once, here (``errors.py``); nothing above this module sees an
 ``ApiException``. Calls are synchronous and run on a sized thread pool of the operator's own (not the
@@ -25,7 +28,6 @@ from kubernetes.dynamic import DynamicClient
 from kvpilot import API_VERSION, KIND, defaults, telemetry
 from kvpilot.k8s.cache import ChildCache
 from kvpilot.k8s.capacity import GpuCapacity
-from kvpilot.k8s.drift import needs_apply, with_applied_hash
 from kvpilot.k8s.events import EventRecorder
 from kvpilot.k8s.errors import NotFound, convert
 
@@ -110,21 +112,6 @@ class Api:
             ), verb="apply", resource=obj["kind"],
         )
         return _plain(out)
-
-    async def apply_owned(self, obj: dict[str, Any]) -> bool:
-        """Apply ``obj`` only when the cached child differs from it on what kvpilot owns (or is absent);
-        True when it was written. The response goes into the cache at once, so the next pass does not
-        write again while the watch event is still on its way."""
-        why = needs_apply(obj, self.cache.get(obj["kind"], obj["metadata"].get("namespace", ""),
-                                              obj["metadata"]["name"]))
-        if why is None:
-            telemetry.APPLIES_SKIPPED.labels(obj["kind"]).inc()
-            return False
-        if why.startswith("edited"):
-            log.info("Restoring %s %s/%s: %s", obj["kind"], obj["metadata"].get("namespace"),
-                     obj["metadata"]["name"], why)
-        self.cache.upsert(obj["kind"], await self.apply(with_applied_hash(obj)))
-        return True
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:
