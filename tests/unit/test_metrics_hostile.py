@@ -19,6 +19,7 @@ from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.observe.prometheus import parse_matrix
 from kvpilot.observe.scrape import EngineFacts, EngineSampler, decode_json
+from kvpilot.observe.signals import MetricsSource
 from kvpilot.trtllm.metrics import MetricsRejected
 from tests.fuzz.make_metrics_corpus import GOOD, load
 from tests.unit.helpers import manifest
@@ -153,7 +154,7 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return p, Observed(pods=(POD,))
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)
-    monkeypatch.setattr(loop_module.EngineLoops, "session", lambda self: state["session"])
+    monkeypatch.setattr(MetricsSource, "session", lambda self: state["session"])
     return state
 
 
@@ -187,11 +188,11 @@ def test_hostile_metrics_never_make_the_loop_spin(looping: dict[str, Any]) -> No
 def test_a_sample_that_crashes_still_advances_the_next_sample(looping: dict[str, Any], monkeypatch) -> None:
     calls = []
 
-    async def crash(self: Any, loop: Any, spec: Any, pods: Any) -> None:
+    async def crash(self: Any, *_: Any) -> None:
         calls.append(1)
         raise RuntimeError("a bug in sampling")
 
-    monkeypatch.setattr(loop_module.EngineLoops, "_sample", crash)
+    monkeypatch.setattr(MetricsSource, "sample", crash)
     _run_loop(1.5)
     assert 1 <= len(calls) <= 3  # before the fix: a sample every pass, ~30 in 1.5 s
 
@@ -203,11 +204,11 @@ def test_no_hot_loop_under_an_injected_clock(looping: dict[str, Any], monkeypatc
     rejected), or of a sampling step that raises, take a handful of real ones, and the samples must follow the
     sampling period (1 s here), not the 50 ms floor of the wait (the hot loop of issue 13: ~2,400 in 120 s)."""
     if crash:
-        async def crashing(self: Any, loop: Any, spec: Any, pods: Any) -> None:
+        async def crashing(self: Any, *_: Any) -> None:
             looping["session"].calls += 1
             raise RuntimeError("a bug in sampling")
 
-        monkeypatch.setattr(loop_module.EngineLoops, "_sample", crashing)
+        monkeypatch.setattr(MetricsSource, "sample", crashing)
 
     vt = _run_loop(120)
     scrapes = looping["session"].calls

@@ -28,9 +28,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
                              writer=ChildWriter(api))
     # Children are read from a watch cache of kvpilot's own (k8s/informer.py), filtered on the server by label
     # (claims excepted: a user's claim has none); kopf watches only the InferenceEngines.
-    memo.loops.start_informers(list(memo.namespaces))
+    memo.loops.watches.start(list(memo.namespaces))
     if memo.get("gpu_capacity", True):
-        memo.loops.start_gpu_informers()  # free GPUs per node, for serving.rollout.strategy Auto
+        memo.loops.watches.start_gpu()  # free GPUs per node, for serving.rollout.strategy Auto
 
 
 @kopf.on.cleanup()

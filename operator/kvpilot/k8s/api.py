@@ -69,7 +69,7 @@ class Api:
         self._resources: dict[tuple[str, str], Any] = {}
         self._pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="kvpilot-api")
         self.cache = ChildCache()
-        self.gpus = GpuCapacity()  # fed by the Node and bound-pod informers (loop.start_gpu_informers)
+        self.gpus = GpuCapacity()  # fed by the Node and bound-pod informers (k8s/watches.py, ChildWatches.start_gpu)
         self.events = EventRecorder(self)
         self._service_pool = ThreadPoolExecutor(max_workers=SERVICE_LANE, thread_name_prefix="kvpilot-api-svc")
 
