@@ -81,7 +81,7 @@ def test_each_hostile_reply_is_a_counted_rejection_never_an_exception(entry: dic
     asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
                              warmup_seconds=0, want_latency=True, facts=FACTS))
     assert rejected_total() == before + 1, entry["note"]
-    assert not any(sampler.samples.values()) and not any(sampler.latency.values())
+    assert not any(r.samples or r.latency for r in sampler.pods.values())
     clock[0] += 1
     window = sampler.window(30)
     assert window is not None and window.samples == 0 and window.rejected_samples == 1
@@ -105,7 +105,7 @@ def test_a_large_reply_arriving_in_pieces_is_read_whole() -> None:
     session = FakeSession({"/metrics": (200, body)})
     asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
                              warmup_seconds=0, want_latency=False, facts=FACTS))
-    assert len(sampler.samples["e1-x"]) == 500 and not sampler.rejections
+    assert len(sampler.pods["e1-x"].samples) == 500 and not sampler.rejections
 
 
 def test_a_rejected_sample_does_not_poison_the_window_and_good_samples_still_count() -> None:
