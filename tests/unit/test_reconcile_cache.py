@@ -301,3 +301,27 @@ def test_reconcile_keeps_no_module_state() -> None:
                                              and value.func.id in built):
             found.append(ast.unparse(node)[:80])
     assert found == []
+
+
+def test_metrics_valid_goes_when_autotune_is_turned_off() -> None:
+    """MetricsValid says whether the pods' metrics were usable; with autotune off the operator reads none, so a
+    condition kept from when it did ("Accepted: N samples", or a rejection) would be stale. merge_conditions
+    keeps the types it was not given: the plan must retire this one."""
+    from kvpilot.autotune.window import KvWindow
+
+    api = FakeApi()
+    api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    kv = KvWindow(samples=12, pods=1, peak_utilization=0.4, mean_utilization=0.3, peak_used_blocks=40,
+                  max_blocks=100, tokens_per_block=32, peak_active=8, mean_active=6.0, peak_queued=0,
+                  mean_queued=0.0, paused=0, runtime_batch_size=64)
+    tuned = engine(autotune={"enabled": True})
+    p, _ = asyncio.run(reconcile(api, tuned, {}, S, kv, NOW, writer=api.writer))
+    status = p.written or {}
+    metrics = {c["type"]: c for c in status["conditions"]}.get("MetricsValid")
+    assert metrics is not None and metrics["reason"] == "Accepted" and "12 samples" in metrics["message"]
+
+    untuned = engine(autotune={"enabled": False}, generation=2)
+    p, _ = asyncio.run(reconcile(api, untuned, status, S, None, NOW, writer=api.writer))
+    assert "MetricsValid" not in {c["type"] for c in (p.written or {})["conditions"]}
+    assert {"EngineReady", "Available", "Progressing", "Degraded", "ReleaseContract"} <= {
+        c["type"] for c in (p.written or {})["conditions"]}
