@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 @functools.cache
 def _engine_schema() -> dict[str, Any]:
-    """The CRD's schema, built once (building it is ~1 ms, once per engine per restart otherwise); only read."""
+    """The CRD's schema, built once (not once per engine per restart: docs/scale.md); only read."""
     return spec_openapi()
 
 
@@ -51,8 +51,8 @@ def engine_from_body(body: dict[str, Any], status: EngineStatus) -> InferenceEng
     manifest = {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")}
     meta = body.get("metadata") or {}
     # A generation this operator already reconciled (its status says so) passed these CEL rules then, and the
-    # API server enforced them at admission: re-evaluating them on every restart cost ~10 ms per engine (a
-    # third of the restart settle time at 1,000 engines). Unchanged objects are not re-judged by newer rules,
+    # API server enforced them at admission: re-evaluating them on every restart was a large share of the
+    # restart settle time (docs/scale.md). Unchanged objects are not re-judged by newer rules,
     # as the API server's validation ratcheting does not re-judge unchanged fields. Types, enums, bounds and
     # patterns are still checked, and defaults applied.
     observed = status.observed_generation
@@ -90,7 +90,7 @@ async def _apply(writer: ChildWriter, owner: ObjectRef, obj: dict[str, Any]) -> 
 
 def stamp_transitions(old: EngineStatus, new: EngineStatus, when: datetime) -> EngineStatus:
     """Stamp the conditions that moved with the time the status is written, not the time the pass began
-    (applies in between took up to 38 s at 1,000 engines)."""
+    (the applies in between can take many seconds on a loaded API server: docs/scale.md)."""
     before = {c.type: c.last_transition_time for c in old.conditions or ()}
     stamp = rfc3339(when)
     conds = tuple(replace(c, last_transition_time=stamp) if c.last_transition_time != before.get(c.type) else c
@@ -148,8 +148,8 @@ async def reconcile(
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
     # The writes of a pass do not depend on one another (a pod waits for a ConfigMap it mounts), so they go out
-    # together: one round trip instead of up to five in a row. At 1,000 engines on a loaded API server each
-    # write took ~0.3 s, and serial writes made a pass last 2.5-7.5 s, which bounded the whole rollout.
+    # together: one round trip instead of up to five in a row (serial writes bounded a fleet's rollout on a
+    # loaded API server: docs/scale.md).
     owner = engine.meta
     writes: list[Write] = [(f"{obj['kind']} {obj['metadata']['name']}", _apply(writer, owner, obj)) for obj in p.apply]
     job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")

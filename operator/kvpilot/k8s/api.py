@@ -7,7 +7,8 @@ Everything goes through the official Python client's DynamicClient (one field ma
 Client exceptions are converted once, here (``errors.py``); nothing above this module sees an
 ``ApiException``. Calls are synchronous and run on a sized thread pool of the operator's own (not the
 default executor, which has min(32, cpus + 4) threads shared with everything else), with an HTTP connection
-pool of the same size, so the kopf event loop never blocks and 1,000 engines do not queue behind 6 threads.
+pool of the same size, so the kopf event loop never blocks and a fleet's writes do not queue behind a handful
+of threads (docs/scale.md).
 
 Reads of children come from ``self.cache`` (fed by watches), not from here: see ``k8s/cache.py``.
 """
@@ -33,10 +34,10 @@ from kvpilot.k8s.errors import NotFound, convert
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpilot"
-# The API server creates Services one at a time (it allocates each a ClusterIP): 1 to 5 a second on the shared
-# 2-core machine while 1,000 engines rolled out, so a creation waited 3 to 24 s there, every other write ~0.5 s.
-# Waiting in the shared pool, they held every thread and the status patches queued behind them; with more than a
-# few in flight they only time out (HTTP 504 after 34 s). So Services get a small pool (a lane) of their own.
+# The API server creates Services one at a time (it allocates each a ClusterIP), so a Service creation can wait
+# far longer than any other write. Waiting in the shared pool, they held every thread and the status patches
+# queued behind them; with more than a few in flight they only time out (HTTP 504). So Services get a small pool
+# (a lane) of their own (the figures: docs/scale.md).
 SERVICE_LANE = 8
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 The recorder keys an event by (object, type, reason, message): the first occurrence is created, a repeat
 within the window PATCHes ``count`` and ``lastTimestamp`` of the same Event instead of creating another, so
-a condition flapping on 1,000 engines does not fill etcd with copies. The key cache is an LRU of bounded
+a condition flapping on a fleet of engines does not fill etcd with copies. The key cache is an LRU of bounded
 size (client-go keeps 4,096 entries), so memory stays flat however many engines come and go.
 """
 

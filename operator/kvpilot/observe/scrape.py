@@ -40,8 +40,8 @@ TIMEOUT = aiohttp.ClientTimeout(total=5)
 MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply is not trtllm-serve's
 MAX_REJECTIONS_KEPT = 256
 # A pod that cannot be read (not listening yet, a fake pod, a network fault) is retried after 5 s, then 10, 20,
-# ... up to 5 minutes: at 1,000 engines, failed scrapes every 5 s were most of the idle operator's CPU. One
-# success resets it. Its warning is logged on the first failure, then at most once per WARN_EVERY_SECONDS with
+# ... up to 5 minutes: on a large fleet, failed scrapes every 5 s were most of the idle operator's CPU
+# (docs/scale.md). One success resets it. Its warning is logged on the first failure, then at most once per WARN_EVERY_SECONDS with
 # the count of failures since.
 BACKOFF_BASE_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 300.0
