@@ -25,7 +25,7 @@ from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import JobState, Observed
 from kvpilot.desired.plan import Plan, Settings, plan
-from kvpilot.desired.events import events_between
+from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.storage import engine_index_entry
 from kvpilot.k8s.api import Api
 from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
@@ -128,6 +128,48 @@ class ApplyFailed(ApiError):
         super().__init__("; ".join(f"{what}: {exc}" for what, exc in failures))
 
 
+def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed: Observed) -> list[Write]:
+    """The writes of a pass, not yet sent: the plan's applies, the build Job (create or join) and the index entry.
+
+    They do not depend on one another (a pod waits for a ConfigMap it mounts), so they go out together: one
+    round trip instead of up to five in a row (serial writes bounded a fleet's rollout on a loaded API server:
+    docs/scale.md)."""
+    owner = engine.meta
+    writes: list[Write] = [(f"{obj['kind']} {obj['metadata']['name']}", _apply(writer, owner, obj)) for obj in p.apply]
+    job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
+    if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
+        writes.append((f"Job {job_name}", _start_build(writer, owner, p.build_job)))
+    elif observed.job is not None and owner.uid not in observed.job.owner_uids:
+        writes.append((f"Job {job_name}", writer.join_build(owner, observed.job.name)))
+    if p.index_entry is not None and observed.claim_uid:
+        claim, fp, manifest = p.index_entry
+        writes.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}",
+                       _record_engine(writer, owner, claim, observed.claim_uid, fp, manifest, observed.job)))
+    return writes
+
+
+def _with_failures(status: EngineStatus, failed: list[tuple[str, ApiError]], generation: int,
+                   now: datetime) -> EngineStatus:
+    """``status`` with Degraded=True, reason ApplyFailed, naming the first failed write (and how many more)."""
+    what, error = failed[0]
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {error}{more}")
+    return replace(status, conditions=merge_conditions(status.conditions, [cond], generation, now))
+
+
+async def _post_events(api: Api, engine: InferenceEngine, events: list[Event]) -> None:
+    """Post the pass's Events at once; one that is lost is logged, and never fails the pass."""
+    involved = {"metadata": {"name": engine.meta.name, "namespace": engine.meta.namespace, "uid": engine.meta.uid}}
+    posted = await asyncio.gather(*(api.post_event(involved, e.type, e.reason, e.message) for e in events),
+                                  return_exceptions=True)
+    for event, outcome in zip(events, posted):
+        if isinstance(outcome, Exception):
+            log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name,
+                        outcome)
+        elif isinstance(outcome, BaseException):
+            raise outcome
+
+
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
     now: datetime | None = None, planner: Planner | None = None, typed: EngineStatus | None = None, *,
@@ -147,45 +189,16 @@ async def reconcile(
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
-    # The writes of a pass do not depend on one another (a pod waits for a ConfigMap it mounts), so they go out
-    # together: one round trip instead of up to five in a row (serial writes bounded a fleet's rollout on a
-    # loaded API server: docs/scale.md).
-    owner = engine.meta
-    writes: list[Write] = [(f"{obj['kind']} {obj['metadata']['name']}", _apply(writer, owner, obj)) for obj in p.apply]
-    job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
-    if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
-        writes.append((f"Job {job_name}", _start_build(writer, owner, p.build_job)))
-    elif observed.job is not None and engine.meta.uid not in observed.job.owner_uids:
-        writes.append((f"Job {job_name}", writer.join_build(owner, observed.job.name)))
-    if p.index_entry is not None and observed.claim_uid:
-        claim, fp, manifest = p.index_entry
-        writes.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}",
-                       _record_engine(writer, owner, claim, observed.claim_uid, fp, manifest, observed.job)))
-    failed = await writer.write_all(ns, writes)
-    new_status = p.status
-    if failed:
-        what, error = failed[0]
-        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {error}{more}")
-        merged = merge_conditions(new_status.conditions, [cond], engine.meta.generation,
-                                  now or datetime.now(timezone.utc))
-        new_status = replace(new_status, conditions=merged)
-    new_status = stamp_transitions(observed.status, new_status, now or datetime.now(timezone.utc))
+    failed = await writer.write_all(ns, _pass_writes(writer, engine, p, observed))
+    written_at = now or datetime.now(timezone.utc)
+    new_status = _with_failures(p.status, failed, engine.meta.generation, written_at) if failed else p.status
+    new_status = stamp_transitions(observed.status, new_status, written_at)
     written = status_dict(new_status)  # the one serialization of the pass
     p = replace(p, status=new_status, written=written)
     patch = status_patch(status, written)
     if patch:
         await api.patch_engine_status(engine.meta.name, ns, patch)
-    involved = {"metadata": {"name": engine.meta.name, "namespace": ns, "uid": engine.meta.uid}}
-    events = list(events_between(observed.status, new_status) if failed else p.events)
-    posted = await asyncio.gather(*(api.post_event(involved, e.type, e.reason, e.message) for e in events),
-                                  return_exceptions=True)
-    for event, outcome in zip(events, posted):
-        if isinstance(outcome, Exception):  # an event lost must not fail the reconcile
-            log.warning("Could not post Event %s for InferenceEngine %s: %s", event.reason, engine.meta.name,
-                        outcome)
-        elif isinstance(outcome, BaseException):
-            raise outcome
+    await _post_events(api, engine, list(events_between(observed.status, new_status) if failed else p.events))
     telemetry.record_plan(engine, p, observed, time.monotonic() - started)
     if failed:
         raise ApplyFailed(failed, written, new_status)
