@@ -102,35 +102,32 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert "kvsim.serve.openai_api" in graph["kvsim.serve.app"]
 
 
-def test_imports_inside_functions_count(tmp_path: Path) -> None:
-    """An import inside a function body is an edge (that is how the serve/app cycle used to hide)."""
+def cycle_of_two_modules(tmp_path: Path, b_source: str) -> list[str] | None:
+    """The cycle the finder sees in a package whose ``a`` imports ``b`` at the top and whose ``b`` is ``b_source``."""
     pkg = tmp_path / "kvsim"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from .b import x\n")
-    (pkg / "b.py").write_text("def f():\n    from .a import y\n    return y\nx = 1\n")
+    (pkg / "b.py").write_text(b_source)
     saved = PACKAGES["kvsim"]
     PACKAGES["kvsim"] = pkg
     try:
-        assert find_cycle(import_graph("kvsim")) == ["kvsim.a", "kvsim.b", "kvsim.a"]
+        return find_cycle(import_graph("kvsim"))
     finally:
         PACKAGES["kvsim"] = saved
+
+
+def test_imports_inside_functions_count(tmp_path: Path) -> None:
+    """An import inside a function body is an edge (that is how the serve/app cycle used to hide)."""
+    found = cycle_of_two_modules(tmp_path, "def f():\n    from .a import y\n    return y\nx = 1\n")
+    assert found == ["kvsim.a", "kvsim.b", "kvsim.a"]
 
 
 def test_typing_only_imports_count(tmp_path: Path) -> None:
     """An import under ``if TYPE_CHECKING:`` is an edge: k8s/api.py <-> k8s/events.py was such a circle, and this
     test missed it while it skipped those blocks."""
-    pkg = tmp_path / "kvsim"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from .b import x\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\nx = 1\n")
-    saved = PACKAGES["kvsim"]
-    PACKAGES["kvsim"] = pkg
-    try:
-        assert find_cycle(import_graph("kvsim")) == ["kvsim.a", "kvsim.b", "kvsim.a"]
-    finally:
-        PACKAGES["kvsim"] = saved
+    found = cycle_of_two_modules(tmp_path, "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\nx = 1\n")
+    assert found == ["kvsim.a", "kvsim.b", "kvsim.a"]
 
 
 def package_of(module: str) -> str:
