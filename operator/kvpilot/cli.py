@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from kvpilot import __version__
+from kvpilot import __version__, defaults
 from kvpilot.api.crd import render_crd_yaml, spec_openapi
 from kvpilot.api.manifest_file import MAX_BYTES, ManifestFileError, decode, documents
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
@@ -216,10 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resolve", action="append", default=[], metavar="HOST:PORT:ADDRESS",
                      help="Pin an autotune.metrics.url host to an address, as curl's --resolve does (repeatable); "
                           "a pinned address is trusted even if loopback or link-local.")
-    run.add_argument("--concurrent-reconciles", type=_positive_int, default=32,
-                     help="Reconciles running at once; engines with pending changes go before resyncs.")
-    run.add_argument("--api-pool-size", type=_positive_int, default=32,
-                     help="Threads (and HTTP connections) for API-server calls (a pass sends its writes at once).")
+    run.add_argument("--concurrent-reconciles", type=_positive_int, default=defaults.CONCURRENT_RECONCILES,
+                     help="Reconciles running at once; engines with pending changes go before resyncs "
+                          "(default %(default)s).")
+    run.add_argument("--api-pool-size", type=_positive_int, default=defaults.API_POOL_SIZE,
+                     help="Threads (and HTTP connections) for API-server calls (a pass sends its writes at once; "
+                          "default %(default)s).")
     run.add_argument("--no-gpu-capacity", dest="gpu_capacity", action="store_false",
                      help="Do not watch Nodes and the pods of every namespace (needs cluster-wide list/watch); "
                           "serving.rollout.strategy Auto then never surges.")

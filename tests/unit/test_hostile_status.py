@@ -58,7 +58,7 @@ def test_a_reconcile_over_a_hostile_status_replaces_it(status: dict[str, Any]) -
     api = RecordingApi()
     api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
     e = loop_module.EngineLoop(key=("ns", "e1"), body=body(status)).engine()
-    p, observed = asyncio.run(reconcile(api, e, status, Settings(), None, NOW))
+    p, observed = asyncio.run(reconcile(api, e, status, Settings(), None, NOW, writer=api.writer))
     assert observed.status == parse_status(status)
     assert p.written is not None and parse_status(p.written) == p.status
     (patch,) = api.status_patches

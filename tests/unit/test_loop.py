@@ -151,3 +151,21 @@ def test_pod_warmup_and_sample_times_follow_the_injected_wall_clock(monkeypatch:
     for at, wall in scraped:
         assert wall == pytest.approx(FAKE_DATE.timestamp() + at)
     assert reconciled_at and all(now == FAKE_DATE + timedelta(seconds=at) for at, now in reconciled_at)
+
+
+def test_the_flags_the_memo_and_the_classes_share_one_set_of_defaults() -> None:
+    """``kvpilot run``, the kopf memo (a test or an embedding starts the operator through it) and the classes
+    used to default to different sizes (32 and 16): each default is now one constant."""
+    import inspect
+
+    from kvpilot import defaults
+    from kvpilot.cli import build_parser
+    from kvpilot.handlers.engine import memo_for
+    from kvpilot.k8s.api import Api
+
+    args = build_parser().parse_args(["run"])
+    memo = memo_for(Settings(), 30.0)
+    loops = loop_module.EngineLoops(api=None, settings=Settings(), resync_seconds=30)  # type: ignore[arg-type]
+    assert args.concurrent_reconciles == memo.concurrent_reconciles == loops.slots.size == defaults.CONCURRENT_RECONCILES
+    assert args.api_pool_size == memo.api_pool_size == defaults.API_POOL_SIZE
+    assert inspect.signature(Api).parameters["pool_size"].default == defaults.API_POOL_SIZE

@@ -19,6 +19,7 @@ from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import Settings, plan
 from kvpilot.observe.prometheus import parse_matrix
 from kvpilot.observe.scrape import EngineFacts, EngineSampler, decode_json
+from kvpilot.observe.signals import MetricsSource
 from kvpilot.trtllm.metrics import MetricsRejected
 from tests.fuzz.make_metrics_corpus import GOOD, load
 from tests.unit.helpers import manifest
@@ -80,7 +81,7 @@ def test_each_hostile_reply_is_a_counted_rejection_never_an_exception(entry: dic
     asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
                              warmup_seconds=0, want_latency=True, facts=FACTS))
     assert rejected_total() == before + 1, entry["note"]
-    assert not any(sampler.samples.values()) and not any(sampler.latency.values())
+    assert not any(r.samples or r.latency for r in sampler.pods.values())
     clock[0] += 1
     window = sampler.window(30)
     assert window is not None and window.samples == 0 and window.rejected_samples == 1
@@ -104,7 +105,7 @@ def test_a_large_reply_arriving_in_pieces_is_read_whole() -> None:
     session = FakeSession({"/metrics": (200, body)})
     asyncio.run(sampler.tick(session, [POD], port=8000, now=datetime.now(timezone.utc),  # type: ignore[arg-type]
                              warmup_seconds=0, want_latency=False, facts=FACTS))
-    assert len(sampler.samples["e1-x"]) == 500 and not sampler.rejections
+    assert len(sampler.pods["e1-x"].samples) == 500 and not sampler.rejections
 
 
 def test_a_rejected_sample_does_not_poison_the_window_and_good_samples_still_count() -> None:
@@ -153,7 +154,7 @@ def looping(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return p, Observed(pods=(POD,))
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)
-    monkeypatch.setattr(loop_module.EngineLoops, "session", lambda self: state["session"])
+    monkeypatch.setattr(MetricsSource, "session", lambda self: state["session"])
     return state
 
 
@@ -187,11 +188,11 @@ def test_hostile_metrics_never_make_the_loop_spin(looping: dict[str, Any]) -> No
 def test_a_sample_that_crashes_still_advances_the_next_sample(looping: dict[str, Any], monkeypatch) -> None:
     calls = []
 
-    async def crash(self: Any, loop: Any, spec: Any, pods: Any) -> None:
+    async def crash(self: Any, *_: Any) -> None:
         calls.append(1)
         raise RuntimeError("a bug in sampling")
 
-    monkeypatch.setattr(loop_module.EngineLoops, "_sample", crash)
+    monkeypatch.setattr(MetricsSource, "sample", crash)
     _run_loop(1.5)
     assert 1 <= len(calls) <= 3  # before the fix: a sample every pass, ~30 in 1.5 s
 
@@ -203,11 +204,11 @@ def test_no_hot_loop_under_an_injected_clock(looping: dict[str, Any], monkeypatc
     rejected), or of a sampling step that raises, take a handful of real ones, and the samples must follow the
     sampling period (1 s here), not the 50 ms floor of the wait (the hot loop of issue 13: ~2,400 in 120 s)."""
     if crash:
-        async def crashing(self: Any, loop: Any, spec: Any, pods: Any) -> None:
+        async def crashing(self: Any, *_: Any) -> None:
             looping["session"].calls += 1
             raise RuntimeError("a bug in sampling")
 
-        monkeypatch.setattr(loop_module.EngineLoops, "_sample", crashing)
+        monkeypatch.setattr(MetricsSource, "sample", crashing)
 
     vt = _run_loop(120)
     scrapes = looping["session"].calls

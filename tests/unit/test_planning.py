@@ -20,7 +20,7 @@ from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import plan as plan_module
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan
-from kvpilot.loop import engine_time
+from kvpilot.observe.signals import engine_time
 from tests.unit.helpers import engine
 from tests.unit.test_plan import built
 

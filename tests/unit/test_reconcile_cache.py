@@ -17,6 +17,7 @@ from kvpilot.desired import labels as L
 from kvpilot.desired.plan import Settings
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Conflict, Forbidden, Invalid, Transient
+from kvpilot.k8s.writes import ChildWriter
 from kvpilot.reconcile import ApplyFailed, reconcile
 from tests.unit.helpers import engine
 
@@ -25,11 +26,13 @@ S = Settings()
 
 
 class FakeApi(Api):
-    """The real ``Api`` (its cache, ``apply_owned``) with the wire replaced: writes are recorded and echoed
-    back the way the API server answers them (a resourceVersion, a uid)."""
+    """The real ``Api`` (its cache) with the wire replaced: writes are recorded and echoed back the way the API
+    server answers them (a resourceVersion, a uid). ``writer`` is a fresh write layer over it, as the operator
+    builds one beside its Api: no test sees another's shared Jobs or writes in flight."""
 
     def __init__(self) -> None:
         super().__init__(api_client=object(), pool_size=1)  # type: ignore[arg-type]
+        self.writer = ChildWriter(self)
         self.writes: list[tuple[str, str, str]] = []
         self.fail: dict[tuple[str, str], ApiError] = {}  # (verb, kind) -> error to raise
         self._rv = itertools.count(100)
@@ -96,7 +99,7 @@ def succeed(api: FakeApi, job_name: str) -> None:
 
 
 def run(api: FakeApi, e: Any, status: dict[str, Any]) -> dict[str, Any]:
-    p, _observed = asyncio.run(reconcile(api, e, status, S, None, NOW))
+    p, _observed = asyncio.run(reconcile(api, e, status, S, None, NOW, writer=api.writer))
     assert p.written is not None
     return p.written
 
@@ -160,7 +163,7 @@ def test_engines_sharing_a_fingerprint_create_one_job_and_no_conflicts() -> None
     engines = [engine(name=f"e{i}", uid=f"u{i}") for i in range(5)]
 
     async def all_at_once() -> None:
-        await asyncio.gather(*(reconcile(api, e, {}, S, None, NOW) for e in engines))
+        await asyncio.gather(*(reconcile(api, e, {}, S, None, NOW, writer=api.writer) for e in engines))
 
     asyncio.run(all_at_once())
     jobs = [w for w in api.writes if w[1] == "Job"]
@@ -196,7 +199,7 @@ def test_every_failed_write_reaches_status_before_the_pass_raises(verb: str, kin
     api.fail[(verb, kind)] = Invalid("HTTP 422: spec.template: Invalid value")
     api.writes.clear()
     with pytest.raises(ApplyFailed) as info:
-        asyncio.run(reconcile(api, e, status, S, None, NOW))
+        asyncio.run(reconcile(api, e, status, S, None, NOW, writer=api.writer))
     assert ("patch", "InferenceEngine/status", "e1") in api.writes
     degraded = {c["type"]: c for c in info.value.status["conditions"]}["Degraded"]
     assert degraded["status"] == "True" and degraded["reason"] == "ApplyFailed"
@@ -215,10 +218,8 @@ def test_a_slow_write_does_not_hold_the_pass_and_its_failure_reaches_the_next_pa
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Creating a Service took 3.4 s at 1,000 engines: the pass moves on, the write is not sent twice while
     it is in flight, and its failure is reported by the engine's next pass."""
-    import kvpilot.reconcile as reconcile_module
-
-    monkeypatch.setattr(reconcile_module, "WRITE_WAIT_SECONDS", 0.01)
     api = FakeApi()
+    api.writer.wait_seconds = 0.01
     e = engine()
     api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
     release: list[asyncio.Future[None]] = []
@@ -235,19 +236,92 @@ def test_a_slow_write_does_not_hold_the_pass_and_its_failure_reaches_the_next_pa
     monkeypatch.setattr(api, "apply", slow_service)
 
     async def passes() -> None:
-        status = (await reconcile(api, e, {}, S, None, NOW))[0].written or {}
+        status = (await reconcile(api, e, {}, S, None, NOW, writer=api.writer))[0].written or {}
         succeed(api, status["build"]["job"])
-        status = (await reconcile(api, e, status, S, None, NOW))[0].written or {}  # Service in flight: it moved on
+        status = (await reconcile(api, e, status, S, None, NOW, writer=api.writer))[0].written or {}  # Service in flight: it moved on
         assert ("apply", "Deployment", "e1") in api.writes and ("patch", "InferenceEngine/status", "e1") in api.writes
-        status = (await reconcile(api, e, status, S, None, NOW))[0].written or {}
+        status = (await reconcile(api, e, status, S, None, NOW, writer=api.writer))[0].written or {}
         assert api.writes.count(("apply", "Service", "e1")) == 1  # not sent again while in flight
         release[0].set_result(None)
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         with pytest.raises(ApplyFailed) as info:
-            await reconcile(api, e, status, S, None, NOW)
+            await reconcile(api, e, status, S, None, NOW, writer=api.writer)
         degraded = {c["type"]: c for c in info.value.status["conditions"]}["Degraded"]
         assert degraded["reason"] == "ApplyFailed" and "Service e1" in degraded["message"]
         release[-1].set_result(None)  # the retry that pass sent
 
     asyncio.run(passes())
+
+
+def test_the_write_state_belongs_to_one_writer() -> None:
+    """A late failure kept by one operator's write layer reaches that operator's next pass, never a pass of
+    another (it did, as a process global: a failed Service write of one test failed a later test's pass)."""
+    async def passes() -> None:
+        api = FakeApi()
+        api.writer.wait_seconds = 0.01
+        e = engine()
+        api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+        gate = asyncio.get_running_loop().create_future()
+
+        async def slow_failing_apply(obj: dict[str, Any]) -> dict[str, Any]:
+            await gate
+            raise Transient("HTTP 504: timeout")
+
+        api.apply = slow_failing_apply  # type: ignore[method-assign]
+        await reconcile(api, e, {}, S, None, NOW, writer=api.writer)  # the PVC's apply is still in flight
+        gate.set_result(None)
+        await asyncio.sleep(0)
+        del api.apply  # the wire answers again: the next pass can only fail by the late failure
+        other = FakeApi()
+        other.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+        await reconcile(other, e, {}, S, None, NOW, writer=other.writer)  # a fresh writer: no failure of the first
+        with pytest.raises(ApplyFailed) as info:
+            await reconcile(api, e, {}, S, None, NOW, writer=api.writer)
+        assert "HTTP 504: timeout" in str(info.value)
+
+    asyncio.run(passes())
+
+
+def test_reconcile_keeps_no_module_state() -> None:
+    """reconcile.py holds no mutable module-level value (the shared-Job creates and the writes in flight are the
+    write layer's instance state, k8s/writes.py): no dict, list, set or container built at import."""
+    import ast
+    from pathlib import Path
+
+    import kvpilot.reconcile as reconcile_module
+
+    tree = ast.parse(Path(reconcile_module.__file__).read_text())
+    containers = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+    built = {"dict", "list", "set", "deque", "defaultdict", "OrderedDict", "Counter"}
+    found = []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, containers) or (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                                             and value.func.id in built):
+            found.append(ast.unparse(node)[:80])
+    assert found == []
+
+
+def test_metrics_valid_goes_when_autotune_is_turned_off() -> None:
+    """MetricsValid says whether the pods' metrics were usable; with autotune off the operator reads none, so a
+    condition kept from when it did ("Accepted: N samples", or a rejection) would be stale. merge_conditions
+    keeps the types it was not given: the plan must retire this one."""
+    from kvpilot.autotune.window import KvWindow
+
+    api = FakeApi()
+    api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    kv = KvWindow(samples=12, pods=1, peak_utilization=0.4, mean_utilization=0.3, peak_used_blocks=40,
+                  max_blocks=100, tokens_per_block=32, peak_active=8, mean_active=6.0, peak_queued=0,
+                  mean_queued=0.0, paused=0, runtime_batch_size=64)
+    tuned = engine(autotune={"enabled": True})
+    p, _ = asyncio.run(reconcile(api, tuned, {}, S, kv, NOW, writer=api.writer))
+    status = p.written or {}
+    metrics = {c["type"]: c for c in status["conditions"]}.get("MetricsValid")
+    assert metrics is not None and metrics["reason"] == "Accepted" and "12 samples" in metrics["message"]
+
+    untuned = engine(autotune={"enabled": False}, generation=2)
+    p, _ = asyncio.run(reconcile(api, untuned, status, S, None, NOW, writer=api.writer))
+    assert "MetricsValid" not in {c["type"] for c in (p.written or {})["conditions"]}
+    assert {"EngineReady", "Available", "Progressing", "Degraded", "ReleaseContract"} <= {
+        c["type"] for c in (p.written or {})["conditions"]}

@@ -62,6 +62,12 @@ def tick(sampler: EngineSampler, session: Session, pods: list[PodState]) -> None
                              want_latency=False))
 
 
+def backoff(sampler: EngineSampler, pod: str) -> scrape.PodBackoff:
+    state = sampler.pods[pod].backoff
+    assert state is not None, f"{pod} is not backed off"
+    return state
+
+
 def test_the_backoff_doubles_from_5_s_and_is_bounded() -> None:
     assert [backoff_seconds(n) for n in range(0, 8)] == [0, 5, 10, 20, 40, 80, 160, 300]
     assert backoff_seconds(10_000) == scrape.BACKOFF_MAX_SECONDS
@@ -77,8 +83,8 @@ def test_a_failing_pod_is_tried_less_and_less_often_and_the_others_every_tick() 
     # Failures at t = 0, 5, 15, 35, 75, 155, 315, then every 300 s: 7 + 10 in the hour, not 720.
     assert session.reads["127.0.0.9"] == 17
     assert session.reads["127.0.0.10"] == 720
-    assert sampler.backoff["e1-x"].failures == 17
-    assert "e1-y" not in sampler.backoff and sampler.samples["e1-y"]
+    assert backoff(sampler, "e1-x").failures == 17
+    assert sampler.pods["e1-y"].backoff is None and sampler.pods["e1-y"].samples
 
 
 def test_a_success_resets_the_backoff() -> None:
@@ -87,24 +93,24 @@ def test_a_success_resets_the_backoff() -> None:
     session = Session(down={POD.ip or ""})
     for _ in range(4):  # t = 0, 5, 15, 35 fail; next try at 75
         tick(sampler, session, [POD])
-        clock[0] = sampler.backoff["e1-x"].retry_at
-    assert sampler.backoff["e1-x"].failures == 4
+        clock[0] = backoff(sampler, "e1-x").retry_at
+    assert backoff(sampler, "e1-x").failures == 4
     session.down.clear()
     tick(sampler, session, [POD])
-    assert "e1-x" not in sampler.backoff and sampler.samples["e1-x"]
+    assert sampler.pods["e1-x"].backoff is None and sampler.pods["e1-x"].samples
     session.down.add(POD.ip or "")
     clock[0] += 5
     tick(sampler, session, [POD])
-    assert sampler.backoff["e1-x"].failures == 1 and sampler.backoff["e1-x"].retry_at == clock[0] + 5
+    assert backoff(sampler, "e1-x").failures == 1 and backoff(sampler, "e1-x").retry_at == clock[0] + 5
 
 
 def test_a_pod_that_left_forgets_its_backoff() -> None:
     clock = [1000.0]
     sampler = EngineSampler(clock=lambda: clock[0])
     tick(sampler, Session(down={POD.ip or ""}), [POD])
-    assert "e1-x" in sampler.backoff
+    assert backoff(sampler, "e1-x").failures == 1
     tick(sampler, Session(down=set()), [OTHER])
-    assert "e1-x" not in sampler.backoff
+    assert "e1-x" not in sampler.pods  # the whole record of the pod goes, in one step
 
 
 def test_warnings_are_rate_limited_with_the_count(caplog: pytest.LogCaptureFixture,
@@ -127,3 +133,33 @@ def test_warnings_are_rate_limited_with_the_count(caplog: pytest.LogCaptureFixtu
     assert 1 < len(warnings) <= 1 + 3600 // int(scrape.WARN_EVERY_SECONDS)
     assert "1 failure(s) in a row" in warnings[0] and "Cannot connect" in warnings[0]
     assert sum(int(w.split(", ")[1].split(" since")[0]) for w in warnings) == 17
+
+
+def test_a_reset_forgets_the_configuration_and_keeps_the_traffic_and_the_backoff() -> None:
+    """reset() runs when the runtime batch size changed (a rollout): the window and the rejections describe the
+    old configuration and go. The arrival history, the readings its next count compares with, and a pod's
+    back-off depend on the traffic and on the pod, not on the configuration, and survive."""
+    clock = [1000.0]
+    sampler = EngineSampler(clock=lambda: clock[0])
+    session = Session(down={POD.ip or ""})
+    for _ in range(4):  # t = 1000 .. 1015; e1-x fails at 1000, 1005 and 1015 (next try at 1035)
+        tick(sampler, session, [POD, OTHER])
+        clock[0] += 5
+    sampler.reject(clock[0], "e1-y", "value", "a reply the engine cannot have sent")
+    assert sampler.window(30) is not None and sampler.rejections and sampler.pods["e1-y"].samples
+    arrivals, failures, retry_at = list(sampler.arrivals), backoff(sampler, "e1-x").failures, \
+        backoff(sampler, "e1-x").retry_at
+    assert arrivals and arrivals[-1][2] is None  # e1-x was due at 1015 and failed: no count
+
+    sampler.reset()
+    assert sampler.window(30) is None  # nothing of the old configuration, not even its rejection note
+    assert not sampler.rejections and not any(r.samples or r.latency for r in sampler.pods.values())
+    assert list(sampler.arrivals) == arrivals
+    assert (backoff(sampler, "e1-x").failures, backoff(sampler, "e1-x").retry_at) == (failures, retry_at)
+
+    reads = dict(session.reads)
+    tick(sampler, session, [POD, OTHER])  # t = 1020
+    assert session.reads["127.0.0.9"] == reads["127.0.0.9"]  # still backed off: not retried at once
+    assert session.reads["127.0.0.10"] == reads["127.0.0.10"] + 1
+    # Counted against the readings of 1015, which the reset kept (forgetting them would read as a pod that came).
+    assert len(sampler.arrivals) == len(arrivals) + 1 and sampler.arrivals[-1][2] is not None

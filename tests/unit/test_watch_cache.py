@@ -182,14 +182,14 @@ def test_a_shared_job_gaining_an_owner_wakes_nobody_and_its_status_wakes_every_o
             loop.wake.clear()
         return out
 
-    loops.child_changed("Job", job("10", ["e1"], {"active": 1}))
+    loops.watches.child_changed("Job", job("10", ["e1"], {"active": 1}))
     assert woken() == {"e1"}
-    loops.child_changed("Job", job("11", ["e1", "e2"], {"active": 1}))  # e2 joined: it knows
-    loops.child_changed("Job", job("12", ["e1", "e2", "e3"], {"active": 1}))
+    loops.watches.child_changed("Job", job("11", ["e1", "e2"], {"active": 1}))  # e2 joined: it knows
+    loops.watches.child_changed("Job", job("12", ["e1", "e2", "e3"], {"active": 1}))
     assert woken() == set()
-    loops.child_changed("Job", job("13", ["e1", "e2", "e3"], {"succeeded": 1}))  # the build finished
+    loops.watches.child_changed("Job", job("13", ["e1", "e2", "e3"], {"succeeded": 1}))  # the build finished
     assert woken() == {"e1", "e2", "e3"}
-    loops.child_deleted("Job", job("14", ["e1", "e2", "e3"], {"succeeded": 1}))
+    loops.watches.child_deleted("Job", job("14", ["e1", "e2", "e3"], {"succeeded": 1}))
     assert woken() == {"e1", "e2", "e3"}
 
 

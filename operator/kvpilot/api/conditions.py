@@ -6,6 +6,7 @@ status flips, every condition carries the generation it was computed from. No ``
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -59,11 +60,14 @@ def merge_conditions(
     computed: list[Condition],
     generation: int,
     now: datetime,
+    retired: Collection[str] = (),
 ) -> tuple[ConditionRecord, ...]:
     """Return the new condition list: computed ones replace their type, keeping the transition time
-    when the status did not change; conditions of other types are kept."""
+    when the status did not change; conditions of other types are kept (a pass that computes only some, as
+    reconcile's ApplyFailed, must not drop the others), except the ``retired`` types: those that no longer
+    apply (MetricsValid once autotune is off), which are removed rather than left stale."""
     by_type = {c.type: c for c in existing or ()}
-    out = dict(by_type)
+    out = {t: c for t, c in by_type.items() if t not in retired}
     for cond in computed:
         previous = by_type.get(cond.type)
         kept = previous is not None and previous.status == cond.status

@@ -1,4 +1,5 @@
-"""Computes the four standard conditions from what was decided and observed.
+"""Computes the four standard conditions from what was decided and observed (the other two, ReleaseContract
+and MetricsValid, are desired/contract.py's).
 
 EngineReady: the engine the spec asks for is published. Available: at least one pod serves (possibly the
 previous engine). Progressing: a build or a rollout is under way. Degraded: something needs a person — a
@@ -83,50 +84,61 @@ def compute_conditions(
     ready = engine_ready(spec, build, claim=claim, claim_phase=observed.claim_phase,
                          unschedulable_build=job.unschedulable_message if job is not None and job.active else None)
     dep = observed.deployment
+    rolling = has_deployment and _rollout_in_progress(dep, serving_fp if spec.builds_engine else None,
+                                                      desired_batch, desired_hash)
+    available = _available(spec, build, observed, has_deployment)
+    progressing = _progressing(build, ready, dep, rolling)
+    return [ready, available, progressing, _degraded(ready, available, observed)], rolling
+
+
+def _available(spec: InferenceEngineSpec, build: BuildDecision, observed: Observed, has_deployment: bool) -> Condition:
+    """At least one pod serves (possibly the previous engine's)."""
+    dep = observed.deployment
+    unschedulable = [p for p in observed.pods if not p.deleting and p.unschedulable_message]
+    available_replicas = dep.available_replicas if dep else 0
+    if spec.serving.replicas == 0:
+        return false(AVAILABLE, "ScaledToZero", "spec.serving.replicas is 0")
+    if not has_deployment:
+        return false(AVAILABLE, "EngineNotReady", "No engine is ready to serve yet")
+    if available_replicas > 0:
+        note = " (previous engine; the new one is still building)" if build.building else ""
+        return true(AVAILABLE, "MinimumReplicasAvailable", f"{available_replicas}/{spec.serving.replicas} pods serve{note}")
+    if unschedulable:
+        return false(AVAILABLE, "PodsUnschedulable", unschedulable[0].unschedulable_message or "")
+    return false(AVAILABLE, "PodsNotReady", "No serving pod is ready yet")
+
+
+def _progressing(build: BuildDecision, ready: Condition, dep: DeploymentState | None, rolling: bool) -> Condition:
+    """A build or a rollout is under way."""
+    if build.building:
+        return true(PROGRESSING, "Building", ready.message)
+    if rolling:
+        return true(PROGRESSING, "RollingOut", "Serving pods are being replaced")
+    if dep is not None and dep.progress_deadline_exceeded:
+        return false(PROGRESSING, "ProgressDeadlineExceeded", "The rollout did not finish in time")
+    return false(PROGRESSING, "Settled", "Nothing to build or roll out")
+
+
+def _degraded(ready: Condition, available: Condition, observed: Observed) -> Condition:
+    """Something needs a person: a failed build, a missing claim, pods (or the build pod) that cannot be
+    scheduled, pods that crash."""
+    job = observed.job
     pods = [p for p in observed.pods if not p.deleting]
     unschedulable = [p for p in pods if p.unschedulable_message]
     crashing = [p for p in pods if p.waiting_reason in CRASH_REASONS]
-    rolling = has_deployment and _rollout_in_progress(dep, serving_fp if spec.builds_engine else None,
-                                                      desired_batch, desired_hash)
     waiting_pod = unschedulable[0] if unschedulable else None
     waiting_msg = waiting_pod.unschedulable_message if waiting_pod else (
         job.unschedulable_message if ready.reason == "BuildUnschedulable" and job is not None else None)
-
-    available_replicas = dep.available_replicas if dep else 0
-    if spec.serving.replicas == 0:
-        available = false(AVAILABLE, "ScaledToZero", "spec.serving.replicas is 0")
-    elif not has_deployment:
-        available = false(AVAILABLE, "EngineNotReady", "No engine is ready to serve yet")
-    elif available_replicas > 0:
-        note = " (previous engine; the new one is still building)" if build.building else ""
-        available = true(AVAILABLE, "MinimumReplicasAvailable",
-                         f"{available_replicas}/{spec.serving.replicas} pods serve{note}")
-    elif unschedulable:
-        available = false(AVAILABLE, "PodsUnschedulable", unschedulable[0].unschedulable_message or "")
-    else:
-        available = false(AVAILABLE, "PodsNotReady", "No serving pod is ready yet")
-
-    if build.building:
-        progressing = true(PROGRESSING, "Building", ready.message)
-    elif rolling:
-        progressing = true(PROGRESSING, "RollingOut", "Serving pods are being replaced")
-    elif dep is not None and dep.progress_deadline_exceeded:
-        progressing = false(PROGRESSING, "ProgressDeadlineExceeded", "The rollout did not finish in time")
-    else:
-        progressing = false(PROGRESSING, "Settled", "Nothing to build or roll out")
-
     if ready.reason == "BuildFailed":
         serving = " The previous engine keeps serving." if available.status == "True" else ""
-        degraded = true(DEGRADED, "BuildFailed", ready.message + serving)
-    elif ready.reason == "CacheClaimMissing":
-        degraded = true(DEGRADED, "CacheClaimMissing", ready.message)
-    elif waiting_msg:
+        return true(DEGRADED, "BuildFailed", ready.message + serving)
+    if ready.reason == "CacheClaimMissing":
+        return true(DEGRADED, "CacheClaimMissing", ready.message)
+    if waiting_msg:
         reason: ConditionReason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
         who = f"Pod {waiting_pod.name}" if waiting_pod else "The build pod"
-        degraded = true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
-    elif crashing:
+        return true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
+    if crashing:
         p = crashing[0]
-        degraded = true(DEGRADED, "PodsFailing", redact(f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip()))
-    else:
-        degraded = false(DEGRADED, "AsExpected", "No problem observed")
-    return [ready, available, progressing, degraded], rolling
+        return true(DEGRADED, "PodsFailing", redact(f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip()))
+    return false(DEGRADED, "AsExpected", "No problem observed")

@@ -40,7 +40,7 @@ from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.trtllm.release import DEFAULT_IMAGE
-from kvpilot.desired.contract import metrics_condition, release_condition
+from kvpilot.desired.contract import METRICS_VALID, metrics_condition, release_condition
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import Surface
 
@@ -279,7 +279,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     dep_state = observed.deployment
     status = EngineStatus(
         observed_generation=meta.generation,
-        conditions=merge_conditions(observed.status.conditions, conds, meta.generation, now),
+        conditions=merge_conditions(observed.status.conditions, conds, meta.generation, now,
+                                    retired=() if spec.autotune.enabled else (METRICS_VALID,)),
         batching=batching_status(spec, previous_batching, value=batch, reason=reason, message=message,
                                  ceiling=ceiling, now=now),
         autotune=autotune_status(observed.status.autotune or AutotuneStatus(), decision, current=before,

@@ -7,9 +7,10 @@ from typing import Any
 
 import kopf
 
-from kvpilot import GROUP, PLURAL, VERSION
+from kvpilot import GROUP, PLURAL, VERSION, defaults
 from kvpilot.desired.plan import Settings
 from kvpilot.k8s.api import Api
+from kvpilot.k8s.writes import ChildWriter
 from kvpilot.loop import EngineLoops
 
 log = logging.getLogger(__name__)
@@ -22,12 +23,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # "Handler succeeded" per watch event
     settings.watching.server_timeout = 60
     api = Api(pool_size=memo.api_pool_size)
-    memo.loops = EngineLoops(api, memo.settings, memo.resync_seconds, memo.concurrent_reconciles)
+    # The operator's one write layer: shared-Job creates, writes in flight and their late failures live there.
+    memo.loops = EngineLoops(api, memo.settings, memo.resync_seconds, memo.concurrent_reconciles,
+                             writer=ChildWriter(api))
     # Children are read from a watch cache of kvpilot's own (k8s/informer.py), filtered on the server by label
     # (claims excepted: a user's claim has none); kopf watches only the InferenceEngines.
-    memo.loops.start_informers(list(memo.namespaces))
+    memo.loops.watches.start(list(memo.namespaces))
     if memo.get("gpu_capacity", True):
-        memo.loops.start_gpu_informers()  # free GPUs per node, for serving.rollout.strategy Auto
+        memo.loops.watches.start_gpu()  # free GPUs per node, for serving.rollout.strategy Auto
 
 
 @kopf.on.cleanup()
@@ -40,7 +43,8 @@ async def on_engine_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     memo.loops.observe(event.get("type"), dict(body))
 
 
-def memo_for(settings: Settings, resync_seconds: float, concurrent_reconciles: int = 16,
-             api_pool_size: int = 16, namespaces: list[str] | None = None, gpu_capacity: bool = True) -> kopf.Memo:
+def memo_for(settings: Settings, resync_seconds: float,
+             concurrent_reconciles: int = defaults.CONCURRENT_RECONCILES, api_pool_size: int = defaults.API_POOL_SIZE,
+             namespaces: list[str] | None = None, gpu_capacity: bool = True) -> kopf.Memo:
     return kopf.Memo(settings=settings, resync_seconds=resync_seconds, concurrent_reconciles=concurrent_reconciles,
                      api_pool_size=api_pool_size, namespaces=namespaces or [], gpu_capacity=gpu_capacity)

@@ -1,10 +1,14 @@
 """The one boundary to the API server: server-side apply, reads, creates, status patches, events.
 
+What to write and when (only on a diff, create-or-join of shared Jobs, the write wait) is decided above it, in
+the write layer (``k8s/writes.py``); this module is the wire.
+
 Everything goes through the official Python client's DynamicClient (one field manager, ``kvpilot``).
 Client exceptions are converted once, here (``errors.py``); nothing above this module sees an
 ``ApiException``. Calls are synchronous and run on a sized thread pool of the operator's own (not the
 default executor, which has min(32, cpus + 4) threads shared with everything else), with an HTTP connection
-pool of the same size, so the kopf event loop never blocks and 1,000 engines do not queue behind 6 threads.
+pool of the same size, so the kopf event loop never blocks and a fleet's writes do not queue behind a handful
+of threads (docs/scale.md).
 
 Reads of children come from ``self.cache`` (fed by watches), not from here: see ``k8s/cache.py``.
 """
@@ -22,25 +26,23 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 
-from kvpilot import API_VERSION, KIND, telemetry
+from kvpilot import API_VERSION, KIND, defaults, telemetry
 from kvpilot.k8s.cache import ChildCache
 from kvpilot.k8s.capacity import GpuCapacity
-from kvpilot.k8s.drift import needs_apply, with_applied_hash
 from kvpilot.k8s.events import EventRecorder
 from kvpilot.k8s.errors import NotFound, convert
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpilot"
-DEFAULT_POOL_SIZE = 32
-# The API server creates Services one at a time (it allocates each a ClusterIP): 1 to 5 a second on the shared
-# 2-core machine while 1,000 engines rolled out, so a creation waited 3 to 24 s there, every other write ~0.5 s.
-# Waiting in the shared pool, they held every thread and the status patches queued behind them; with more than a
-# few in flight they only time out (HTTP 504 after 34 s). So Services get a small pool (a lane) of their own.
+# The API server creates Services one at a time (it allocates each a ClusterIP), so a Service creation can wait
+# far longer than any other write. Waiting in the shared pool, they held every thread and the status patches
+# queued behind them; with more than a few in flight they only time out (HTTP 504). So Services get a small pool
+# (a lane) of their own (the figures: docs/scale.md).
 SERVICE_LANE = 8
 T = TypeVar("T")
 
 
-def load_client_config(pool_size: int = DEFAULT_POOL_SIZE) -> k8s_client.ApiClient:
+def load_client_config(pool_size: int = defaults.API_POOL_SIZE) -> k8s_client.ApiClient:
     """In-cluster config in a pod, else the current kubeconfig (``kvpilot run`` on a laptop)."""
     try:
         k8s_config.load_incluster_config()
@@ -60,7 +62,7 @@ def _plain(answer: Any) -> dict[str, Any]:
 class Api:
     """Typed-enough access to the handful of kinds kvpilot reads and writes."""
 
-    def __init__(self, api_client: k8s_client.ApiClient | None = None, pool_size: int = DEFAULT_POOL_SIZE):
+    def __init__(self, api_client: k8s_client.ApiClient | None = None, pool_size: int = defaults.API_POOL_SIZE):
         self._api_client = api_client or load_client_config(pool_size)
         self.api_client = self._api_client  # the informers read through the same client (auth, TLS)
         self._dyn: DynamicClient | None = None
@@ -68,7 +70,7 @@ class Api:
         self._resources: dict[tuple[str, str], Any] = {}
         self._pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="kvpilot-api")
         self.cache = ChildCache()
-        self.gpus = GpuCapacity()  # fed by the Node and bound-pod informers (loop.start_gpu_informers)
+        self.gpus = GpuCapacity()  # fed by the Node and bound-pod informers (k8s/watches.py, ChildWatches.start_gpu)
         self.events = EventRecorder(self)
         self._service_pool = ThreadPoolExecutor(max_workers=SERVICE_LANE, thread_name_prefix="kvpilot-api-svc")
 
@@ -111,21 +113,6 @@ class Api:
             ), verb="apply", resource=obj["kind"],
         )
         return _plain(out)
-
-    async def apply_owned(self, obj: dict[str, Any]) -> bool:
-        """Apply ``obj`` only when the cached child differs from it on what kvpilot owns (or is absent);
-        True when it was written. The response goes into the cache at once, so the next pass does not
-        write again while the watch event is still on its way."""
-        why = needs_apply(obj, self.cache.get(obj["kind"], obj["metadata"].get("namespace", ""),
-                                              obj["metadata"]["name"]))
-        if why is None:
-            telemetry.APPLIES_SKIPPED.labels(obj["kind"]).inc()
-            return False
-        if why.startswith("edited"):
-            log.info("Restoring %s %s/%s: %s", obj["kind"], obj["metadata"].get("namespace"),
-                     obj["metadata"]["name"], why)
-        self.cache.upsert(obj["kind"], await self.apply(with_applied_hash(obj)))
-        return True
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:

@@ -1,12 +1,12 @@
-"""An in-memory cache of kvpilot's children, fed by the watches kopf already runs.
+"""An in-memory cache of kvpilot's children, fed by the operator's own informers (``k8s/informer.py``).
 
 Why: a reconcile that GETs its Job, Deployment, ConfigMap and claim and LISTs its pods costs about seven API
-calls per engine per pass; at 1,000 engines and a 30 s resync that is 14,000 requests a minute while nothing
-changes. Controller-runtime operators read from an informer cache instead, and so does kvpilot: every watch
-event of a child kind lands here (``upsert``/``delete``), and the reconcile reads from here.
+calls per engine per pass, every pass, while nothing changes (docs/scale.md). Controller-runtime operators read
+from an informer cache instead, and so does kvpilot: every list and watch event of a child kind lands here
+(``replace``/``upsert``/``delete``, by ``k8s/watches.py``), and the reconcile reads from here.
 
-The cache is complete before the first reconcile: the children are registered as kopf indexes, and kopf runs
-no other handler (so no engine loop starts) until every indexed resource has been listed once.
+The cache is complete before the first reconcile: every engine's loop waits until each child kind has been
+listed once (``ChildWatches.synced``).
 
 Objects are stored slimmed (``slim``): no ``managedFields`` (often half an object), and for pods and Jobs only
 metadata and status, because nothing kvpilot decides reads their spec. Deployments, Services and ConfigMaps

@@ -2,7 +2,7 @@
 
 The recorder keys an event by (object, type, reason, message): the first occurrence is created, a repeat
 within the window PATCHes ``count`` and ``lastTimestamp`` of the same Event instead of creating another, so
-a condition flapping on 1,000 engines does not fill etcd with copies. The key cache is an LRU of bounded
+a condition flapping on a fleet of engines does not fill etcd with copies. The key cache is an LRU of bounded
 size (client-go keeps 4,096 entries), so memory stays flat however many engines come and go.
 """
 
@@ -12,14 +12,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from kvpilot import API_VERSION, KIND
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.k8s.errors import NotFound
-
-if TYPE_CHECKING:
-    from kvpilot.k8s.api import Api
 
 LRU_SIZE = 4096
 AGGREGATE_WINDOW_SECONDS = 600.0  # client-go's default aggregation interval
@@ -37,8 +34,19 @@ def _stamp(now: datetime) -> str:
     return rfc3339(now)
 
 
+class EventWrites(Protocol):
+    """The two writes the recorder makes (``k8s.api.Api`` has them): it needs no more of the API boundary, and
+    naming only these keeps ``api`` -> ``events`` one-way (``Api`` owns a recorder)."""
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def merge_patch(
+        self, api_version: str, kind: str, name: str, namespace: str, patch: dict[str, Any],
+    ) -> dict[str, Any]: ...
+
+
 class EventRecorder:
-    def __init__(self, api: Api, clock: Callable[[], float] | None = None, size: int = LRU_SIZE,
+    def __init__(self, api: EventWrites, clock: Callable[[], float] | None = None, size: int = LRU_SIZE,
                  wall_clock: Callable[[], float] = time.time):
         """``clock`` (monotonic) times the aggregation window; ``wall_clock`` (seconds since the epoch) dates
         the Events. Both are injected so a test on a fake clock writes the same Events on any day."""

@@ -40,8 +40,8 @@ TIMEOUT = aiohttp.ClientTimeout(total=5)
 MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply is not trtllm-serve's
 MAX_REJECTIONS_KEPT = 256
 # A pod that cannot be read (not listening yet, a fake pod, a network fault) is retried after 5 s, then 10, 20,
-# ... up to 5 minutes: at 1,000 engines, failed scrapes every 5 s were most of the idle operator's CPU. One
-# success resets it. Its warning is logged on the first failure, then at most once per WARN_EVERY_SECONDS with
+# ... up to 5 minutes: on a large fleet, failed scrapes every 5 s were most of the idle operator's CPU
+# (docs/scale.md). One success resets it. Its warning is logged on the first failure, then at most once per WARN_EVERY_SECONDS with
 # the count of failures since.
 BACKOFF_BASE_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 300.0
@@ -146,38 +146,68 @@ def is_warm(pod: PodState, now: datetime, warmup_seconds: int) -> bool:
 
 
 @dataclass
-class EngineSampler:
-    """The samples of one engine's pods, kept for one tuning interval."""
+class PodRecord:
+    """What the sampler keeps of one serving pod: one object, dropped whole when the pod leaves the engine."""
 
-    samples: dict[str, deque[IterationSample]] = field(default_factory=dict)
-    latency: dict[str, deque[LatencySnapshot]] = field(default_factory=dict)
-    taken_at: dict[str, deque[float]] = field(default_factory=dict)
+    # The window: what the pod said under the configuration it runs. reset() forgets it.
+    samples: deque[IterationSample] = field(default_factory=deque)
+    latency: deque[tuple[float, LatencySnapshot]] = field(default_factory=deque)  # (wall time read, snapshot)
+    # The arrival count (observe/burst.py), kept across reset(): the traffic does not depend on the configuration
+    # the pods run. Requests in the pod (active + queued) at its last kept sample; requests the iteration stats
+    # said finished, summed since the pod was first read (the finished count of a pod without the request counter:
+    # 1.2's TensorRT backend serves no Prometheus page); whether its last count came from that counter (a switch
+    # is no count: the two start from different origins); and the (finished, in pod) it gave in this tick.
+    in_pod: float = 0.0
+    iter_done: float = 0.0
+    counter_source: bool | None = None  # None: not counted yet
+    reading: tuple[float, float] | None = None
+    # Its consecutive scrape failures, kept across reset(): a new configuration does not make a pod reachable.
+    backoff: PodBackoff | None = None
+
+    def forget_window(self) -> None:
+        self.samples.clear()
+        self.latency.clear()
+
+    def prune(self, horizon: float) -> None:
+        """Drop what was read before ``horizon`` (wall time)."""
+        while self.samples and self.samples[0].timestamp_s < horizon:
+            self.samples.popleft()
+        while self.latency and self.latency[0][0] < horizon:
+            self.latency.popleft()
+
+
+@dataclass
+class EngineSampler:
+    """The samples of one engine's pods, kept for one tuning interval, and its arrivals for a longer history."""
+
+    pods: dict[str, PodRecord] = field(default_factory=dict)
     # (wall time, pod, reason, message) of rejected payloads and ignored samples, for the condition message.
     rejections: deque[tuple[float, str, str, str]] = field(default_factory=lambda: deque(maxlen=MAX_REJECTIONS_KEPT))
     clock: Callable[[], float] = time.time  # injected in tests
-    backoff: dict[str, PodBackoff] = field(default_factory=dict)
     # The fleet's arrivals per sample, for the burstiness estimate (observe/burst.py): (wall time, seconds since
     # the previous sample, arrivals or None where they could not be counted), kept BURST_HISTORY_SECONDS. Not
     # cleared by reset(): the traffic does not depend on the configuration the pods run, and a pod that comes or
     # goes breaks the chain of counts by itself (fleet_arrivals).
     arrivals: deque[tuple[float, float, float | None]] = field(default_factory=deque)
-    # Each pod's (finished-requests counter, requests in the pod) at the last tick, and those read in this tick.
-    _counters: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # The fleet's readings at the previous tick, by pod, and when: fleet_arrivals compares the fleet as a whole,
+    # so a pod that has left since must still be in it (its absence now breaks the count).
+    _last_readings: dict[str, tuple[float, float]] = field(default_factory=dict)
     _counted_at: float | None = None
-    _fresh: dict[str, tuple[float, float]] = field(default_factory=dict)
-    _in_pod: dict[str, float] = field(default_factory=dict)
-    # Requests the iteration stats said finished, summed since the pod was first read: the finished count of a pod
-    # without the request counter (1.2's TensorRT backend serves no Prometheus page); and which of the two each
-    # pod's count came from last (a switch is no count: the two start from different origins).
-    _iter_done: dict[str, float] = field(default_factory=dict)
-    _source: dict[str, bool] = field(default_factory=dict)
 
     def reset(self) -> None:
-        """Forget everything (after a rollout: old pods' numbers describe another configuration)."""
-        self.samples.clear()
-        self.latency.clear()
-        self.taken_at.clear()
+        """Forget what describes the configuration (after a rollout, old pods' numbers describe another one):
+        every pod's window, and the rejections. The arrival history and its counts, and the pods' scrape
+        back-off, survive: neither depends on the configuration."""
+        for record in self.pods.values():
+            record.forget_window()
         self.rejections.clear()
+
+    def record(self, pod: str) -> PodRecord:
+        """The pod's record, made on first use."""
+        found = self.pods.get(pod)
+        if found is None:
+            found = self.pods[pod] = PodRecord()
+        return found
 
     def reject(self, wall: float, pod: str, reason: str, message: str, count: int = 1) -> None:
         """Count rejected payloads or ignored samples (operator metric), keep them for the condition, log once."""
@@ -187,15 +217,8 @@ class EngineSampler:
         log.warning("Rejected %d metrics sample(s) from Pod %s (%s): %s", count, pod, reason, message)
 
     def _prune(self, horizon: float) -> None:
-        for pod in list(self.samples):
-            q = self.samples[pod]
-            while q and q[0].timestamp_s < horizon:
-                q.popleft()
-            stamps, lat = self.taken_at.get(pod, deque()), self.latency.get(pod, deque())
-            while stamps and stamps[0] < horizon:
-                stamps.popleft()
-                if lat:
-                    lat.popleft()
+        for record in self.pods.values():
+            record.prune(horizon)
         while self.rejections and self.rejections[0][0] < horizon:
             self.rejections.popleft()
 
@@ -205,16 +228,8 @@ class EngineSampler:
     ) -> None:
         """Scrape every warm pod once. Never raises for what a pod sends: see ``accept``."""
         live = {p.name for p in pods}
-        for gone in set(self.samples) - live:
-            self.samples.pop(gone, None)
-            self.latency.pop(gone, None)
-            self.taken_at.pop(gone, None)
-        for gone in set(self.backoff) - live:
-            self.backoff.pop(gone, None)
-        for gone in (set(self._in_pod) | set(self._iter_done)) - live:
-            self._in_pod.pop(gone, None)
-            self._iter_done.pop(gone, None)
-            self._source.pop(gone, None)
+        for gone in set(self.pods) - live:
+            del self.pods[gone]
         wall = self.clock()
         warm = [p for p in pods if is_warm(p, now, warmup_seconds) and self._due(p.name, wall)]
         # Concurrently: one unreachable pod must not hold up the others (or the engine's reconcile).
@@ -225,9 +240,11 @@ class EngineSampler:
     def count_arrivals(self, wall: float, scraped: set[str]) -> None:
         """Append the fleet's arrivals since the previous tick (None when they cannot be counted: a pod came,
         went or failed to answer, or a counter went back) to the burstiness history."""
-        fresh, self._fresh = self._fresh, {}
-        before, before_at = self._counters, self._counted_at
-        self._counters, self._counted_at = fresh, wall
+        fresh = {pod: r.reading for pod, r in self.pods.items() if r.reading is not None}
+        for record in self.pods.values():
+            record.reading = None
+        before, before_at = self._last_readings, self._counted_at
+        self._last_readings, self._counted_at = fresh, wall
         if before_at is not None and wall > before_at:
             self.arrivals.append((wall, wall - before_at, fleet_arrivals(before, fresh, scraped)))
         while self.arrivals and self.arrivals[0][0] < wall - BURST_HISTORY_SECONDS:
@@ -247,7 +264,7 @@ class EngineSampler:
                     # 404: no page (1.2's TensorRT backend without return_perf_metrics): not latency data.
                     prom = await read_bounded(resp) if resp.status == 200 else None
         except MetricsRejected as exc:
-            self.backoff.pop(pod.name, None)  # it answered: what it said is counted as a rejection instead
+            self._answered(pod.name)  # what it said is counted as a rejection instead
             self.reject(wall, pod.name, exc.reason, str(exc))
             return
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -256,16 +273,23 @@ class EngineSampler:
         if stats is None:
             self._failed(pod.name, wall, "/metrics answered with an error status")
             return
-        self.backoff.pop(pod.name, None)
+        self._answered(pod.name)
         self.accept(pod.name, wall, stats, prom, facts)
 
     def _due(self, pod: str, wall: float) -> bool:
-        state = self.backoff.get(pod)
-        return state is None or wall >= state.retry_at
+        record = self.pods.get(pod)
+        return record is None or record.backoff is None or wall >= record.backoff.retry_at
+
+    def _answered(self, pod: str) -> None:
+        """The pod answered: its back-off ends."""
+        record = self.pods.get(pod)
+        if record is not None:
+            record.backoff = None
 
     def _failed(self, pod: str, wall: float, why: str) -> None:
         """Back the pod off; warn on its first failure and then at most once per WARN_EVERY_SECONDS."""
-        state = self.backoff.setdefault(pod, PodBackoff())
+        record = self.record(pod)
+        state = record.backoff = record.backoff or PodBackoff()
         state.failures += 1
         state.unwarned += 1
         delay = backoff_seconds(state.failures)
@@ -305,18 +329,18 @@ class EngineSampler:
                 ignored.append(why)
         if ignored:
             self.reject(wall, pod, "inconsistent", ignored[-1], count=len(ignored))
-        self.samples.setdefault(pod, deque()).extend(kept)
+        record = self.record(pod)
+        record.samples.extend(kept)
         if kept:
-            self._in_pod[pod] = float(kept[-1].active_requests + kept[-1].queued_requests)
-        self._iter_done[pod] = self._iter_done.get(pod, 0.0) + sum(s.completed_requests for s in kept)
+            record.in_pod = float(kept[-1].active_requests + kept[-1].queued_requests)
+        record.iter_done += sum(s.completed_requests for s in kept)
         counted = snap is not None and snap.completed is not None
-        if self._source.setdefault(pod, counted) == counted:
-            done = snap.completed if snap is not None and snap.completed is not None else self._iter_done[pod]
-            self._fresh[pod] = (done, self._in_pod.get(pod, 0.0))
-        self._source[pod] = counted
+        if record.counter_source is None or record.counter_source == counted:
+            done = snap.completed if snap is not None and snap.completed is not None else record.iter_done
+            record.reading = (done, record.in_pod)
+        record.counter_source = counted
         if snap is not None:
-            self.latency.setdefault(pod, deque()).append(snap)
-            self.taken_at.setdefault(pod, deque()).append(wall)
+            record.latency.append((wall, snap))
         return len(kept)
 
     def window(
@@ -324,8 +348,8 @@ class EngineSampler:
     ) -> KvWindow | None:
         self._prune(self.clock() - interval_seconds)
         window = summarize(
-            {p: list(q) for p, q in self.samples.items()},
-            {p: list(q) for p, q in self.latency.items()},
+            {p: list(r.samples) for p, r in self.pods.items()},
+            {p: [snap for _at, snap in r.latency] for p, r in self.pods.items()},
             window_seconds=interval_seconds,
             slo_ttft_ms=slo_ttft_ms,
             slo_tpot_ms=slo_tpot_ms,

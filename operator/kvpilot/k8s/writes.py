@@ -1,0 +1,158 @@
+"""The write layer: every write a reconcile pass makes to an engine's children, and the state those writes share.
+
+One ``ChildWriter`` per operator, built beside its ``Api`` and passed to every pass (tests build a fresh one),
+owns what used to be process globals of reconcile.py:
+
+- **Create-or-join of shared build Jobs.** Engines with the same build inputs on the same claim share one Job
+  (``labels.build_job_name``). While one engine's create is in flight, the others wait for it and then join the
+  Job as owners, instead of racing it into 409s and adopt patches (docs/scale.md).
+- **Adoption.** An engine that finds its build Job made by another engine adds itself as a non-controller owner
+  (a strategic-merge patch of ``ownerReferences``, which merges by uid): the Job lives while one owner does.
+- **The write wait.** A pass sends its writes at once and waits ``wait_seconds`` for them. A write still in flight
+  then completes in the background; it is not sent again while it is, and its failure is handed to the engine's
+  next pass (``write_all``), which puts it in status.
+
+Every child write of the operator goes through one of ``apply``, ``start_build`` and ``join_build``, and each of
+them reads the object it would change from the watch cache first, through ``_existing``: a rule on which existing
+objects an engine may write (issue 22: only those it controls, and shared objects by their sharing rules) has
+that object and the writing engine in hand there, for every write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from kvpilot import telemetry
+from kvpilot.api.models import ObjectRef
+from kvpilot.desired import labels as L
+from kvpilot.k8s.api import Api
+from kvpilot.k8s.drift import needs_apply, with_applied_hash
+from kvpilot.k8s.errors import ApiError, Conflict
+
+log = logging.getLogger(__name__)
+WRITE_WAIT_SECONDS = 0.5  # how long a pass waits for its writes before it moves on (docs/scale.md)
+
+# One write of a pass: how status names it ("Kind name"), and the write, not yet awaited.
+Write = tuple[str, Awaitable[None]]
+# A write's key in the in-flight and late-failure tables: (namespace, "Kind name").
+WriteKey = tuple[str, str]
+
+
+def owner_uids(obj: dict[str, Any]) -> set[str]:
+    """The uids of an object's owners."""
+    return {str(r.get("uid")) for r in (obj.get("metadata") or {}).get("ownerReferences") or []}
+
+
+class ChildWriter:
+    """The operator's writes to children, and the state they share across passes and engines."""
+
+    def __init__(self, api: Api, wait_seconds: float = WRITE_WAIT_SECONDS) -> None:
+        self.api = api
+        self.wait_seconds = wait_seconds
+        # Build Jobs being created right now, by (namespace, name): the engines sharing one join this create.
+        self._creating: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # Writes still in flight after their pass moved on, and the failures they ended in.
+        self._in_flight: dict[WriteKey, asyncio.Task[None]] = {}
+        self._late_failures: dict[WriteKey, ApiError] = {}
+
+    def _existing(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The cached object a write would change, None when the cache has none (absent, or not yet listed)."""
+        return self.api.cache.get(kind, namespace, name)
+
+    async def apply(self, owner: ObjectRef, obj: dict[str, Any]) -> bool:
+        """Apply ``obj`` (rendered for ``owner``) only when the cached object differs from it on what kvpilot owns,
+        or is absent; True when it was written. The response goes into the cache at once, so the next pass does
+        not write again while the watch event is still on its way."""
+        meta = obj["metadata"]
+        why = needs_apply(obj, self._existing(obj["kind"], meta.get("namespace", owner.namespace), meta["name"]))
+        if why is None:
+            telemetry.APPLIES_SKIPPED.labels(obj["kind"]).inc()
+            return False
+        if why.startswith("edited"):
+            log.info("Restoring %s %s/%s: %s", obj["kind"], meta.get("namespace"), meta["name"], why)
+        self.api.cache.upsert(obj["kind"], await self.api.apply(with_applied_hash(obj)))
+        return True
+
+    async def start_build(self, owner: ObjectRef, job: dict[str, Any]) -> bool:
+        """Create the build Job, or join it as an owner if another engine with the same inputs created it first
+        (or is creating it now); True when this call created it."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        if self._existing("Job", *key) is not None:  # another engine created it since this pass observed
+            await self.join_build(owner, key[1])
+            return False
+        pending = self._creating.get(key)
+        if pending is not None:
+            await asyncio.shield(pending)
+            await self.join_build(owner, key[1])
+            return False
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._creating[key] = done
+        try:
+            self.api.cache.upsert("Job", await self.api.create(job))
+            return True
+        except Conflict:  # created before this operator started, and not yet in its cache
+            await self.join_build(owner, key[1])
+            return False
+        finally:
+            done.set_result(None)
+            del self._creating[key]
+
+    async def join_build(self, owner: ObjectRef, name: str) -> None:
+        """Add ``owner`` to the owners of the shared build Job ``name`` (nothing to do when the cache shows it
+        is one already)."""
+        existing = self._existing("Job", owner.namespace, name)
+        if existing is not None and owner.uid in owner_uids(existing):
+            return
+        ref = L.owner_reference(owner, controller=False)
+        # ownerReferences merge by uid under a strategic-merge patch: this adds one owner, keeps the others.
+        out = await self.api.strategic_patch("batch/v1", "Job", name, owner.namespace,
+                                             {"metadata": {"ownerReferences": [ref]}})
+        self.api.cache.upsert("Job", out)
+
+    async def write_all(self, namespace: str, writes: list[Write]) -> list[tuple[str, ApiError]]:
+        """Send a pass's writes at once; return the failures among those that ended within ``wait_seconds``, and
+        those of this namespace's earlier writes of the same objects that ended in the background. A write of
+        an object still in flight is not sent again."""
+        failed: list[tuple[str, ApiError]] = []
+        tasks: dict[str, asyncio.Task[None]] = {}
+        for what, write in writes:
+            key = (namespace, what)
+            late = self._late_failures.pop(key, None)
+            if late is not None:
+                failed.append((what, late))
+            running = self._in_flight.get(key)
+            if running is not None and not running.done():
+                if asyncio.iscoroutine(write):
+                    write.close()  # not sent: the same object is still being written
+                continue
+            tasks[what] = asyncio.ensure_future(write)
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=self.wait_seconds)
+        for what, task in tasks.items():
+            key = (namespace, what)
+            if not task.done():
+                self._in_flight[key] = task
+                task.add_done_callback(functools.partial(self._landed, key))
+                continue
+            exc = task.exception()
+            if isinstance(exc, ApiError):  # say so in status (a rendering bug, an immutable field), then retry
+                failed.append((what, exc))
+            elif exc is not None:
+                raise exc
+        return failed
+
+    def _landed(self, key: WriteKey, task: asyncio.Task[None]) -> None:
+        """A write that outlived its pass ended: keep its failure for the engine's next pass."""
+        if self._in_flight.get(key) is task:
+            del self._in_flight[key]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, ApiError):
+            self._late_failures[key] = exc
+        elif exc is not None:
+            log.error("Write of %s in namespace %s failed: %s", key[1], key[0], exc)
