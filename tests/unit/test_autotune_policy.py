@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.api.models import AutotuneSpec, MetricsSpec, SloSpec
-from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.decision import AppliedChange, ChangeCost, Decision, TunerHistory, TunerInput
+from kvpilot.autotune.policy import decide
 from kvpilot.autotune.window import KvWindow
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -28,10 +29,18 @@ def window(util: float = 0.5, active: int = 64, queued: float = 0.0, paused: int
                     tpot_p95_ms=tpot)
 
 
+COST_FIELDS = ("replicas", "restart_seconds", "build_seconds", "surge")
+HISTORY_FIELDS = ("last_applied_at", "recent_changes", "declined_since")
+
+
 def inp(current: int = 64, ceiling: int = 512, w: KvWindow | None = None, **kw: object) -> TunerInput:
+    """A TunerInput from flat keywords: those of ChangeCost and TunerHistory go to their part."""
+    cost = {k: kw.pop(k) for k in COST_FIELDS if k in kw}
+    history = {k: kw.pop(k) for k in HISTORY_FIELDS if k in kw}
     defaults = dict(current=current, ceiling=ceiling, spec=SPEC, window=w if w is not None else window(),
                     scheduler_policy="GuaranteedNoEvict", rollout_in_progress=False, build_in_progress=False,
-                    last_applied_at=None, now=NOW, replicas=4, restart_seconds=60.0)
+                    now=NOW, cost=ChangeCost(**{"replicas": 4, "restart_seconds": 60.0, **cost}),  # type: ignore[arg-type]
+                    history=TunerHistory(**history))  # type: ignore[arg-type]
     defaults.update(kw)
     return TunerInput(**defaults)  # type: ignore[arg-type]
 
@@ -230,7 +239,7 @@ def test_a_tpot_lower_must_pay_for_its_restart() -> None:
 
 
 def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> None:
-    from kvpilot.autotune.policy import WHAT_IF_RECHECK_SECONDS
+    from kvpilot.autotune.constants import WHAT_IF_RECHECK_SECONDS
     from kvpilot.autotune.whatif import Engine
 
     sim = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
@@ -318,15 +327,15 @@ def test_at_most_one_reversal_per_planning_horizon() -> None:
 def test_with_the_simulation_a_protective_lower_is_sized_from_the_batch_that_runs() -> None:
     """A limit far above the batch (512, batch 150): sized from the limit, the lower (to 256-448) would not
     bind; sized from the batch it does, and the simulation then confirms it (here only the rules run)."""
-    from kvpilot.autotune.policy import _decide_from_signals
+    from kvpilot.autotune.rules import decide_from_signals
     from kvpilot.autotune.whatif import Engine
 
     model = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict",
                    replicas=2, restart_seconds=90.0, surge=True, ttft_ms=3000.0, tpot_ms=50.0)
     w = replace(window(util=0.4, active=150, tpot=80), tpot_miss_fraction=0.7)
-    rules_only = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True), w, 8, 1024)
+    rules_only = decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True), w, 8, 1024)
     assert (rules_only.action, rules_only.reason) == ("Hold", "LimitNotBinding"), rules_only.message
-    simulated = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True, what_if=model), w, 8, 1024)
+    simulated = decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True, what_if=model), w, 8, 1024)
     assert simulated.action == "Lower" and simulated.target < 150, simulated.message
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvpilot import loop as loop_module
-from kvpilot.autotune.policy import Decision
+from kvpilot.autotune.decision import Decision
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan

@@ -15,7 +15,7 @@ import pytest
 
 from kvpilot import planning
 from kvpilot.api.status import EngineInfo, EngineStatus
-from kvpilot.autotune.policy import Decision
+from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import plan as plan_module
 from kvpilot.desired.observed import Observed

@@ -16,7 +16,8 @@ from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
 from kvpilot.api.status import Action, AutotuneStatus, BatchingSource, BatchingStatus, DecisionRecord
 from kvpilot.api.status_schema import HISTORY_LIMIT
-from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
+from kvpilot.autotune.constants import MIN_RELATIVE_STEP
+from kvpilot.autotune.decision import Decision
 
 
 def tuning_applies(spec: InferenceEngineSpec) -> bool:

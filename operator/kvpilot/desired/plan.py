@@ -26,7 +26,9 @@ from kvpilot.api.status import (
     TrafficStatus,
     to_wire,
 )
-from kvpilot.autotune.policy import PROTECTIVE_REASONS, AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.constants import PROTECTIVE_REASONS
+from kvpilot.autotune.decision import AppliedChange, ChangeCost, Decision, TunerHistory, TunerInput
+from kvpilot.autotune.policy import decide
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_pods_in_force
 from kvpilot.desired import labels as L
@@ -144,16 +146,20 @@ def _tune(
             scheduler_policy=spec.batching.scheduler_policy,
             rollout_in_progress=rolling,
             build_in_progress=building,
-            last_applied_at=last_at,
             now=now,
-            replicas=spec.serving.replicas,
-            restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-            build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
-            recent_changes=_recent_changes(observed.status, now),
             expected_pods=spec.serving.replicas,
-            surge=surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
+            cost=ChangeCost(
+                replicas=spec.serving.replicas,
+                restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+                build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
+                surge=surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
+            ),
+            history=TunerHistory(
+                last_applied_at=last_at,
+                recent_changes=_recent_changes(observed.status, now),
+                declined_since=_declined_since(observed.status.autotune, now),
+            ),
             what_if=what_if if observed.what_if_allowed else None,
-            declined_since=_declined_since(observed.status.autotune, now),
         )
     )
     if what_if is not None and not observed.what_if_allowed and decision.changes \
