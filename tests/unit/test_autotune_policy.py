@@ -390,3 +390,19 @@ def test_every_value_left_within_the_horizon_is_kept_clear_not_only_the_latest(
     assert seen and all(clear(c) for c in seen[0]), seen
     assert d.action == "Lower" and clear(d.target), d.message
     assert "past 64, not back to it" in d.message  # the rules' own target (64) was moved past 64
+
+
+def test_reasons_are_typed_and_their_values_are_the_api() -> None:
+    """Every reason is a TunerReason (a made-up one is refused); the values users alert on never change."""
+    from kvpilot.autotune.reasons import TunerReason
+
+    assert isinstance(decide(inp(w=window(util=0.30, active=64, queued=20))).reason, TunerReason)
+    with pytest.raises(ValueError):
+        Decision("Hold", 64, "WithinTarget", "not a reason the tuner gives")
+    assert f"{TunerReason.NO_PREDICTED_GAIN}" == "NoPredictedGain"
+    assert {r.value for r in TunerReason} == {
+        "RolloutInProgress", "OutOfBounds", "InsufficientData", "PartialSignals", "RequestsPaused",
+        "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "NoPressure",
+        "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
+        "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
+        "NoPredictedGain", "WhatIfBudgetSpent"}

@@ -121,7 +121,7 @@ def test_a_crash_in_an_engine_loop_logs_the_engine_and_the_traceback(monkeypatch
             raise RuntimeError("a bug in the second pass")
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         p = replace(p, written=status_dict(p.status))  # as reconcile() returns it, having written it
-        return replace(p, decision=Decision("Hold", 64, "WithinTarget", "the pool is within its target")), Observed()
+        return replace(p, decision=Decision("Hold", 64, "AtTarget", "the pool is within its target")), Observed()
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)
     vt = VirtualTime()

@@ -34,4 +34,3 @@ WHAT_IF_RECHECK_SECONDS = 120.0
 # the outcome then hinges on the tail of the output lengths, which the fit (means only) does not know
 # (docs/tuner-suite.md, "How the tuner decides now", for the case that showed it).
 TPOT_NEAR_MARGIN_FACTOR = 2.0
-PROTECTIVE_REASONS = ("RequestsPaused", "KvCachePressure", "TpotObjectiveBroken")

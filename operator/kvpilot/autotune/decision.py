@@ -15,6 +15,7 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.constants import MIN_RELATIVE_STEP
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.reasons import TunerReason
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,14 @@ class TunerInput:
 class Decision:
     action: Action
     target: int  # the runtime max_batch_size to run with (== current for Hold)
-    reason: str
+    reason: TunerReason
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
     simulated: bool = False  # the what-if simulation ran for this decision (status records when it declined)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
+        object.__setattr__(self, "reason", TunerReason(self.reason))
 
     @property
     def changes(self) -> bool:
@@ -92,16 +94,16 @@ def bounds(inp: TunerInput) -> tuple[int, int]:
     return lo, hi
 
 
-def hold(inp: TunerInput, reason: str, message: str) -> Decision:
+def hold(inp: TunerInput, reason: TunerReason, message: str) -> Decision:
     return Decision(Action.HOLD, inp.current, reason, message)
 
 
-def move(inp: TunerInput, target: int, reason: str, message: str, min_step: float = MIN_RELATIVE_STEP) -> Decision:
+def move(inp: TunerInput, target: int, reason: TunerReason, message: str, min_step: float = MIN_RELATIVE_STEP) -> Decision:
     lo, hi = bounds(inp)
     target = max(lo, min(hi, target))
     if target == inp.current:
         return hold(inp, reason, message + f"; already at the bound {target}")
     if abs(target - inp.current) < min_step * inp.current:
-        return hold(inp, "ChangeTooSmall", message + f"; {inp.current}->{target} is not worth a restart")
+        return hold(inp, TunerReason.CHANGE_TOO_SMALL, message + f"; {inp.current}->{target} is not worth a restart")
     action = Action.RAISE if target > inp.current else Action.LOWER
     return Decision(action, target, reason, message + f"; {inp.current}->{target}")

@@ -23,6 +23,7 @@ from kvpilot.autotune.constants import (
 from kvpilot.autotune.decision import Decision, TunerInput, bounds, hold
 from kvpilot.autotune.signals import capacity_gain, tpot_margin
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.reasons import TunerReason
 
 
 def undo_evidence(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
@@ -49,7 +50,7 @@ def oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
     directions = [lower] + [c.to_value < c.from_value for c in recent]
     flips = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
     if len(directions) > 1 and directions[0] != directions[1] and flips > 1:
-        return hold(inp, "WouldOscillate", f"{decision.message}; but the limit changed direction once already "
+        return hold(inp, TunerReason.WOULD_OSCILLATE, f"{decision.message}; but the limit changed direction once already "
                     f"less than {horizon:.0f}s ago: at most one reversal per planning horizon")
     band = 1.0 + MIN_RELATIVE_STEP
     lo, hi = bounds(inp)
@@ -69,13 +70,13 @@ def oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
             held = f"{decision.message}; but the limit left {a} less than {horizon:.0f}s ago"
             why = undo_evidence(inp, w, decision)
             if why is None:
-                return hold(inp, "WouldOscillate", f"{held}: no A->B->A within a planning horizon")
+                return hold(inp, TunerReason.WOULD_OSCILLATE, f"{held}: no A->B->A within a planning horizon")
             undone[a] = why
             if a / band <= decision.target <= a * band:
                 # Never back to A itself: past it, by a step worth a restart, or not at all.
                 past = math.floor(a / band) if lower else math.ceil(a * band)
                 if not lo <= past <= hi or (past >= inp.current if lower else past <= inp.current):
-                    return hold(inp, "WouldOscillate", f"{held}: no A->B->A, and past {a} is out of bounds")
+                    return hold(inp, TunerReason.WOULD_OSCILLATE, f"{held}: no A->B->A, and past {a} is out of bounds")
                 decision = replace(decision, target=past, message=f"{decision.message}; past {a}, not back to it")
                 moved = True
         if not moved:
@@ -109,11 +110,11 @@ def no_harm(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
             and (inp.now - last.at).total_seconds() < horizon):
         strong = w.paused > 0 or (w.tpot_miss_fraction or 0.0) >= REVERSAL_MIN_TPOT_MISSES
         if not strong:
-            return hold(inp, "RecentRaise", f"{decision.message}; a lower right after a raise needs stronger "
+            return hold(inp, TunerReason.RECENT_RAISE, f"{decision.message}; a lower right after a raise needs stronger "
                         f"evidence (paused requests or >= {REVERSAL_MIN_TPOT_MISSES:.0%} TPOT misses)")
-    if decision.action == Action.RAISE and decision.reason != "OutOfBounds":
+    if decision.action == Action.RAISE and decision.reason != TunerReason.OUT_OF_BOUNDS:
         gain = capacity_gain(w, inp.current, decision.target)
         if gain < MIN_CAPACITY_GAIN:
-            return hold(inp, "NoCapacityGain", f"{decision.message}; but the fitted step latency predicts only "
+            return hold(inp, TunerReason.NO_CAPACITY_GAIN, f"{decision.message}; but the fitted step latency predicts only "
                         f"x{gain:.2f} decode throughput at {decision.target}: not worth a restart")
     return decision

@@ -26,7 +26,6 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
     MIN_SAMPLES,
     PLANNING_HORIZON_SECONDS,
-    PROTECTIVE_REASONS,
     SEVERE_MISSES,
     TPOT_NEAR_MARGIN_FACTOR,
     WHAT_IF_RECHECK_SECONDS,
@@ -41,22 +40,23 @@ from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 
 
 def decide(inp: TunerInput) -> Decision:
     """The decision for one tuning interval."""
     lo, hi = bounds(inp)
     if inp.build_in_progress or inp.rollout_in_progress:
-        return hold(inp, "RolloutInProgress", "A build or rollout is under way; observing only")
+        return hold(inp, TunerReason.ROLLOUT_IN_PROGRESS, "A build or rollout is under way; observing only")
     if inp.current > hi or inp.current < lo:
         clamped = max(lo, min(hi, inp.current))
         action = Action.LOWER if clamped < inp.current else Action.RAISE
-        return Decision(action, clamped, "OutOfBounds", f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
+        return Decision(action, clamped, TunerReason.OUT_OF_BOUNDS, f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
-        return hold(inp, "InsufficientData", "Not enough warm metrics in the window")
+        return hold(inp, TunerReason.INSUFFICIENT_DATA, "Not enough warm metrics in the window")
     if inp.expected_pods and w.pods < inp.expected_pods:
-        return hold(inp, "PartialSignals", f"Only {w.pods} of {inp.expected_pods} pods gave warm metrics "
+        return hold(inp, TunerReason.PARTIAL_SIGNALS, f"Only {w.pods} of {inp.expected_pods} pods gave warm metrics "
                     f"(warming up or scrapes failing); a partial view is no reason to restart")
     decision = decide_from_signals(inp, w, lo, hi)
     decision = no_harm(inp, w, decision)
@@ -71,13 +71,13 @@ def decide(inp: TunerInput) -> Decision:
         protective = decision.action == Action.LOWER and decision.reason in PROTECTIVE_REASONS
         urgent = (escalating or protective) and elapsed >= 2 * inp.spec.interval_seconds
         if elapsed < inp.spec.cooldown_seconds and not urgent:
-            return hold(inp, "Cooldown", f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
+            return hold(inp, TunerReason.COOLDOWN, f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
                         f"pending: {decision.action} to {decision.target}")
     # Last, so a hold for any other reason costs no simulation.
     if decision.action in (Action.RAISE, Action.LOWER) and inp.what_if is not None:
         recheck = _what_if_rechecks(inp, w)
         if recheck is not None:
-            return hold(inp, "NoPredictedGain", f"{decision.message}; {recheck}")
+            return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
         # Each candidate as the guarantees leave it (moved past a value left recently, or dropped), so the
         # simulation can only choose among changes no_harm allows as they are.
         options = sorted({d.target for c in what_if_candidates(inp.current, decision.target, lo, hi)
@@ -88,12 +88,12 @@ def decide(inp: TunerInput) -> Decision:
         best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp.cost, load),
                                     PLANNING_HORIZON_SECONDS, margin, tpot_near)
         if best is None and why != "no traffic fit":
-            held = hold(inp, "NoPredictedGain", f"{decision.message}; but {why}: no candidate beats staying put")
+            held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
             return replace(held, simulated=True)
         if best is not None:
             checked = no_harm(inp, w, replace(decision, target=best))
             if not checked.changes or checked.target != best:
-                return replace(hold(inp, checked.reason if not checked.changes else "WouldOscillate",
+                return replace(hold(inp, checked.reason if not checked.changes else TunerReason.WOULD_OSCILLATE,
                                     f"{decision.message}; the simulation chose {best}, which the guarantees "
                                     f"refuse"), simulated=True)
             decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)

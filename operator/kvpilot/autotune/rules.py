@@ -24,12 +24,13 @@ from kvpilot.autotune.costs import lower_pays, worth_a_restart
 from kvpilot.autotune.decision import Decision, TunerInput, hold, move
 from kvpilot.autotune.signals import kv_fit, load, needed, pressure, slo_broken, tpot_bound, tpot_margin
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.reasons import TunerReason
 
 
-def protect(inp: TunerInput, w: KvWindow, target: int, reason: str, why: str) -> Decision:
+def protect(inp: TunerInput, w: KvWindow, target: int, reason: TunerReason, why: str) -> Decision:
     """A protective lower, unless the new limit would still be above every batch the pods ran."""
     if target >= w.peak_active:
-        return hold(inp, "LimitNotBinding", f"{why}; but the batch peaked at {w.peak_active}, below {target}: "
+        return hold(inp, TunerReason.LIMIT_NOT_BINDING, f"{why}; but the batch peaked at {w.peak_active}, below {target}: "
                     f"a lower limit would change nothing (the cause is elsewhere, e.g. long prefills)")
     return move(inp, target, reason, why, MIN_PROTECTIVE_STEP)
 
@@ -39,7 +40,7 @@ def no_pressure(inp: TunerInput, w: KvWindow, util: str) -> Decision:
     does, so the tuner never raises ahead of need (measured on the suite, docs/tuner-suite.md, such raises
     never paid for their restart)."""
     occupancy = max(w.mean_active / max(1, inp.current), load(inp.current, w))
-    return hold(inp, "NoPressure", f"Requests are admitted in time; load {occupancy:.0%} of capacity; {util}")
+    return hold(inp, TunerReason.NO_PRESSURE, f"Requests are admitted in time; load {occupancy:.0%} of capacity; {util}")
 
 
 def decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:
@@ -63,13 +64,13 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
     cur = inp.current
     running = max(1, min(cur, w.peak_active)) if inp.what_if is not None else cur
     if w.paused > 0:
-        return protect(inp, w, math.floor(running * MAX_LOWER_FACTOR), "RequestsPaused",
+        return protect(inp, w, math.floor(running * MAX_LOWER_FACTOR), TunerReason.REQUESTS_PAUSED,
                        f"{w.paused} requests were paused for lack of KV blocks; {util}")
     # Under GUARANTEED_NO_EVICT a full pool only delays admission (nothing is paused), so pressure alone
     # is a reason to lower only where the engine evicts.
     if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
         scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
-        return protect(inp, w, math.floor(running * scale), "KvCachePressure", f"{util} is above target")
+        return protect(inp, w, math.floor(running * scale), TunerReason.KV_CACHE_PRESSURE, f"{util} is above target")
     broken = slo_broken(inp.spec.slo, w)
     if broken:
         objective = (inp.spec.slo.time_per_output_token_millis if inp.spec.slo else None) or 1
@@ -78,8 +79,8 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
         misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
         worth, verdict = lower_pays(inp.cost, cur, w, misses)
         if not worth:
-            return hold(inp, "NotWorthARestart", f"{broken}; lowering would cost more than it saves ({verdict})")
-        return protect(inp, w, math.floor(running * scale), "TpotObjectiveBroken", f"{broken}; {verdict}")
+            return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{broken}; lowering would cost more than it saves ({verdict})")
+        return protect(inp, w, math.floor(running * scale), TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
     return None
 
 
@@ -92,21 +93,21 @@ def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int
     misses, why = found
     full = w.peak_active >= SATURATION * cur
     if full and w.mean_unscheduled >= 1:
-        return hold(inp, "ReservationBound",
+        return hold(inp, TunerReason.RESERVATION_BOUND,
                     f"{why}, and {w.mean_unscheduled:.1f} of the {cur} requests in the batch wait for KV blocks on "
                     f"average: admission is bound by reserved blocks (prompt + max_tokens under "
                     f"GUARANTEED_NO_EVICT), so a larger max_batch_size would admit nobody; {util}")
     if not full:
-        return hold(inp, "ReservationBound",
+        return hold(inp, TunerReason.RESERVATION_BOUND,
                     f"{why}, but the batch ({w.peak_active}/{cur}) is not full: admission is bound by reserved "
                     f"KV blocks (GUARANTEED_NO_EVICT), not by max_batch_size; {util}")
     if w.peak_utilization >= target_u - HYSTERESIS:
-        return hold(inp, "AtTarget", f"{why}; the batch is full and {util} is at target")
+        return hold(inp, TunerReason.AT_TARGET, f"{why}; the batch is full and {util} is at target")
     if not tpot_margin(inp.spec.slo, w):
         if inp.what_if is None:
-            return hold(inp, "TpotNearObjective", f"{why}; raising would risk the TPOT objective")
+            return hold(inp, TunerReason.TPOT_NEAR_OBJECTIVE, f"{why}; raising would risk the TPOT objective")
         # Requests miss: the what-if simulation (decide()) weighs the TPOT risk of each candidate.
-        return move(inp, math.ceil(cur * MIN_RAISE_FACTOR), "QueueWithHeadroom",
+        return move(inp, math.ceil(cur * MIN_RAISE_FACTOR), TunerReason.QUEUE_WITH_HEADROOM,
                     f"{why}; the TPOT objective is near, so the simulation decides how far to raise")
     fit = kv_fit(w, target_u, hi)
     wanted = min(fit, needed(cur, w, misses), math.floor(cur * MAX_STEP_FACTOR))
@@ -115,10 +116,10 @@ def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int
         wanted = min(wanted, bound)
     worth, verdict = worth_a_restart(inp.cost, cur, w, misses, max(wanted, cur + 1))
     if not worth:
-        return hold(inp, "NotWorthARestart", f"{why}; a restart would cost more than it saves ({verdict})")
+        return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{why}; a restart would cost more than it saves ({verdict})")
     if wanted > hi and _may_rebuild(inp, hi, fit):
         return _rebuild(inp, w, misses, wanted, fit, why, util)
-    return move(inp, wanted, "QueueWithHeadroom", f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
+    return move(inp, wanted, TunerReason.QUEUE_WITH_HEADROOM, f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
                 f"{verdict}")
 
 
@@ -136,8 +137,8 @@ def _rebuild(inp: TunerInput, w: KvWindow, misses: float, wanted: int, fit: int,
     worth, verdict = worth_a_restart(inp.cost, inp.current, w, misses, min(wanted, ceiling),
                                      PLANNING_HORIZON_SECONDS - build_seconds)
     if not worth:
-        return hold(inp, "RebuildNotWorthIt", f"{why}; the engine's ceiling {inp.ceiling} binds, but a "
+        return hold(inp, TunerReason.REBUILD_NOT_WORTH_IT, f"{why}; the engine's ceiling {inp.ceiling} binds, but a "
                     f"{build_seconds:.0f}s build and a restart would cost more than they save ({verdict})")
-    return Decision(Action.REBUILD, inp.current, "CeilingTooLow",
+    return Decision(Action.REBUILD, inp.current, TunerReason.CEILING_TOO_LOW,
                     f"{why}; the pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; "
                     f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)

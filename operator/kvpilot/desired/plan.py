@@ -26,14 +26,14 @@ from kvpilot.api.status import (
     TrafficStatus,
     to_wire,
 )
-from kvpilot.autotune.constants import PROTECTIVE_REASONS
 from kvpilot.autotune.decision import AppliedChange, ChangeCost, Decision, TunerHistory, TunerInput
 from kvpilot.autotune.policy import decide
+from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
 from kvpilot.desired.rollout import rolling_update, surge_pods_in_force
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
-from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
+from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
 from kvpilot.desired.build_job import build_job
 from kvpilot.desired.conditions import compute_conditions
 from kvpilot.desired.build import BuildDecision, decide_build, served_engine
@@ -163,9 +163,9 @@ def _tune(
         )
     )
     if what_if is not None and not observed.what_if_allowed and decision.changes \
-            and decision.reason not in (*PROTECTIVE_REASONS, "OutOfBounds"):
+            and decision.reason not in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS):
         # Unconfirmed by the simulation, a change may cost more than it gains: wait for the budget to refill.
-        return Decision(Action.HOLD, current, "WhatIfBudgetSpent",
+        return Decision(Action.HOLD, current, TunerReason.WHAT_IF_BUDGET_SPENT,
                         f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "
                         f"until the simulation can confirm it")
     return decision
@@ -261,7 +261,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     applied = bool(decision and decision.changes and tuning_applies(spec))
     if applied and decision is not None and decision.action in (Action.RAISE, Action.LOWER):
         batch = decision.target
-        reason = "AutotuneRaised" if decision.action == Action.RAISE else "AutotuneLowered"
+        reason = BatchingReason.AUTOTUNE_RAISED if decision.action == Action.RAISE else BatchingReason.AUTOTUNE_LOWERED
         message = decision.message
         cm, dep = _serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
                                     observed=observed)
