@@ -37,6 +37,7 @@ from kvpilot.autotune.rules import decide_from_signals
 from kvpilot.autotune.signals import load as load_of
 from kvpilot.autotune.signals import tpot_margin
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
+from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
@@ -46,58 +47,91 @@ from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 def decide(inp: TunerInput) -> Decision:
     """The decision for one tuning interval."""
     lo, hi = bounds(inp)
+    w = _observable(inp, lo, hi)
+    if isinstance(w, Decision):
+        return w
+    decision = no_harm(inp, w, decide_from_signals(inp, w, lo, hi))
+    waiting = _cooldown(inp, w, decision)
+    if waiting is not None:
+        return waiting
+    # Last, so a hold for any other reason costs no simulation.
+    if decision.action in (Action.RAISE, Action.LOWER) and inp.what_if is not None:
+        return _simulated(inp, w, decision, inp.what_if, lo, hi)
+    return decision
+
+
+def _observable(inp: TunerInput, lo: int, hi: int) -> KvWindow | Decision:
+    """The window to decide from, or the decision that needs none: a hold while a build or rollout runs or the
+    window is thin or partial, a clamp at once when the value in force is outside the bounds."""
     if inp.build_in_progress or inp.rollout_in_progress:
         return hold(inp, TunerReason.ROLLOUT_IN_PROGRESS, "A build or rollout is under way; observing only")
     if inp.current > hi or inp.current < lo:
         clamped = max(lo, min(hi, inp.current))
         action = Action.LOWER if clamped < inp.current else Action.RAISE
-        return Decision(action, clamped, TunerReason.OUT_OF_BOUNDS, f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
+        return Decision(action, clamped, TunerReason.OUT_OF_BOUNDS,
+                        f"{inp.current} is outside [{lo}, {hi}]; {inp.current}->{clamped}")
     w = inp.window
     if w is None or w.samples < MIN_SAMPLES or w.max_blocks <= 0:
         return hold(inp, TunerReason.INSUFFICIENT_DATA, "Not enough warm metrics in the window")
     if inp.expected_pods and w.pods < inp.expected_pods:
         return hold(inp, TunerReason.PARTIAL_SIGNALS, f"Only {w.pods} of {inp.expected_pods} pods gave warm metrics "
                     f"(warming up or scrapes failing); a partial view is no reason to restart")
-    decision = decide_from_signals(inp, w, lo, hi)
-    decision = no_harm(inp, w, decision)
+    return w
+
+
+def _cooldown(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | None:
+    """A hold while the last change is younger than the cooldown (None: the change may go ahead)."""
     last_applied_at = inp.history.last_applied_at
-    if last_applied_at is not None and decision.changes:
-        elapsed = (inp.now - last_applied_at).total_seconds()
-        # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
-        # raising again does not wait for the cooldown (which is there to stop flapping, not escalation).
-        escalating = decision.action == Action.RAISE and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
-        # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
-        # only a couple of intervals, so the pods that restarted have been measured.
-        protective = decision.action == Action.LOWER and decision.reason in PROTECTIVE_REASONS
-        urgent = (escalating or protective) and elapsed >= 2 * inp.spec.interval_seconds
-        if elapsed < inp.spec.cooldown_seconds and not urgent:
-            return hold(inp, TunerReason.COOLDOWN, f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
-                        f"pending: {decision.action} to {decision.target}")
-    # Last, so a hold for any other reason costs no simulation.
-    if decision.action in (Action.RAISE, Action.LOWER) and inp.what_if is not None:
-        recheck = _what_if_rechecks(inp, w)
-        if recheck is not None:
-            return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
-        # Each candidate as the guarantees leave it (moved past a value left recently, or dropped), so the
-        # simulation can only choose among changes no_harm allows as they are.
-        options = sorted({d.target for c in what_if_candidates(inp.current, decision.target, lo, hi)
-                          if (d := no_harm(inp, w, replace(decision, target=c))).changes and d.target != inp.current})
-        load = 1.0 if w.mean_queued >= 1 else load_of(inp.current, w)
-        tpot_near = not tpot_margin(inp.spec.slo, w)
-        margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
-        best, why = what_if_verdict(inp.what_if, w, inp.current, options, restart_cost_seconds(inp.cost, load),
-                                    PLANNING_HORIZON_SECONDS, margin, tpot_near)
-        if best is None and why != "no traffic fit":
-            held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
-            return replace(held, simulated=True)
-        if best is not None:
-            checked = no_harm(inp, w, replace(decision, target=best))
-            if not checked.changes or checked.target != best:
-                return replace(hold(inp, checked.reason if not checked.changes else TunerReason.WOULD_OSCILLATE,
-                                    f"{decision.message}; the simulation chose {best}, which the guarantees "
-                                    f"refuse"), simulated=True)
-            decision = replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)
-    return decision
+    if last_applied_at is None or not decision.changes:
+        return None
+    elapsed = (inp.now - last_applied_at).total_seconds()
+    # Like an autoscaler's panic window: when most requests still miss after a raise has rolled out,
+    # raising again does not wait for the cooldown (which is there to stop flapping, not escalation).
+    escalating = decision.action == Action.RAISE and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
+    # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
+    # only a couple of intervals, so the pods that restarted have been measured.
+    protective = decision.action == Action.LOWER and decision.reason in PROTECTIVE_REASONS
+    urgent = (escalating or protective) and elapsed >= 2 * inp.spec.interval_seconds
+    if elapsed < inp.spec.cooldown_seconds and not urgent:
+        return hold(inp, TunerReason.COOLDOWN, f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
+                    f"pending: {decision.action} to {decision.target}")
+    return None
+
+
+def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int) -> list[int]:
+    """The candidates the simulation may choose from, each as the guarantees leave it (moved past a value left
+    recently, or dropped), so it can only choose among changes no_harm allows as they are.
+
+    no_harm is idempotent on what it lets through (a target it moved is clear of every value it guards, and
+    its other checks do not depend on the target), so an option needs no second check once chosen, and the
+    rules' own target (``decision``, vetted already) none at all."""
+    options = {decision.target}
+    for c in what_if_candidates(inp.current, decision.target, lo, hi):
+        if c == decision.target:
+            continue
+        d = no_harm(inp, w, replace(decision, target=c))
+        if d.changes and d.target != inp.current:
+            options.add(d.target)
+    return sorted(options)
+
+
+def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine, lo: int, hi: int) -> Decision:
+    """The rules' change as the what-if simulation confirms (or resizes) it, or a hold when no candidate
+    beats staying put."""
+    recheck = _what_if_rechecks(inp, w)
+    if recheck is not None:
+        return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
+    load = 1.0 if w.mean_queued >= 1 else load_of(inp.current, w)
+    tpot_near = not tpot_margin(inp.spec.slo, w)
+    margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
+    best, why = what_if_verdict(model, w, inp.current, _options(inp, w, decision, lo, hi),
+                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin, tpot_near)
+    if best is None and why != "no traffic fit":
+        held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
+        return replace(held, simulated=True)
+    if best is None:
+        return decision
+    return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)
 
 
 def _what_if_rechecks(inp: TunerInput, w: KvWindow) -> str | None:
