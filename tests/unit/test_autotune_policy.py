@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.api.models import AutotuneSpec, MetricsSpec, SloSpec
-from kvpilot.autotune.decision import AppliedChange, ChangeCost, Decision, TunerHistory, TunerInput
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.window import KvWindow
 
@@ -34,7 +36,10 @@ HISTORY_FIELDS = ("last_applied_at", "recent_changes", "declined_since")
 
 
 def inp(current: int = 64, ceiling: int = 512, w: KvWindow | None = None, **kw: object) -> TunerInput:
-    """A TunerInput from flat keywords: those of ChangeCost and TunerHistory go to their part."""
+    """A TunerInput from flat keywords: those of ChangeCost and TunerHistory go to their part, and a what-if
+    model (``what_if``) goes into an open gate."""
+    if kw.get("what_if") is not None and not isinstance(kw["what_if"], WhatIfGate):
+        kw["what_if"] = WhatIfGate(model=kw["what_if"])  # type: ignore[arg-type]
     cost = {k: kw.pop(k) for k in COST_FIELDS if k in kw}
     history = {k: kw.pop(k) for k in HISTORY_FIELDS if k in kw}
     defaults = dict(current=current, ceiling=ceiling, spec=SPEC, window=w if w is not None else window(),
@@ -239,7 +244,7 @@ def test_a_tpot_lower_must_pay_for_its_restart() -> None:
 
 
 def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> None:
-    from kvpilot.autotune.constants import WHAT_IF_RECHECK_SECONDS
+    from kvpilot.autotune.gate import RECHECK_SECONDS as WHAT_IF_RECHECK_SECONDS
     from kvpilot.autotune.whatif import Engine
 
     sim = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
@@ -261,7 +266,7 @@ def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> 
 
 def test_the_last_decline_is_read_from_status() -> None:
     from kvpilot.api.status import AutotuneStatus
-    from kvpilot.desired.plan import _declined_since
+    from kvpilot.desired.tuning import declined_since as _declined_since
 
     at = AutotuneStatus(what_if_declined_at="2026-11-29T11:58:00Z")
     assert _declined_since(at, NOW) == NOW - timedelta(seconds=120)
@@ -406,3 +411,22 @@ def test_reasons_are_typed_and_their_values_are_the_api() -> None:
         "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
         "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
         "NoPredictedGain", "WhatIfBudgetSpent"}
+
+
+def test_the_gate_holds_unconfirmed_changes_only_when_its_budget_is_spent() -> None:
+    model = _model()
+    spent = WhatIfGate(budget_left=False, model=model)  # type: ignore[arg-type]
+    assert spent.engine is None, "without budget the rules decide alone"
+    for change in (Decision("Raise", 128, "QueueWithHeadroom", "queue"),
+                   Decision("Rebuild", 64, "CeilingTooLow", "ceiling", ceiling_request=1024)):
+        held = spent.withheld(change, 64)
+        assert (held.action, held.reason, held.target) == ("Hold", "WhatIfBudgetSpent", 64)
+        assert held.message.startswith(change.message + "; but this engine spent its what-if CPU budget")
+    passes = (Decision("Lower", 32, "RequestsPaused", "protective"), Decision("Lower", 512, "OutOfBounds", "clamp"),
+              Decision("Hold", 64, "AtTarget", "hold"))
+    assert all(spent.withheld(d, 64) == d for d in passes)
+    raise_ = Decision("Raise", 128, "QueueWithHeadroom", "queue")
+    assert WhatIfGate(budget_left=False).withheld(raise_, 64) == raise_, "no model: nothing could confirm it"
+    assert WhatIfGate(budget_left=False, model_valid=False, model=model).withheld(raise_, 64) == raise_  # type: ignore[arg-type]
+    assert WhatIfGate(model=model).engine is model  # type: ignore[arg-type]
+    assert WhatIfGate(model=model, model_valid=False).engine is None  # type: ignore[arg-type]

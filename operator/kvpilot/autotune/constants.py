@@ -27,9 +27,6 @@ REVERSAL_MIN_TTFT_MISSES = 0.20  # a raise past where a recent lower started nee
 UNDO_MIN_TPOT_MISSES = SEVERE_MISSES  # a lower past where a recent raise started needs this share of TPOT misses
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
-# Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
-# most requests miss): the CPU bound per engine (docs/tuner-suite.md, "How the tuner decides now").
-WHAT_IF_RECHECK_SECONDS = 120.0
 # A raise while p95 TPOT is already near its objective must win the simulation by this many times its margin:
 # the outcome then hinges on the tail of the output lengths, which the fit (means only) does not know
 # (docs/tuner-suite.md, "How the tuner decides now", for the case that showed it).

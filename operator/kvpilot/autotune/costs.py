@@ -7,7 +7,7 @@ simulation; the what-if in ``whatif.py`` checks their verdict where a kvsim mode
 from __future__ import annotations
 
 from kvpilot.autotune.constants import LOWER_MARGIN, MAX_RAISE_FACTOR, PLANNING_HORIZON_SECONDS, SEVERE_MISSES
-from kvpilot.autotune.decision import ChangeCost
+from kvpilot.autotune.inputs import ChangeCost
 from kvpilot.autotune.signals import load as load_of
 from kvpilot.autotune.window import KvWindow
 

@@ -20,7 +20,8 @@ from kvpilot.autotune.constants import (
     REVERSAL_MIN_TTFT_MISSES,
     UNDO_MIN_TPOT_MISSES,
 )
-from kvpilot.autotune.decision import Decision, TunerInput, bounds, hold
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.signals import capacity_gain, tpot_margin
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import TunerReason

@@ -14,8 +14,9 @@ rolling out. It reads the signals TensorRT-LLM actually gives:
 ``decide`` runs, in order: the preconditions (nothing rolling, the value within bounds, a full window), the
 rules (``rules.py``, reading ``signals.py`` and pricing with ``costs.py``), the guarantees (``guarantees.py``:
 no A->B->A, no lower right after a raise on weak evidence, no raise without capacity), the cooldown, and last
-the what-if simulation (``whatif.py``) where a kvsim model exists. Its input and output types are in
-``decision.py``, its thresholds in ``constants.py``.
+the what-if simulation (``whatif.py``) where the gate (``gate.py``) lets it run, or the gate's hold when the
+engine's simulation budget is spent. Its input is in ``inputs.py``, its output in ``decision.py``, its reasons in
+``reasons.py`` and its thresholds in ``constants.py``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from kvpilot.autotune.constants import (
     PLANNING_HORIZON_SECONDS,
     SEVERE_MISSES,
     TPOT_NEAR_MARGIN_FACTOR,
-    WHAT_IF_RECHECK_SECONDS,
 )
 from kvpilot.autotune.costs import restart_cost_seconds
-from kvpilot.autotune.decision import Decision, TunerInput, bounds, hold
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.guarantees import no_harm
 from kvpilot.autotune.rules import decide_from_signals
 from kvpilot.autotune.signals import load as load_of
@@ -55,9 +56,10 @@ def decide(inp: TunerInput) -> Decision:
     if waiting is not None:
         return waiting
     # Last, so a hold for any other reason costs no simulation.
-    if decision.action in (Action.RAISE, Action.LOWER) and inp.what_if is not None:
-        return _simulated(inp, w, decision, inp.what_if, lo, hi)
-    return decision
+    model = inp.simulation
+    if decision.action in (Action.RAISE, Action.LOWER) and model is not None:
+        return _simulated(inp, w, decision, model, lo, hi)
+    return inp.what_if.withheld(decision, inp.current)
 
 
 def _observable(inp: TunerInput, lo: int, hi: int) -> KvWindow | Decision:
@@ -118,7 +120,7 @@ def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int)
 def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine, lo: int, hi: int) -> Decision:
     """The rules' change as the what-if simulation confirms (or resizes) it, or a hold when no candidate
     beats staying put."""
-    recheck = _what_if_rechecks(inp, w)
+    recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
     if recheck is not None:
         return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
     load = 1.0 if w.mean_queued >= 1 else load_of(inp.current, w)
@@ -132,17 +134,3 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if best is None:
         return decision
     return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)
-
-
-def _what_if_rechecks(inp: TunerInput, w: KvWindow) -> str | None:
-    """Why the simulation is skipped this interval (None: run it). Once it has declined, it reruns only
-    WHAT_IF_RECHECK_SECONDS later, so a pressure that persists without paying costs a simulation every few
-    minutes, not every interval; most requests missing reruns it at once."""
-    declined_since = inp.history.declined_since
-    if declined_since is None or (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES:
-        return None
-    ago = (inp.now - declined_since).total_seconds()
-    if ago >= WHAT_IF_RECHECK_SECONDS:
-        return None
-    return (f"the simulation declined it {ago:.0f}s ago and reruns {WHAT_IF_RECHECK_SECONDS:.0f}s after that "
-            f"unless most requests miss")

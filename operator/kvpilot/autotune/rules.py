@@ -21,7 +21,8 @@ from kvpilot.autotune.constants import (
     SATURATION,
 )
 from kvpilot.autotune.costs import lower_pays, worth_a_restart
-from kvpilot.autotune.decision import Decision, TunerInput, hold, move
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.inputs import TunerInput, hold, move
 from kvpilot.autotune.signals import kv_fit, load, needed, pressure, slo_broken, tpot_bound, tpot_margin
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import TunerReason
@@ -62,7 +63,7 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
     know whether the batch or something else (long prefills) breaks TPOT: sized from the limit, a lower that
     would not bind is held (LimitNotBinding)."""
     cur = inp.current
-    running = max(1, min(cur, w.peak_active)) if inp.what_if is not None else cur
+    running = max(1, min(cur, w.peak_active)) if inp.simulation is not None else cur
     if w.paused > 0:
         return protect(inp, w, math.floor(running * MAX_LOWER_FACTOR), TunerReason.REQUESTS_PAUSED,
                        f"{w.paused} requests were paused for lack of KV blocks; {util}")
@@ -104,7 +105,7 @@ def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int
     if w.peak_utilization >= target_u - HYSTERESIS:
         return hold(inp, TunerReason.AT_TARGET, f"{why}; the batch is full and {util} is at target")
     if not tpot_margin(inp.spec.slo, w):
-        if inp.what_if is None:
+        if inp.simulation is None:
             return hold(inp, TunerReason.TPOT_NEAR_OBJECTIVE, f"{why}; raising would risk the TPOT objective")
         # Requests miss: the what-if simulation (decide()) weighs the TPOT risk of each candidate.
         return move(inp, math.ceil(cur * MIN_RAISE_FACTOR), TunerReason.QUEUE_WITH_HEADROOM,

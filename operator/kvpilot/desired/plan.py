@@ -8,29 +8,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-import math
 from typing import Any
 
 from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, merge_conditions
 from kvpilot.api.metrics_url import MetricsPin
-from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
-from kvpilot.api.timestamps import parse_rfc3339, rfc3339
+from kvpilot.api.models import InferenceEngine
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.status import (
     Action,
     AutotuneStatus,
     BatchingStatus,
-    BuildState,
     EngineStatus,
     KvCacheStatus,
     TrafficStatus,
     to_wire,
 )
-from kvpilot.autotune.decision import AppliedChange, ChangeCost, Decision, TunerHistory, TunerInput
-from kvpilot.autotune.policy import decide
-from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
-from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
-from kvpilot.desired.rollout import rolling_update, surge_pods_in_force
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.desired.rollout import rolling_update
+from kvpilot.desired.tuning import tune
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
 from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
@@ -45,27 +42,6 @@ from kvpilot.trtllm.release import DEFAULT_IMAGE
 from kvpilot.desired.contract import metrics_condition, release_condition
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import Surface
-
-
-DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
-DEFAULT_BUILD_SECONDS = 1200.0  # until a build has been measured
-
-
-def _when(value: str | None, now: datetime) -> datetime | None:
-    """A status timestamp in ``now``'s zone; None when absent or not RFC 3339 (status is user-writable)."""
-    try:
-        return parse_rfc3339(value, now.tzinfo) if value else None
-    except ValueError:
-        return None
-
-
-def _last_build_seconds(status: EngineStatus, now: datetime) -> float | None:
-    """Duration of the last finished build (status.build), the rebuild cost the tuner weighs."""
-    build = status.build
-    if build is None or build.state != BuildState.SUCCEEDED:
-        return None
-    start, end = _when(build.started_at, now), _when(build.finished_at, now)
-    return max(0.0, (end - start).total_seconds()) if start and end else None
 
 
 @dataclass(frozen=True)
@@ -129,84 +105,6 @@ def _limits_between_rollouts(strategy: str, dep: dict[str, Any],
     return written.rolling_update if same else None
 
 
-def _tune(
-    spec: InferenceEngineSpec, observed: Observed, *, current: int, ceiling: int, rolling: bool, building: bool,
-    now: datetime,
-) -> Decision | None:
-    if not spec.autotune.enabled:
-        return None
-    last_at = _when((observed.status.autotune or AutotuneStatus()).last_applied_at, now)
-    what_if = _what_if(spec, ceiling, observed) if observed.what_if_model_valid else None
-    decision = decide(
-        TunerInput(
-            current=current,
-            ceiling=ceiling,
-            spec=spec.autotune,
-            window=observed.kv,
-            scheduler_policy=spec.batching.scheduler_policy,
-            rollout_in_progress=rolling,
-            build_in_progress=building,
-            now=now,
-            expected_pods=spec.serving.replicas,
-            cost=ChangeCost(
-                replicas=spec.serving.replicas,
-                restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-                build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
-                surge=surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
-            ),
-            history=TunerHistory(
-                last_applied_at=last_at,
-                recent_changes=_recent_changes(observed.status, now),
-                declined_since=_declined_since(observed.status.autotune, now),
-            ),
-            what_if=what_if if observed.what_if_allowed else None,
-        )
-    )
-    if what_if is not None and not observed.what_if_allowed and decision.changes \
-            and decision.reason not in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS):
-        # Unconfirmed by the simulation, a change may cost more than it gains: wait for the budget to refill.
-        return Decision(Action.HOLD, current, TunerReason.WHAT_IF_BUDGET_SPENT,
-                        f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "
-                        f"until the simulation can confirm it")
-    return decision
-
-
-def _declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
-    """When the what-if simulation last ran and declined (status.autotune.whatIfDeclinedAt); None when it has
-    not since the last applied change, or the value is unreadable."""
-    return _when(tune.what_if_declined_at, now) if tune is not None else None
-
-
-def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
-    """The kvsim model of the served engine, when one exists (the simulated backend names its profile)."""
-    sim = spec.runtime.simulation
-    if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
-        return None
-    slo = spec.autotune.slo
-    ttft = slo.time_to_first_token_millis if slo else None
-    surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
-    return WhatIfEngine(
-        profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
-        replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-        surge=surge > 0, max_surge=max(1, surge),
-        ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
-        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
-        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
-
-
-def _recent_changes(status: EngineStatus, now: datetime) -> tuple[AppliedChange, ...]:
-    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
-    out = []
-    for record in (status.autotune or AutotuneStatus()).history or ():
-        if not record.applied or record.action not in (Action.RAISE, Action.LOWER):
-            continue
-        at = _when(record.at, now)
-        if at is None or record.from_batch_size is None or record.to_batch_size is None:
-            continue  # a hand-edited or older record: ignored, not fatal
-        out.append(AppliedChange(at, record.from_batch_size, record.to_batch_size))
-    return tuple(out)
-
-
 def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     w = observed.kv
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
@@ -228,7 +126,10 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     )
 
 
-def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
+def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime, *,
+         what_if: WhatIfGate = WhatIfGate()) -> Plan:
+    """``what_if``: the tuner's access to its what-if simulation (autotune/gate.py), from the planner
+    (kvpilot/planning.py); the default is open (no budget, the model trusted), as for ``kvpilot render``."""
     spec, meta = engine.spec, engine.meta
     image = image_for(spec, settings.kvsim_image, settings.default_image)
     claim = cache_claim_name(meta, spec)
@@ -256,8 +157,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
 
     tuner_ceiling = ceiling if ceiling is not None else spec.autotune.max_batch_size
     before = batch
-    decision = _tune(spec, observed, current=batch, ceiling=tuner_ceiling, rolling=rolling, building=build.building,
-                     now=now) if can_serve else None
+    decision = tune(spec, observed, current=batch, ceiling=tuner_ceiling, rolling=rolling, building=build.building,
+                    now=now, what_if=what_if) if can_serve else None
     applied = bool(decision and decision.changes and tuning_applies(spec))
     if applied and decision is not None and decision.action in (Action.RAISE, Action.LOWER):
         batch = decision.target
