@@ -17,7 +17,8 @@ from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired.fingerprint import fingerprint_inputs
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.pod_parts import image_for
 
 DEFAULT_KVSIM_IMAGE = Settings().kvsim_image

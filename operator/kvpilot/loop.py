@@ -25,7 +25,8 @@ from kvpilot.autotune.window import KvWindow
 from kvpilot.k8s.cache import CHILD_KINDS, COMPONENT_LABEL, INDEX_COMPONENT, owners_of
 from kvpilot.k8s.capacity import BOUND_POD_KIND, NODE_KIND
 from kvpilot.k8s.informer import Informer
-from kvpilot.desired.plan import Settings, requeue_after
+from kvpilot.desired.plan import requeue_after
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Forbidden, Invalid

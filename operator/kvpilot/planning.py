@@ -23,7 +23,8 @@ from kvpilot import telemetry
 from kvpilot.api.models import InferenceEngine
 from kvpilot.autotune.gate import CPU_SECONDS_PER_HOUR, EngineKey, WhatIfBudget, WhatIfGate, may_simulate, model_check
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Plan, Settings, plan
+from kvpilot.desired.plan import Plan, plan
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.tuning import what_if_model
 
 log = logging.getLogger(__name__)

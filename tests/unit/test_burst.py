@@ -16,7 +16,8 @@ from kvsim.workload import Phase
 from kvpilot.autotune.whatif import Engine, TrafficFit, _requests, fit_traffic, quantized, steady_goodput
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.observe.burst import CV_MAX, CV_MIN, allan_factor, arrival_cv, equal_periods, fleet_arrivals
 from kvpilot.observe.scrape import EngineFacts, EngineSampler
 from kvpilot.observe.window import summarize

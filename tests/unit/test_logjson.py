@@ -16,7 +16,8 @@ from kvpilot import loop as loop_module
 from kvpilot.autotune.decision import Decision
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.logjson import JsonFormatter, bind_engine
 from tests.unit.helpers import manifest
 from tests.unit.virtual_time import VirtualTime

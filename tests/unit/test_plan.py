@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import DeploymentState, JobState, Observed, PodState
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from tests.unit.helpers import engine
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)

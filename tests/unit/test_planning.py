@@ -20,7 +20,8 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate, may_simulate
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.loop import engine_time
 from tests.unit.helpers import engine
 from tests.unit.test_plan import built

@@ -37,7 +37,8 @@ from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import DeploymentState, Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.observe.burst import BURST_HISTORY_SECONDS
 from kvpilot.observe.scrape import sample_seconds
 from kvpilot.observe.window import summarize as summarize_window

@@ -10,9 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from kvpilot import __version__
 from kvpilot.api.conditions import AVAILABLE, Condition, merge_conditions
-from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.status import (
@@ -38,20 +36,11 @@ from kvpilot.desired.build import BuildDecision, decide_build, served_engine
 from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.pod_parts import image_for
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
-from kvpilot.trtllm.release import DEFAULT_IMAGE
 from kvpilot.desired.contract import metrics_condition, release_condition
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import Surface
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Operator-wide settings the plan depends on."""
-
-    kvsim_image: str = f"ghcr.io/kvpilot/kvsim:{__version__}"
-    default_image: str = DEFAULT_IMAGE
-    metrics_pins: tuple[MetricsPin, ...] = ()  # --resolve: metrics hosts the administrator pinned
 
 
 @dataclass(frozen=True)
