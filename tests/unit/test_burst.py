@@ -1,4 +1,4 @@
-"""Arrival burstiness from per-sample arrival counts (observe/burst.py), its live counting (the sampler), and the
+"""Arrival burstiness from per-sample arrival counts (autotune/burst.py), its live counting (the sampler), and the
 what-if's use of it (autotune/whatif.py draws kvsim's gamma gaps with the fitted cv)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import plan
 from kvpilot.desired.settings import Settings
-from kvpilot.observe.burst import CV_MAX, CV_MIN, allan_factor, arrival_cv, equal_periods, fleet_arrivals
+from kvpilot.autotune.burst import CV_MAX, CV_MIN, allan_factor, arrival_cv, equal_periods, fleet_arrivals
 from kvpilot.observe.scrape import EngineFacts, EngineSampler
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.summarize import summarize
 from tests.unit.helpers import engine
 
 PERIOD_S, HISTORY = 5.0, 60  # the live sampler's period at a 30 s interval, and its 5-minute history

@@ -39,7 +39,7 @@ SEED = 8
 @dataclass(frozen=True)
 class TrafficFit:
     """What the window says about the traffic of the whole fleet (lognormal lengths around the means).
-    ``arrival_cv``: the inter-arrival gaps' coefficient of variation (observe/burst.py); 1 is Poisson."""
+    ``arrival_cv``: the inter-arrival gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
 
     rate_per_s: float
     prompt_mean: float

@@ -25,8 +25,8 @@ from kvpilot.api.status import EngineInfo, EngineStatus
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import PodState
-from kvpilot.observe.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
+from kvpilot.autotune.summarize import summarize
 from kvpilot.trtllm.metrics import (
     IterationSample,
     LatencySnapshot,
@@ -156,7 +156,7 @@ class EngineSampler:
     rejections: deque[tuple[float, str, str, str]] = field(default_factory=lambda: deque(maxlen=MAX_REJECTIONS_KEPT))
     clock: Callable[[], float] = time.time  # injected in tests
     backoff: dict[str, PodBackoff] = field(default_factory=dict)
-    # The fleet's arrivals per sample, for the burstiness estimate (observe/burst.py): (wall time, seconds since
+    # The fleet's arrivals per sample, for the burstiness estimate (autotune/burst.py): (wall time, seconds since
     # the previous sample, arrivals or None where they could not be counted), kept BURST_HISTORY_SECONDS. Not
     # cleared by reset(): the traffic does not depend on the configuration the pods run, and a pod that comes or
     # goes breaks the chain of counts by itself (fleet_arrivals).

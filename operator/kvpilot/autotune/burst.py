@@ -114,7 +114,7 @@ PERIOD_TOLERANCE = 0.25  # a sample period this far (relatively) from the median
 def fleet_arrivals(before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]],
                    scraped: Set[str]) -> float | None:
     """Arrivals of the whole fleet between two samples, from each pod's (finished-requests counter, requests in
-    the pod) at both: finished + growth of those in the pod, per pod (as observe/window.traffic_fit counts them
+    the pod) at both: finished + growth of those in the pod, per pod (as autotune/summarize.traffic_fit counts them
     over a window). None unless the same pods were read at both samples and every pod scraped now was read (a
     pod that came or went, or did not answer, would count as a drop or a jump of the traffic), or when a
     counter went back (a restarted pod) or a figure is not finite."""

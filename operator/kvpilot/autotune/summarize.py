@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvpilot.autotune.window import KvWindow
-from kvpilot.observe.burst import arrival_cv
+from kvpilot.autotune.burst import arrival_cv
 from kvpilot.trtllm.metrics import (
     Histogram,
     IterationSample,
@@ -30,7 +30,7 @@ def summarize(
     arrival_counts: Sequence[float | None] | None = None,
 ) -> KvWindow | None:
     """``arrival_counts``: the fleet's arrivals per sample period, in time order (None where a sample could not
-    count them), for the burstiness estimate (observe/burst.py); the sampler keeps a longer history of them
+    count them), for the burstiness estimate (autotune/burst.py); the sampler keeps a longer history of them
     than one window, since a window's six samples say little about a variance."""
     pods = {p: list(v) for p, v in samples_by_pod.items() if any(s.max_blocks > 0 for s in v)}
     samples = [s for pod in pods.values() for s in pod if s.max_blocks > 0]
