@@ -105,8 +105,8 @@ def arrival_cv(counts: Sequence[float | None]) -> float | None:
     return min(CV_MAX, max(CV_MIN, math.sqrt(max(0.0, factor))))
 
 
-# The counts the estimate reads: five minutes of samples (60 at the 5 s period of a 30 s interval, whose
-# estimate of cv 3 traffic at 8 req/s falls within 2.4..3.5 nine times in ten; tests/unit/test_burst.py).
+# The counts the estimate reads: five minutes of samples (60 at the 5 s period of a 30 s interval; how closely
+# that history estimates a cv: docs/live-tuner.md, "Burstiness: the arrival cv").
 BURST_HISTORY_SECONDS = 300.0
 PERIOD_TOLERANCE = 0.25  # a sample period this far (relatively) from the median one is not an "equal" period
 

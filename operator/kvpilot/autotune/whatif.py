@@ -30,7 +30,8 @@ WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate
 SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
 MAX_REQUESTS = 6000  # per simulated run
 # Per decision: staying put and every candidate share this many simulated requests (each run gets at most
-# MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (at most 1.8 CPU-s in the suite run, docs/tuner-suite.md).
+# MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (its measured
+# cost: docs/tuner-suite.md, "How the tuner decides now").
 DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8

@@ -251,7 +251,8 @@ def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> ti
     """Reconcile again soon while something moves, at the tuning interval when tuning, else at resync."""
     progressing, available = p.status.condition("Progressing"), p.status.condition(AVAILABLE)
     # Child events (Jobs, Deployments, pods) wake the loop anyway, and a pass reads only the watch cache;
-    # polling only bridges a rollout. Every 5 s cost 200 passes a second at 1,000 rolling engines: 15 s.
+    # polling only bridges a rollout, so it is slow (why 15 s: docs/live-tuner.md, "How often an engine is
+    # planned").
     if progressing is not None and progressing.status == "True" and \
             (available is None or available.reason != "ScaledToZero"):
         return timedelta(seconds=min(resync_seconds, 15))
