@@ -55,6 +55,9 @@ class TunerHistory:
 
 @dataclass(frozen=True)
 class TunerInput:
+    """One tuning interval: the value in force (``current``), what bounds it (``ceiling``, ``spec``), the window,
+    whether something builds or rolls, and the typed parts (``cost``, ``history``, ``what_if``)."""
+
     current: int
     ceiling: int
     spec: AutotuneSpec
