@@ -51,15 +51,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # The operator uses kvsim only as a model library (the tuner's what-if check), so the parts of kvsim it never
 # imports go: the simulated trtllm-serve and trtllm-build, the kvsim CLI and its offline tools. That list is
 # checked against the operator's imports by tests/unit/test_import_graph.py; the import below proves the
-# operator's modules still load without them.
+# operator's modules still load without them. kvpilot's own benchmark (`kvpilot bench`, kvpilot/bench) goes
+# too: it runs from a source checkout or `pip install 'kvpilot[bench]'`, never in the cluster (the CLI then says
+# so; tests/unit/test_operator_image.py).
 ARG KVSIM_NOT_IN_OPERATOR="serve trtllm cli.py bench.py calibration.py claims.py plots.py perturb.py"
+ARG KVPILOT_NOT_IN_OPERATOR="bench"
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/kvpilot \
  && /opt/kvpilot/bin/pip install --no-index --find-links=/wheels kvpilot \
  && cd /opt/kvpilot/lib/python3*/site-packages/kvsim \
  && for part in $KVSIM_NOT_IN_OPERATOR; do rm -r -- "$part" && rm -f -- __pycache__/"${part%.py}".*.pyc; done \
- && rm -- /opt/kvpilot/bin/kvsim && cd / \
- && /opt/kvpilot/bin/python -c 'import kvpilot.operator, kvpilot.autotune.policy, kvpilot.desired.plan, kvpilot.bench.cli' \
+ && rm -- /opt/kvpilot/bin/kvsim \
+ && cd /opt/kvpilot/lib/python3*/site-packages/kvpilot \
+ && for part in $KVPILOT_NOT_IN_OPERATOR; do rm -r -- "$part"; done && cd / \
+ && /opt/kvpilot/bin/python -c 'import kvpilot.operator, kvpilot.autotune.policy, kvpilot.desired.plan' \
+ && /opt/kvpilot/bin/python -c 'import importlib.util as u; assert u.find_spec("kvpilot.bench") is None' \
  && /opt/kvpilot/bin/pip uninstall --yes setuptools wheel pip \
  && { python3 -m pip uninstall --yes setuptools wheel pip 2>/dev/null || true; } \
  && kvpilot --help >/dev/null

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from datetime import datetime, timezone
@@ -17,7 +18,8 @@ from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired.fingerprint import fingerprint_inputs
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.pod_parts import image_for
 
 DEFAULT_KVSIM_IMAGE = Settings().kvsim_image
@@ -156,6 +158,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def cmd_no_bench(args: argparse.Namespace) -> int:
+    print("kvpilot bench: the benchmark is not installed here (the operator image leaves it out); run it from "
+          "a source checkout (make venv) or after `pip install 'kvpilot[bench]'`", file=sys.stderr)
+    return 2
+
+
 def cmd_doctor_trtllm(args: argparse.Namespace) -> int:
     """Compare a TensorRT-LLM image's probe output with kvpilot's release table (no cluster, no GPU)."""
     import json
@@ -252,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(func=cmd_crd)
 
     bench = sub.add_parser("bench", help="Benchmarks (see `kvpilot bench tuner --help`).")
+    if importlib.util.find_spec("kvpilot.bench") is None:  # the operator image ships without it (Dockerfile)
+        bench.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        bench.set_defaults(func=cmd_no_bench)
+        return parser
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     from kvpilot.bench.args import add_tuner_arguments
 

@@ -27,7 +27,8 @@ from kvpilot.api.models import InferenceEngine
 from kvpilot.api.status import EngineStatus, parse_status
 from kvpilot.api.validate import InvalidEngineError
 from kvpilot.desired.observed import PodState
-from kvpilot.desired.plan import Settings, requeue_after
+from kvpilot.desired.plan import requeue_after
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Forbidden, Invalid

@@ -10,7 +10,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from kvpilot.api.metrics_url import MetricsPin
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.handlers import engine as engine_handlers
 from kvpilot.logjson import JsonFormatter
 

@@ -24,7 +24,8 @@ from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import JobState, Observed
-from kvpilot.desired.plan import Plan, Settings, plan
+from kvpilot.desired.plan import Plan, plan
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.storage import engine_index_entry
 from kvpilot.k8s.api import Api

@@ -135,6 +135,9 @@ def test_operator_image_holds_kvsim_only_as_the_library_the_operator_imports(pod
                    "cli": "False", "program": "False"}
     imported = _python(podman, OPERATOR, "import kvpilot.operator, kvpilot.autotune.whatif; print('ok')", user)
     assert imported == ["ok"]
+    # Nor kvpilot's own benchmark (Dockerfile, KVPILOT_NOT_IN_OPERATOR): `kvpilot bench` says where it lives.
+    bench = _python(podman, OPERATOR, "import importlib.util as u; print(u.find_spec('kvpilot.bench') is None)", user)
+    assert bench == ["True"]
 
 
 def test_kvsim_image_holds_kvsim_and_its_server_not_the_operator(podman: str) -> None:

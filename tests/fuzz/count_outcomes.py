@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvpilot.cli import load_engines, main
 from kvpilot.desired.fingerprint import compute_fingerprint
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.pod_parts import image_for
 from tests.fuzz.generate import MARKER, OUT
 from tests.unit import script_sandbox as SB

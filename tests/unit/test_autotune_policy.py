@@ -10,7 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.api.models import AutotuneSpec, MetricsSpec, SloSpec
-from kvpilot.autotune.policy import AppliedChange, Decision, TunerInput, decide
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
+from kvpilot.autotune.policy import decide
 from kvpilot.autotune.window import KvWindow
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -28,10 +31,21 @@ def window(util: float = 0.5, active: int = 64, queued: float = 0.0, paused: int
                     tpot_p95_ms=tpot)
 
 
+COST_FIELDS = ("replicas", "restart_seconds", "build_seconds", "surge")
+HISTORY_FIELDS = ("last_applied_at", "recent_changes", "declined_since")
+
+
 def inp(current: int = 64, ceiling: int = 512, w: KvWindow | None = None, **kw: object) -> TunerInput:
+    """A TunerInput from flat keywords: those of ChangeCost and TunerHistory go to their part, and a what-if
+    model (``what_if``) goes into an open gate."""
+    if kw.get("what_if") is not None and not isinstance(kw["what_if"], WhatIfGate):
+        kw["what_if"] = WhatIfGate(model=kw["what_if"])  # type: ignore[arg-type]
+    cost = {k: kw.pop(k) for k in COST_FIELDS if k in kw}
+    history = {k: kw.pop(k) for k in HISTORY_FIELDS if k in kw}
     defaults = dict(current=current, ceiling=ceiling, spec=SPEC, window=w if w is not None else window(),
                     scheduler_policy="GuaranteedNoEvict", rollout_in_progress=False, build_in_progress=False,
-                    last_applied_at=None, now=NOW, replicas=4, restart_seconds=60.0)
+                    now=NOW, cost=ChangeCost(**{"replicas": 4, "restart_seconds": 60.0, **cost}),  # type: ignore[arg-type]
+                    history=TunerHistory(**history))  # type: ignore[arg-type]
     defaults.update(kw)
     return TunerInput(**defaults)  # type: ignore[arg-type]
 
@@ -230,7 +244,7 @@ def test_a_tpot_lower_must_pay_for_its_restart() -> None:
 
 
 def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> None:
-    from kvpilot.autotune.policy import WHAT_IF_RECHECK_SECONDS
+    from kvpilot.autotune.gate import RECHECK_SECONDS as WHAT_IF_RECHECK_SECONDS
     from kvpilot.autotune.whatif import Engine
 
     sim = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
@@ -252,7 +266,7 @@ def test_after_a_what_if_decline_the_simulation_reruns_only_a_period_later() -> 
 
 def test_the_last_decline_is_read_from_status() -> None:
     from kvpilot.api.status import AutotuneStatus
-    from kvpilot.desired.plan import _declined_since
+    from kvpilot.desired.tuning import declined_since as _declined_since
 
     at = AutotuneStatus(what_if_declined_at="2026-11-29T11:58:00Z")
     assert _declined_since(at, NOW) == NOW - timedelta(seconds=120)
@@ -318,15 +332,15 @@ def test_at_most_one_reversal_per_planning_horizon() -> None:
 def test_with_the_simulation_a_protective_lower_is_sized_from_the_batch_that_runs() -> None:
     """A limit far above the batch (512, batch 150): sized from the limit, the lower (to 256-448) would not
     bind; sized from the batch it does, and the simulation then confirms it (here only the rules run)."""
-    from kvpilot.autotune.policy import _decide_from_signals
+    from kvpilot.autotune.rules import decide_from_signals
     from kvpilot.autotune.whatif import Engine
 
     model = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict",
                    replicas=2, restart_seconds=90.0, surge=True, ttft_ms=3000.0, tpot_ms=50.0)
     w = replace(window(util=0.4, active=150, tpot=80), tpot_miss_fraction=0.7)
-    rules_only = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True), w, 8, 1024)
+    rules_only = decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True), w, 8, 1024)
     assert (rules_only.action, rules_only.reason) == ("Hold", "LimitNotBinding"), rules_only.message
-    simulated = _decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True, what_if=model), w, 8, 1024)
+    simulated = decide_from_signals(inp(current=512, spec=TPOT_SPEC, w=w, surge=True, what_if=model), w, 8, 1024)
     assert simulated.action == "Lower" and simulated.target < 150, simulated.message
 
 
@@ -381,3 +395,38 @@ def test_every_value_left_within_the_horizon_is_kept_clear_not_only_the_latest(
     assert seen and all(clear(c) for c in seen[0]), seen
     assert d.action == "Lower" and clear(d.target), d.message
     assert "past 64, not back to it" in d.message  # the rules' own target (64) was moved past 64
+
+
+def test_reasons_are_typed_and_their_values_are_the_api() -> None:
+    """Every reason is a TunerReason (a made-up one is refused); the values users alert on never change."""
+    from kvpilot.autotune.reasons import TunerReason
+
+    assert isinstance(decide(inp(w=window(util=0.30, active=64, queued=20))).reason, TunerReason)
+    with pytest.raises(ValueError):
+        Decision("Hold", 64, "WithinTarget", "not a reason the tuner gives")
+    assert f"{TunerReason.NO_PREDICTED_GAIN}" == "NoPredictedGain"
+    assert {r.value for r in TunerReason} == {
+        "RolloutInProgress", "OutOfBounds", "InsufficientData", "PartialSignals", "RequestsPaused",
+        "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "NoPressure",
+        "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
+        "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
+        "NoPredictedGain", "WhatIfBudgetSpent"}
+
+
+def test_the_gate_holds_unconfirmed_changes_only_when_its_budget_is_spent() -> None:
+    model = _model()
+    spent = WhatIfGate(budget_left=False, model=model)  # type: ignore[arg-type]
+    assert spent.engine is None, "without budget the rules decide alone"
+    for change in (Decision("Raise", 128, "QueueWithHeadroom", "queue"),
+                   Decision("Rebuild", 64, "CeilingTooLow", "ceiling", ceiling_request=1024)):
+        held = spent.withheld(change, 64)
+        assert (held.action, held.reason, held.target) == ("Hold", "WhatIfBudgetSpent", 64)
+        assert held.message.startswith(change.message + "; but this engine spent its what-if CPU budget")
+    passes = (Decision("Lower", 32, "RequestsPaused", "protective"), Decision("Lower", 512, "OutOfBounds", "clamp"),
+              Decision("Hold", 64, "AtTarget", "hold"))
+    assert all(spent.withheld(d, 64) == d for d in passes)
+    raise_ = Decision("Raise", 128, "QueueWithHeadroom", "queue")
+    assert WhatIfGate(budget_left=False).withheld(raise_, 64) == raise_, "no model: nothing could confirm it"
+    assert WhatIfGate(budget_left=False, model_valid=False, model=model).withheld(raise_, 64) == raise_  # type: ignore[arg-type]
+    assert WhatIfGate(model=model).engine is model  # type: ignore[arg-type]
+    assert WhatIfGate(model=model, model_valid=False).engine is None  # type: ignore[arg-type]

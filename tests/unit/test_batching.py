@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from kvpilot.api.status import AutotuneStatus, BatchingSource, BatchingStatus
-from kvpilot.autotune.policy import Decision
+from kvpilot.autotune.decision import Decision
 from kvpilot.desired.batching import autotune_status, batching_status, value_in_force
 from tests.unit.helpers import spec_of, manifest
 

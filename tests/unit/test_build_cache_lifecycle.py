@@ -7,7 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.observed import Observed
 from kvpilot.trtllm.build import ORPHAN_AFTER_MINUTES
 from tests.unit import script_sandbox as SB

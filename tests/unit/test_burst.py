@@ -1,4 +1,4 @@
-"""Arrival burstiness from per-sample arrival counts (observe/burst.py), its live counting (the sampler), and the
+"""Arrival burstiness from per-sample arrival counts (autotune/burst.py), its live counting (the sampler), and the
 what-if's use of it (autotune/whatif.py draws kvsim's gamma gaps with the fitted cv)."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from kvsim.workload import Phase
 from kvpilot.autotune.whatif import Engine, TrafficFit, _requests, fit_traffic, quantized, steady_goodput
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
-from kvpilot.observe.burst import CV_MAX, CV_MIN, allan_factor, arrival_cv, equal_periods, fleet_arrivals
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
+from kvpilot.autotune.burst import CV_MAX, CV_MIN, allan_factor, arrival_cv, equal_periods, fleet_arrivals
 from kvpilot.observe.scrape import EngineFacts, EngineSampler
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.summarize import summarize
 from tests.unit.helpers import engine
 
 PERIOD_S, HISTORY = 5.0, 60  # the live sampler's period at a 30 s interval, and its 5-minute history

@@ -12,7 +12,7 @@ import pytest
 
 from kvpilot import loop as loop_module
 from kvpilot.api.status import BatchingStatus, EngineInfo, EngineStatus, parse_status
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.observe.scrape import EngineFacts
 from kvpilot.reconcile import reconcile
 from tests.unit.helpers import manifest

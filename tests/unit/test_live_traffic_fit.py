@@ -1,6 +1,6 @@
 """The live window's traffic fields (arrival rate, mean prompt and output) from what trtllm-serve exposes:
 the iteration stats of every release (played by kvsim, the same engine model the what-if uses) and the 1.3
-token counters. observe/window.traffic_fit; the what-if (autotune/whatif.fit_traffic) reads them."""
+token counters. autotune/summarize.traffic_fit; the what-if (autotune/whatif.fit_traffic) reads them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from kvsim import Engine, EngineConfig, Request
 
 from kvpilot.autotune.whatif import fit_traffic
-from kvpilot.observe.window import MIN_TRAFFIC_REQUESTS, summarize, traffic_fit
+from kvpilot.autotune.summarize import MIN_TRAFFIC_REQUESTS, summarize, traffic_fit
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_iteration_stats, parse_prometheus
 
 RATE, PROMPT, OUTPUT = 3.0, 600, 200

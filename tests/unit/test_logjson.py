@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from kvpilot import loop as loop_module
-from kvpilot.autotune.policy import Decision
+from kvpilot.autotune.decision import Decision
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.logjson import JsonFormatter, bind_engine
 from tests.unit.helpers import manifest
 from tests.unit.virtual_time import VirtualTime
@@ -121,7 +122,7 @@ def test_a_crash_in_an_engine_loop_logs_the_engine_and_the_traceback(monkeypatch
             raise RuntimeError("a bug in the second pass")
         p = plan(engine, Observed(status=parse_status(status), claim_phase="Bound"), Settings(), datetime.now(timezone.utc))
         p = replace(p, written=status_dict(p.status))  # as reconcile() returns it, having written it
-        return replace(p, decision=Decision("Hold", 64, "WithinTarget", "the pool is within its target")), Observed()
+        return replace(p, decision=Decision("Hold", 64, "AtTarget", "the pool is within its target")), Observed()
 
     monkeypatch.setattr(loop_module, "reconcile", reconcile)
     vt = VirtualTime()

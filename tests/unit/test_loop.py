@@ -12,7 +12,8 @@ import pytest
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot import loop as loop_module
 from kvpilot.desired.observed import Observed, PodState
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.observe.scrape import EngineSampler
 from tests.unit.helpers import manifest
 from tests.unit.test_reconcile_cache import RecordingApi, claim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.summarize import summarize
 from kvpilot.trtllm.metrics import Histogram, parse_iteration_stats, parse_prometheus, window_quantile
 
 # Shape from NVIDIA's trtllm-serve docs (trtllm-serve.rst), trimmed.

@@ -16,7 +16,8 @@ from kvpilot import loop as loop_module
 from kvpilot import telemetry
 from kvpilot.desired.contract import metrics_condition
 from kvpilot.desired.observed import Observed, PodState
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.observe.prometheus import parse_matrix
 from kvpilot.observe.scrape import EngineFacts, EngineSampler, decode_json
 from kvpilot.observe.signals import MetricsSource

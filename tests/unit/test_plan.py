@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 from kvpilot.api.status import parse_status, status_dict
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import DeploymentState, JobState, Observed, PodState
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from tests.unit.helpers import engine
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -284,3 +285,30 @@ def test_auto_keeps_the_surge_written_between_rollouts_and_sizes_it_afresh_for_o
     no_surge["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 0, "maxUnavailable": 1}
     unsurged = replace(settled, deployment=deployment_state(no_surge), surge_room=2)
     assert limits(plan(e, unsurged, S, NOW)) == {"maxSurge": 2, "maxUnavailable": 0}
+
+
+def test_when_the_tuner_moves_the_deployment_is_rendered_once_for_the_new_value(monkeypatch) -> None:
+    """The decision comes before the serving children: the Deployment is rendered once, for the value the tuner
+    puts in force, not first for the old value and again for the new one."""
+    from dataclasses import replace
+
+    from kvpilot.autotune import policy
+    from kvpilot.autotune.decision import Decision
+    from kvpilot.desired import serving
+    from tests.unit.test_planning import window
+
+    monkeypatch.setattr(policy, "decide_from_signals", lambda *a: Decision("Raise", 128, "QueueWithHeadroom", "q"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *a: (128, "confirmed"))
+    rendered: list[int] = []
+    real = serving.deployment
+    monkeypatch.setattr(serving, "deployment", lambda *a, **k: rendered.append(k["max_batch_size"]) or real(*a, **k))
+    e = engine(autotune={"mode": "Auto", "minBatchSize": 8, "maxBatchSize": 512})
+    first = plan(e, Observed(claim_phase="Bound"), S, NOW)
+    p = plan(e, replace(built(first), kv=window()), S, NOW)
+    assert p.decision is not None and p.decision.action == "Raise"
+    assert rendered == [128]
+    (dep,) = [o for o in p.apply if o["kind"] == "Deployment"]
+    (cm,) = [o for o in p.apply if o["kind"] == "ConfigMap"]
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[L.BATCH_ANNOTATION] == "128" and annotations[L.CONFIG_HASH_ANNOTATION] == serving.config_hash(cm)
+    assert status_dict(p.status)["batching"]["maxBatchSize"] == 128

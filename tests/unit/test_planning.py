@@ -1,6 +1,6 @@
 """The live what-if: a plan that may simulate runs off the event loop, within a CPU budget per engine
-(kvpilot/planning.py); once the budget is spent the tuner holds the changes the simulation must confirm
-(desired/plan.py, WhatIfBudgetSpent); and kvsim's clock speed-up is taken out of the live arrival rate."""
+(kvpilot/planning.py, autotune/gate.py); once the budget is spent the tuner holds the changes the simulation must
+confirm (the gate's WhatIfBudgetSpent); and kvsim's clock speed-up is taken out of the live arrival rate."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import pytest
 
 from kvpilot import planning
 from kvpilot.api.status import EngineInfo, EngineStatus
-from kvpilot.autotune.policy import Decision
+from kvpilot.autotune import policy as policy_module
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import WhatIfGate, may_simulate
 from kvpilot.autotune.window import KvWindow
-from kvpilot.desired import plan as plan_module
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.observe.signals import engine_time
 from tests.unit.helpers import engine
 from tests.unit.test_plan import built
@@ -36,13 +38,13 @@ def window(rate: float = 2.0, prompt: float = 500, output: float = 200) -> KvWin
 
 
 def test_may_simulate_needs_tuning_a_profile_and_a_traffic_fit() -> None:
-    e = engine(**TUNED)
-    assert planning.may_simulate(e, Observed(kv=window()))
-    assert not planning.may_simulate(e, Observed(kv=window(rate=0)))
-    assert not planning.may_simulate(e, Observed(kv=window(prompt=0)))
-    assert not planning.may_simulate(e, Observed(kv=None))
-    assert not planning.may_simulate(engine(autotune={"enabled": False}), Observed(kv=window()))  # tuning off
-    assert not planning.may_simulate(engine("tensorrt", **TUNED), Observed(kv=window()))  # no kvsim profile
+    spec = engine(**TUNED).spec
+    assert may_simulate(spec, window())
+    assert not may_simulate(spec, window(rate=0))
+    assert not may_simulate(spec, window(prompt=0))
+    assert not may_simulate(spec, None)
+    assert not may_simulate(engine(autotune={"enabled": False}).spec, window())  # tuning off
+    assert not may_simulate(engine("tensorrt", **TUNED).spec, window())  # no kvsim profile
 
 
 class Clock:
@@ -59,19 +61,21 @@ def test_the_budget_is_per_engine_and_per_hour() -> None:
     p.charge(("ns", "a"), 6.0)
     clock.t = 1800
     p.charge(("ns", "a"), 5.0)
-    assert p.spent(("ns", "a")) == 11.0 and p.spent(("ns", "b")) == 0.0
+    assert p.budget.spent(("ns", "a")) == 11.0 and p.budget.spent(("ns", "b")) == 0.0
+    assert not p.budget.left(("ns", "a")) and p.budget.left(("ns", "b"))
     clock.t = 3601  # the first run left the hour
-    assert p.spent(("ns", "a")) == 5.0
+    assert p.budget.spent(("ns", "a")) == 5.0 and p.budget.left(("ns", "a"))
     p.forget(("ns", "a"))
-    assert p.spent(("ns", "a")) == 0.0
+    assert p.budget.spent(("ns", "a")) == 0.0
 
 
 def test_a_simulating_plan_runs_in_the_worker_while_the_loop_keeps_running(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
 
-    def slow_plan(e: Any, observed: Observed, settings: Settings, now: datetime) -> str:
+    def slow_plan(e: Any, observed: Observed, settings: Settings, now: datetime,
+                  what_if: WhatIfGate = WhatIfGate()) -> str:
         seen["thread"] = threading.current_thread().name
-        seen["allowed"] = observed.what_if_allowed
+        seen["allowed"] = what_if.budget_left
         end = time.thread_time() + 0.3
         while time.thread_time() < end:  # CPU, as a simulation burns it
             pass
@@ -98,7 +102,7 @@ def test_a_simulating_plan_runs_in_the_worker_while_the_loop_keeps_running(monke
     out, ticks = asyncio.run(main())
     assert out == "plan" and seen["thread"].startswith("kvpilot-whatif") and seen["allowed"] is True
     assert ticks >= 5, "the event loop stalled while the what-if ran"
-    assert planner.spent(("ns", "e1")) >= 0.25
+    assert planner.budget.spent(("ns", "e1")) >= 0.25
     # Budget spent: the next plan runs inline, with the simulation off.
     asyncio.run(planner.plan(e, Observed(kv=window()), Settings(), NOW))
     assert seen["thread"] == threading.current_thread().name and seen["allowed"] is False
@@ -107,20 +111,23 @@ def test_a_simulating_plan_runs_in_the_worker_while_the_loop_keeps_running(monke
 
 def test_a_plan_that_cannot_simulate_runs_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[str] = []
-    monkeypatch.setattr(planning, "plan", lambda *a: threads.append(threading.current_thread().name))
+    monkeypatch.setattr(planning, "plan", lambda *a, **k: threads.append(threading.current_thread().name))
     asyncio.run(planning.Planner().plan(engine(**TUNED), Observed(kv=window(rate=0)), Settings(), NOW))
     assert threads == [threading.current_thread().name]
 
 
 def served(allowed: bool, decision: Decision, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    monkeypatch.setattr(plan_module, "decide", lambda inp: decision)
+    """plan() with the rules stubbed to ``decision`` (and a simulation that confirms it), the gate's budget
+    spent or not: the guarantees, the cooldown and the gate still apply."""
+    monkeypatch.setattr(policy_module, "decide_from_signals", lambda *a: decision)
+    monkeypatch.setattr(policy_module, "what_if_verdict", lambda *a: (decision.target, "confirmed"))
     e = engine(**TUNED)
     first = plan(e, Observed(claim_phase="Bound"), Settings(), NOW)
     good = plan(e, built(first), Settings(), NOW)
     observed = replace(Observed(status=good.status, claim_phase="Bound",
                                 engine_index={first.fingerprint: good.index_entry[2]}),  # type: ignore[index]
-                       kv=window(), what_if_allowed=allowed)
-    p = plan(e, observed, Settings(), NOW)
+                       kv=window())
+    p = plan(e, observed, Settings(), NOW, what_if=WhatIfGate(budget_left=allowed))
     assert p.decision is not None
     return {"action": p.decision.action, "reason": p.decision.reason}
 
@@ -172,12 +179,14 @@ def test_the_what_if_is_trusted_only_where_its_model_shows_the_pods_misses() -> 
 
 def test_an_invalid_model_leaves_the_rules_alone_without_holding(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
-    monkeypatch.setattr(plan_module, "decide", lambda inp: seen.append(inp.what_if) or Decision(
+    monkeypatch.setattr(policy_module, "decide_from_signals", lambda inp, *a: seen.append(inp) or Decision(
         "Raise", 128, "QueueWithHeadroom", "queue"))
     e = engine(**TUNED)
     first = plan(e, Observed(claim_phase="Bound"), Settings(), NOW)
     good = plan(e, built(first), Settings(), NOW)
-    observed = Observed(status=good.status, claim_phase="Bound", kv=window(), what_if_model_valid=False,
+    observed = Observed(status=good.status, claim_phase="Bound", kv=window(),
                         engine_index={first.fingerprint: good.index_entry[2]})  # type: ignore[index]
-    p = plan(e, observed, Settings(), NOW)
-    assert seen[-1] is None and p.decision is not None and p.decision.action == "Raise"
+    for gate in (WhatIfGate(model_valid=False), WhatIfGate(model_valid=False, budget_left=False)):
+        p = plan(e, observed, Settings(), NOW, what_if=gate)
+        assert seen[-1].what_if.model is not None, "the served engine has a kvsim model"
+        assert seen[-1].simulation is None and p.decision is not None and p.decision.action == "Raise"

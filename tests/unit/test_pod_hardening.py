@@ -11,7 +11,8 @@ import pytest
 from kvpilot.api.status import status_dict
 from kvpilot.api.metrics_url import resolved_problem, url_problem
 from kvpilot.desired.observed import JobState, Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.redact import MASK, redact
 from kvpilot.api.models import InferenceEngine, ObjectRef
 from tests.unit.helpers import engine, manifest, spec_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.observe.prometheus import samples_from_matrix, window_query
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.summarize import summarize
 from kvpilot.trtllm.metrics import parse_prometheus
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from kvpilot import loop as loop_module
 from kvpilot.desired import labels as L
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.errors import ApiError, Conflict, Forbidden, Invalid, Transient
 from kvpilot.k8s.writes import ChildWriter

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.summarize import summarize
 from kvpilot.trtllm.metrics import LatencySnapshot, parse_iteration_stats, parse_prometheus
 
 STATS = {"numActiveRequests": 4, "numQueuedRequests": 0, "numCompletedRequests": 3, "maxBatchSizeStatic": 64,

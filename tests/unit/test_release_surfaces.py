@@ -12,7 +12,7 @@ import yaml
 from kvpilot.api.status import status_dict
 from kvpilot.cli import load_engines, render
 from kvpilot.desired.contract import release_condition
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.trtllm import surface as S
 from kvpilot.trtllm.serve import llm_api_options, rejected_keys, serving_surface
 from tests.unit.helpers import engine

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot.cli import load_engines, render
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

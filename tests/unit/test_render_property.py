@@ -13,7 +13,8 @@ from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.enums import ARCHITECTURES, QUANTIZATIONS, TOKENS_PER_BLOCK_CHOICES
 from kvpilot.api.validate import validate_manifest
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.trtllm import options
 from kvpilot.trtllm.build_script import build_commands
 from kvpilot.trtllm.serve import ServedEngine, serve_command

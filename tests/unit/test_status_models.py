@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from kvpilot.api.conditions import ConditionReason
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from kvpilot.api.status import (
     Action,
     BuildState,

@@ -8,7 +8,8 @@ from prometheus_client import REGISTRY
 
 from kvpilot import telemetry
 from kvpilot.desired.observed import Observed
-from kvpilot.desired.plan import Settings, plan
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
 from tests.unit.helpers import engine
 
 

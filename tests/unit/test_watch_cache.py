@@ -163,7 +163,7 @@ def test_a_fresh_list_drops_what_was_deleted_while_nobody_watched() -> None:
 
 
 def test_a_shared_job_gaining_an_owner_wakes_nobody_and_its_status_wakes_every_owner() -> None:
-    from kvpilot.desired.plan import Settings
+    from kvpilot.desired.settings import Settings
     from kvpilot.k8s.api import Api
     from kvpilot.loop import EngineLoop, EngineLoops
 

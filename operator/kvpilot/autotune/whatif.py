@@ -30,7 +30,8 @@ WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate
 SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
 MAX_REQUESTS = 6000  # per simulated run
 # Per decision: staying put and every candidate share this many simulated requests (each run gets at most
-# MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (at most 1.8 CPU-s in the suite run, docs/tuner-suite.md).
+# MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (its measured
+# cost: docs/tuner-suite.md, "How the tuner decides now").
 DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8
@@ -39,7 +40,7 @@ SEED = 8
 @dataclass(frozen=True)
 class TrafficFit:
     """What the window says about the traffic of the whole fleet (lognormal lengths around the means).
-    ``arrival_cv``: the inter-arrival gaps' coefficient of variation (observe/burst.py); 1 is Poisson."""
+    ``arrival_cv``: the inter-arrival gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
 
     rate_per_s: float
     prompt_mean: float

@@ -54,5 +54,5 @@ class KvWindow:
     output_mean: float = 0.0
     max_tokens_mean: float = 0.0
     # The inter-arrival gaps' coefficient of variation (1: Poisson; > 1: bursty), from the scatter of the arrivals
-    # counted per sample (observe/burst.py). None: too little evidence; the what-if then draws Poisson arrivals.
+    # counted per sample (autotune/burst.py). None: too little evidence; the what-if then draws Poisson arrivals.
     arrival_cv: float | None = None

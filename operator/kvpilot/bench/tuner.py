@@ -2,7 +2,7 @@
 
 The autotuned run drives the operator's own code: every tuning interval it drains each replica's
 iteration stats (the JSON ``/metrics`` returns), parses them with ``kvpilot.trtllm.metrics``, summarizes
-them with ``kvpilot.observe.window`` and hands an ``Observed`` to ``kvpilot.desired.plan.plan`` — the same
+them with ``kvpilot.autotune.summarize`` and hands an ``Observed`` to ``kvpilot.desired.plan.plan`` — the same
 pure function the operator runs — then rolls whatever the plan's status puts in force. Baselines:
 
 * ``seedDefault``: the blog's static 64 (an engine built for 64);
@@ -37,10 +37,11 @@ from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import DeploymentState, Observed
-from kvpilot.desired.plan import Settings, plan
-from kvpilot.observe.burst import BURST_HISTORY_SECONDS
+from kvpilot.desired.plan import plan
+from kvpilot.desired.settings import Settings
+from kvpilot.autotune.burst import BURST_HISTORY_SECONDS
 from kvpilot.observe.scrape import sample_seconds
-from kvpilot.observe.window import summarize as summarize_window
+from kvpilot.autotune.summarize import summarize as summarize_window
 from kvpilot.trtllm.metrics import parse_iteration_stats
 
 SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)

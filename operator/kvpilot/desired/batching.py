@@ -10,13 +10,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from enum import StrEnum
 
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
 from kvpilot.api.status import Action, AutotuneStatus, BatchingSource, BatchingStatus, DecisionRecord
 from kvpilot.api.status_schema import HISTORY_LIMIT
-from kvpilot.autotune.policy import MIN_RELATIVE_STEP, Decision
+from kvpilot.autotune.constants import MIN_RELATIVE_STEP
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.reasons import TunerReason
+
+
+class BatchingReason(StrEnum):
+    """``status.batching.reason``: why this value is in force (a user may also have hand-edited another)."""
+
+    SPEC_VALUE = "SpecValue"
+    AUTOTUNE_RAISED = "AutotuneRaised"
+    AUTOTUNE_LOWERED = "AutotuneLowered"
+    ENGINE_CEILING = "EngineCeiling"
 
 
 def tuning_applies(spec: InferenceEngineSpec) -> bool:
@@ -34,13 +46,13 @@ def value_in_force(spec: InferenceEngineSpec, previous: BatchingStatus, ceiling:
     ):
         value = previous.max_batch_size
         # A tuned value always has its reason; a hand-edited status without one still reads as tuned.
-        reason = previous.reason or ("AutotuneRaised" if value > spec_value else "AutotuneLowered")
+        reason = previous.reason or (BatchingReason.AUTOTUNE_RAISED if value > spec_value else BatchingReason.AUTOTUNE_LOWERED)
         message = previous.message or ""
     else:
-        value, reason, message = spec_value, "SpecValue", "spec.batching.maxBatchSize"
+        value, reason, message = spec_value, BatchingReason.SPEC_VALUE, "spec.batching.maxBatchSize"
     limit = ceiling if ceiling is not None else MAX_BATCH
     if value > limit:
-        return limit, "EngineCeiling", f"{value} exceeds the engine's ceiling {limit}"
+        return limit, BatchingReason.ENGINE_CEILING, f"{value} exceeds the engine's ceiling {limit}"
     return value, reason, message
 
 
@@ -49,7 +61,9 @@ def batching_status(
     ceiling: int | None, now: datetime,
 ) -> BatchingStatus:
     changed = previous.max_batch_size != value
-    tuned = reason.startswith("Autotune") or (reason == "EngineCeiling" and previous.source == BatchingSource.AUTOTUNE)
+    # A prefix, not the two members: a hand-edited status may carry another Autotune* reason, which reads as tuned.
+    tuned = reason.startswith("Autotune") or (reason == BatchingReason.ENGINE_CEILING
+                                              and previous.source == BatchingSource.AUTOTUNE)
     return BatchingStatus(
         source=BatchingSource.AUTOTUNE if tuned else BatchingSource.SPEC,
         max_batch_size=value,
@@ -93,7 +107,7 @@ def autotune_status(
         out = replace(out, recommendation=record)
         if decision.changes:
             out = replace(out, history=(record, *(previous.history or ()))[:HISTORY_LIMIT])
-    if decision.reason == "NoPredictedGain" and decision.simulated:
+    if decision.reason == TunerReason.NO_PREDICTED_GAIN and decision.simulated:
         out = replace(out, what_if_declined_at=rfc3339(now))  # the policy reruns the simulation only a period later
     if applied:
         out = replace(out, what_if_declined_at=None, last_applied_at=rfc3339(now))

@@ -90,12 +90,6 @@ class Observed:
     # How many more serving pods the free GPUs of their product would place, at most the replicas (None: not
     # observed). Read by desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
     surge_room: int | None = None
-    # False when this engine spent its what-if CPU budget (kvpilot/planning.py): the tuner then holds any
-    # change the simulation would have had to confirm (protective lowers excepted).
-    what_if_allowed: bool = True
-    # False when the what-if's model does not reproduce what the pods show now (kvpilot/planning.py): the
-    # tuner then decides by its rules alone, as for an engine without a kvsim model.
-    what_if_model_valid: bool = True
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

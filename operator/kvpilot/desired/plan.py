@@ -8,71 +8,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-import math
 from typing import Any
 
-from kvpilot import __version__
-from kvpilot.api.conditions import AVAILABLE, merge_conditions
-from kvpilot.api.metrics_url import MetricsPin
+from kvpilot.api.conditions import AVAILABLE, Condition, merge_conditions
 from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
-from kvpilot.api.timestamps import parse_rfc3339, rfc3339
+from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.status import (
     Action,
     AutotuneStatus,
     BatchingStatus,
-    BuildState,
+    EngineInfo,
     EngineStatus,
     KvCacheStatus,
     TrafficStatus,
     to_wire,
 )
-from kvpilot.autotune.policy import PROTECTIVE_REASONS, AppliedChange, Decision, TunerInput, decide
-from kvpilot.autotune.whatif import SHED_SHARE, Engine as WhatIfEngine
-from kvpilot.desired.rollout import rolling_update, surge_pods_in_force
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.desired.rollout import rolling_update
+from kvpilot.desired.tuning import tune
 from kvpilot.desired import labels as L
 from kvpilot.desired import serving
-from kvpilot.desired.batching import autotune_status, batching_status, tuning_applies, value_in_force
+from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
 from kvpilot.desired.build_job import build_job
 from kvpilot.desired.conditions import compute_conditions
 from kvpilot.desired.build import BuildDecision, decide_build, served_engine
 from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.pod_parts import image_for
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
-from kvpilot.trtllm.release import DEFAULT_IMAGE
 from kvpilot.desired.contract import METRICS_VALID, metrics_condition, release_condition
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import Surface
-
-
-DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
-DEFAULT_BUILD_SECONDS = 1200.0  # until a build has been measured
-
-
-def _when(value: str | None, now: datetime) -> datetime | None:
-    """A status timestamp in ``now``'s zone; None when absent or not RFC 3339 (status is user-writable)."""
-    try:
-        return parse_rfc3339(value, now.tzinfo) if value else None
-    except ValueError:
-        return None
-
-
-def _last_build_seconds(status: EngineStatus, now: datetime) -> float | None:
-    """Duration of the last finished build (status.build), the rebuild cost the tuner weighs."""
-    build = status.build
-    if build is None or build.state != BuildState.SUCCEEDED:
-        return None
-    start, end = _when(build.started_at, now), _when(build.finished_at, now)
-    return max(0.0, (end - start).total_seconds()) if start and end else None
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Operator-wide settings the plan depends on."""
-
-    kvsim_image: str = f"ghcr.io/kvpilot/kvsim:{__version__}"
-    default_image: str = DEFAULT_IMAGE
-    metrics_pins: tuple[MetricsPin, ...] = ()  # --resolve: metrics hosts the administrator pinned
 
 
 @dataclass(frozen=True)
@@ -89,19 +57,17 @@ class Plan:
     written: dict[str, Any] | None = None
 
 
-def _serving_children(
-    engine: InferenceEngine, served: ServedEngine | None, *, image: str, claim: str | None, batch: int,
-    surface: Surface | None = None, observed: Observed,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    cm = serving.llm_api_config_map(engine.meta, engine.spec, served, batch, surface)
+def _deployment(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch: int,
+                observed: Observed) -> dict[str, Any]:
+    """The serving Deployment for ``batch``, from its ConfigMap ``cm`` (rendered once, after the decision)."""
     rollout = engine.spec.serving.rollout
     limits = rolling_update(rollout, observed.surge_room, engine.spec.serving.replicas)
-    dep = serving.deployment(engine.meta, engine.spec, served, image=image, claim=claim, max_batch_size=batch,
-                             config_map=cm, rolling_update=limits)
+    dep = serving.deployment(engine.meta, engine.spec, what.served, image=what.image, claim=what.claim,
+                             max_batch_size=batch, config_map=cm, rolling_update=limits)
     kept = _limits_between_rollouts(rollout.strategy, dep, observed.deployment)
     if kept is not None:
         dep["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": kept[0], "maxUnavailable": kept[1]}
-    return cm, dep
+    return dep
 
 
 def _limits_between_rollouts(strategy: str, dep: dict[str, Any],
@@ -127,80 +93,6 @@ def _limits_between_rollouts(strategy: str, dep: dict[str, Any],
     return written.rolling_update if same else None
 
 
-def _tune(
-    spec: InferenceEngineSpec, observed: Observed, *, current: int, ceiling: int, rolling: bool, building: bool,
-    now: datetime,
-) -> Decision | None:
-    if not spec.autotune.enabled:
-        return None
-    last_at = _when((observed.status.autotune or AutotuneStatus()).last_applied_at, now)
-    what_if = _what_if(spec, ceiling, observed) if observed.what_if_model_valid else None
-    decision = decide(
-        TunerInput(
-            current=current,
-            ceiling=ceiling,
-            spec=spec.autotune,
-            window=observed.kv,
-            scheduler_policy=spec.batching.scheduler_policy,
-            rollout_in_progress=rolling,
-            build_in_progress=building,
-            last_applied_at=last_at,
-            now=now,
-            replicas=spec.serving.replicas,
-            restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-            build_seconds=_last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
-            recent_changes=_recent_changes(observed.status, now),
-            expected_pods=spec.serving.replicas,
-            surge=surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0,
-            what_if=what_if if observed.what_if_allowed else None,
-            declined_since=_declined_since(observed.status.autotune, now),
-        )
-    )
-    if what_if is not None and not observed.what_if_allowed and decision.changes \
-            and decision.reason not in (*PROTECTIVE_REASONS, "OutOfBounds"):
-        # Unconfirmed by the simulation, a change may cost more than it gains: wait for the budget to refill.
-        return Decision(Action.HOLD, current, "WhatIfBudgetSpent",
-                        f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "
-                        f"until the simulation can confirm it")
-    return decision
-
-
-def _declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
-    """When the what-if simulation last ran and declined (status.autotune.whatIfDeclinedAt); None when it has
-    not since the last applied change, or the value is unreadable."""
-    return _when(tune.what_if_declined_at, now) if tune is not None else None
-
-
-def _what_if(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
-    """The kvsim model of the served engine, when one exists (the simulated backend names its profile)."""
-    sim = spec.runtime.simulation
-    if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
-        return None
-    slo = spec.autotune.slo
-    ttft = slo.time_to_first_token_millis if slo else None
-    surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
-    return WhatIfEngine(
-        profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
-        replicas=spec.serving.replicas, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
-        surge=surge > 0, max_surge=max(1, surge),
-        ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
-        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
-        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
-
-
-def _recent_changes(status: EngineStatus, now: datetime) -> tuple[AppliedChange, ...]:
-    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
-    out = []
-    for record in (status.autotune or AutotuneStatus()).history or ():
-        if not record.applied or record.action not in (Action.RAISE, Action.LOWER):
-            continue
-        at = _when(record.at, now)
-        if at is None or record.from_batch_size is None or record.to_batch_size is None:
-            continue  # a hand-edited or older record: ignored, not fatal
-        out.append(AppliedChange(at, record.from_batch_size, record.to_batch_size))
-    return tuple(out)
-
-
 def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     w = observed.kv
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
@@ -222,7 +114,72 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     )
 
 
-def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
+@dataclass(frozen=True)
+class _Served:
+    """What this pass serves, apart from its batch size (the engine, image, claim and release surface)."""
+
+    served: ServedEngine | None
+    info: EngineInfo | None  # status.engine
+    image: str  # the serving image: the one the engine was built with, when it was built
+    claim: str | None
+    ceiling: int | None  # the engine's max_batch_size; None: no engine bounds it
+    can_serve: bool
+    surface: Surface
+    known_by: str
+    mismatch: str | None
+
+
+def _what_serves(spec: InferenceEngineSpec, build: BuildDecision, observed: Observed, image: str,
+                 claim: str | None) -> _Served:
+    served, info = served_engine(spec, build, observed.status, claim)
+    recorded_image = info.image if info is not None else None
+    serve_image = recorded_image if spec.builds_engine and recorded_image is not None else image
+    ceiling = served.max_batch_size if served else (None if not spec.builds_engine else build.ceiling)
+    recorded = info.trtllm if info is not None else None
+    surface, known_by, mismatch = serving_surface(spec, serve_image, to_wire(recorded) if recorded else None)
+    return _Served(served, info, serve_image, claim, ceiling, served is not None or not spec.builds_engine,
+                   surface, known_by, mismatch)
+
+
+@dataclass(frozen=True)
+class _InForce:
+    """The runtime max_batch_size after this pass's decision, and why (status.batching)."""
+
+    batch: int
+    reason: str
+    message: str
+    decision: Decision | None = None
+    applied: bool = False  # the decision is put in force (tuning applies: mode Auto)
+
+    @property
+    def moved(self) -> bool:
+        return self.applied and self.decision is not None and self.decision.action in (Action.RAISE, Action.LOWER)
+
+
+def _decided(spec: InferenceEngineSpec, observed: Observed, what: _Served, current: _InForce, *, rolling: bool,
+             building: bool, now: datetime, what_if: WhatIfGate) -> _InForce:
+    """The value in force once the tuner has decided (from the value before it, ``current``)."""
+    if not what.can_serve:
+        return current
+    tuner_ceiling = what.ceiling if what.ceiling is not None else spec.autotune.max_batch_size
+    decision = tune(spec, observed, current=current.batch, ceiling=tuner_ceiling, rolling=rolling,
+                    building=building, now=now, what_if=what_if)
+    out = replace(current, decision=decision, applied=bool(decision and decision.changes and tuning_applies(spec)))
+    if not out.moved or decision is None:
+        return out
+    raised = decision.action == Action.RAISE
+    return replace(out, batch=decision.target, message=decision.message,
+                   reason=BatchingReason.AUTOTUNE_RAISED if raised else BatchingReason.AUTOTUNE_LOWERED)
+
+
+def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime, *,
+         what_if: WhatIfGate = WhatIfGate()) -> Plan:
+    """``what_if``: the tuner's access to its what-if simulation (autotune/gate.py), from the planner
+    (kvpilot/planning.py); the default is open (no budget, the model trusted), as for ``kvpilot render``.
+
+    The tuner decides before the serving children are rendered: it needs only whether a rollout is under way,
+    which the observed Deployment tells against the ConfigMap of the value in force; the Deployment is then
+    rendered once, for the value the decision leaves in force (and the ConfigMap again only if that moved)."""
     spec, meta = engine.spec, engine.meta
     image = image_for(spec, settings.kvsim_image, settings.default_image)
     claim = cache_claim_name(meta, spec)
@@ -230,39 +187,27 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     claim_phase = observed.claim_phase or ("Pending" if claim_obj is not None else None)
     build: BuildDecision = decide_build(spec, observed, image=image, generation=meta.generation, now=now,
                                         claim_exists=claim_phase is not None, claim=claim)
-    served, engine_info = served_engine(spec, build, observed.status, claim)
-    recorded_image = engine_info.image if engine_info is not None else None
-    serve_image = recorded_image if spec.builds_engine and recorded_image is not None else image
-    ceiling = served.max_batch_size if served else (None if not spec.builds_engine else build.ceiling)
+    what = _what_serves(spec, build, observed, image, claim)
     previous_batching = observed.status.batching or BatchingStatus()
-    batch, reason, message = value_in_force(spec, previous_batching, ceiling)
-
-    can_serve = served is not None or not spec.builds_engine
-    recorded = engine_info.trtllm if engine_info is not None else None
-    surface, known_by, mismatch = serving_surface(spec, serve_image, to_wire(recorded) if recorded else None)
-    cm, dep = (_serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
-                                 observed=observed) if can_serve else ({}, {}))
-    desired_hash = serving.config_hash(cm) if cm else ""
+    before = _InForce(*value_in_force(spec, previous_batching, what.ceiling))
     obs = replace(observed, claim_phase=claim_phase)
-    serving_fp = served.fingerprint if served else None
-    conds, rolling = compute_conditions(spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve,
-                                        desired_batch=str(batch), desired_hash=desired_hash)
 
-    tuner_ceiling = ceiling if ceiling is not None else spec.autotune.max_batch_size
-    before = batch
-    decision = _tune(spec, observed, current=batch, ceiling=tuner_ceiling, rolling=rolling, building=build.building,
-                     now=now) if can_serve else None
-    applied = bool(decision and decision.changes and tuning_applies(spec))
-    if applied and decision is not None and decision.action in (Action.RAISE, Action.LOWER):
-        batch = decision.target
-        reason = "AutotuneRaised" if decision.action == Action.RAISE else "AutotuneLowered"
-        message = decision.message
-        cm, dep = _serving_children(engine, served, image=serve_image, claim=claim, batch=batch, surface=surface,
-                                    observed=observed)
-        conds, rolling = compute_conditions(
-            spec, build, obs, claim=claim, serving_fp=serving_fp, has_deployment=can_serve, desired_batch=str(batch),
-            desired_hash=serving.config_hash(cm),
-        )
+    def config_map(batch: int) -> dict[str, Any]:
+        return serving.llm_api_config_map(meta, spec, what.served, batch, what.surface) if what.can_serve else {}
+
+    def conditions(batch: int, cm: dict[str, Any]) -> tuple[list[Condition], bool]:
+        return compute_conditions(spec, build, obs, claim=claim, serving_fp=what.served.fingerprint if what.served
+                                  else None, has_deployment=what.can_serve, desired_batch=str(batch),
+                                  desired_hash=serving.config_hash(cm) if cm else "")
+
+    cm = config_map(before.batch)
+    conds, rolling = conditions(before.batch, cm)
+    after = _decided(spec, observed, what, before, rolling=rolling, building=build.building, now=now,
+                     what_if=what_if)
+    if after.moved:
+        cm = config_map(after.batch)
+        conds, _ = conditions(after.batch, cm)
+    dep = _deployment(engine, what, cm, after.batch, observed) if what.can_serve else {}
 
     pdb = serving.pod_disruption_budget(meta, spec) if dep else None
     apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)] + ([pdb] if pdb else [])
@@ -271,37 +216,44 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         job = build_job(meta, spec, build.fingerprint, image=image, claim=claim, ceiling=build.ceiling,
                         claim_uid=observed.claim_uid)
     index = (claim, build.fingerprint, build.record_in_index) if build.record_in_index and claim else None
-
-    conds = [*conds, release_condition(serve_image, surface, known_by, mismatch)]
+    conds = [*conds, release_condition(what.image, what.surface, what.known_by, what.mismatch)]
     metrics = metrics_condition(observed.kv) if spec.autotune.enabled else None
     if metrics is not None:
         conds.append(metrics)
+    status = _status(engine, observed, now, conds, build, what, previous_batching, before, after)
+    return Plan(apply, job, index, status, events_between(observed.status, status), after.decision,
+                build.fingerprint)
+
+
+def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: list[Condition],
+            build: BuildDecision, what: _Served, previous_batching: BatchingStatus, before: _InForce,
+            after: _InForce) -> EngineStatus:
+    spec, meta = engine.spec, engine.meta
     dep_state = observed.deployment
-    status = EngineStatus(
+    return EngineStatus(
         observed_generation=meta.generation,
         conditions=merge_conditions(observed.status.conditions, conds, meta.generation, now,
                                     retired=() if spec.autotune.enabled else (METRICS_VALID,)),
-        batching=batching_status(spec, previous_batching, value=batch, reason=reason, message=message,
-                                 ceiling=ceiling, now=now),
-        autotune=autotune_status(observed.status.autotune or AutotuneStatus(), decision, current=before,
-                                 applied=applied, now=now, spec_ceiling=spec.build.max_batch_size),
+        batching=batching_status(spec, previous_batching, value=after.batch, reason=after.reason,
+                                 message=after.message, ceiling=what.ceiling, now=now),
+        autotune=autotune_status(observed.status.autotune or AutotuneStatus(), after.decision, current=before.batch,
+                                 applied=after.applied, now=now, spec_ceiling=spec.build.max_batch_size),
         replicas=dep_state.pods if dep_state else 0,
         ready_replicas=dep_state.ready_replicas if dep_state else 0,
         selector=L.selector_string(meta.name),
         endpoint=serving.endpoint(meta, spec),
-        engine=engine_info,
+        engine=what.info,
         build=build.status,
         kv_cache=_kv_status(observed, now),
     )
-    events = events_between(observed.status, status)
-    return Plan(apply, job, index, status, events, decision, build.fingerprint)
 
 
 def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> timedelta:
     """Reconcile again soon while something moves, at the tuning interval when tuning, else at resync."""
     progressing, available = p.status.condition("Progressing"), p.status.condition(AVAILABLE)
     # Child events (Jobs, Deployments, pods) wake the loop anyway, and a pass reads only the watch cache;
-    # polling only bridges a rollout. Every 5 s cost 200 passes a second at 1,000 rolling engines: 15 s.
+    # polling only bridges a rollout, so it is slow (why 15 s: docs/live-tuner.md, "How often an engine is
+    # planned").
     if progressing is not None and progressing.status == "True" and \
             (available is None or available.reason != "ScaledToZero"):
         return timedelta(seconds=min(resync_seconds, 15))

@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 
 from kvpilot import GROUP, PLURAL, VERSION, defaults
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.writes import ChildWriter
 from kvpilot.loop import EngineLoops

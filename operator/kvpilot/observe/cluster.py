@@ -17,7 +17,7 @@ from kvpilot.desired.observed import (
     pod_state,
     startup_seconds,
 )
-from kvpilot.desired.plan import Settings
+from kvpilot.desired.settings import Settings
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.storage import INDEX_CLAIM_UID_KEY, INDEX_MANIFEST_KEY, cache_claim_name
 from kvpilot.k8s.cache import ChildCache

@@ -25,8 +25,8 @@ from kvpilot.api.status import EngineInfo, EngineStatus
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import PodState
-from kvpilot.observe.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
-from kvpilot.observe.window import summarize
+from kvpilot.autotune.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
+from kvpilot.autotune.summarize import summarize
 from kvpilot.trtllm.metrics import (
     IterationSample,
     LatencySnapshot,
@@ -152,7 +152,7 @@ class PodRecord:
     # The window: what the pod said under the configuration it runs. reset() forgets it.
     samples: deque[IterationSample] = field(default_factory=deque)
     latency: deque[tuple[float, LatencySnapshot]] = field(default_factory=deque)  # (wall time read, snapshot)
-    # The arrival count (observe/burst.py), kept across reset(): the traffic does not depend on the configuration
+    # The arrival count (autotune/burst.py), kept across reset(): the traffic does not depend on the configuration
     # the pods run. Requests in the pod (active + queued) at its last kept sample; requests the iteration stats
     # said finished, summed since the pod was first read (the finished count of a pod without the request counter:
     # 1.2's TensorRT backend serves no Prometheus page); whether its last count came from that counter (a switch
@@ -184,7 +184,7 @@ class EngineSampler:
     # (wall time, pod, reason, message) of rejected payloads and ignored samples, for the condition message.
     rejections: deque[tuple[float, str, str, str]] = field(default_factory=lambda: deque(maxlen=MAX_REJECTIONS_KEPT))
     clock: Callable[[], float] = time.time  # injected in tests
-    # The fleet's arrivals per sample, for the burstiness estimate (observe/burst.py): (wall time, seconds since
+    # The fleet's arrivals per sample, for the burstiness estimate (autotune/burst.py): (wall time, seconds since
     # the previous sample, arrivals or None where they could not be counted), kept BURST_HISTORY_SECONDS. Not
     # cleared by reset(): the traffic does not depend on the configuration the pods run, and a pod that comes or
     # goes breaks the chain of counts by itself (fleet_arrivals).

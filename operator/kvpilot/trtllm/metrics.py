@@ -75,7 +75,7 @@ class LatencySnapshot:
     completed: float | None = None
     # Prompt and generated tokens of finished requests (counters of the 1.3 collector: trtllm_prompt_tokens_total,
     # trtllm_generation_tokens_total); None when the release does not export them (1.2): the iteration stats
-    # then give the traffic's lengths (observe/window.py).
+    # then give the traffic's lengths (autotune/summarize.py).
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
 

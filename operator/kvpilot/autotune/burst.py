@@ -105,8 +105,8 @@ def arrival_cv(counts: Sequence[float | None]) -> float | None:
     return min(CV_MAX, max(CV_MIN, math.sqrt(max(0.0, factor))))
 
 
-# The counts the estimate reads: five minutes of samples (60 at the 5 s period of a 30 s interval, whose
-# estimate of cv 3 traffic at 8 req/s falls within 2.4..3.5 nine times in ten; tests/unit/test_burst.py).
+# The counts the estimate reads: five minutes of samples (60 at the 5 s period of a 30 s interval; how closely
+# that history estimates a cv: docs/live-tuner.md, "Burstiness: the arrival cv").
 BURST_HISTORY_SECONDS = 300.0
 PERIOD_TOLERANCE = 0.25  # a sample period this far (relatively) from the median one is not an "equal" period
 
@@ -114,7 +114,7 @@ PERIOD_TOLERANCE = 0.25  # a sample period this far (relatively) from the median
 def fleet_arrivals(before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]],
                    scraped: Set[str]) -> float | None:
     """Arrivals of the whole fleet between two samples, from each pod's (finished-requests counter, requests in
-    the pod) at both: finished + growth of those in the pod, per pod (as observe/window.traffic_fit counts them
+    the pod) at both: finished + growth of those in the pod, per pod (as autotune/summarize.traffic_fit counts them
     over a window). None unless the same pods were read at both samples and every pod scraped now was read (a
     pod that came or went, or did not answer, would count as a drop or a jump of the traffic), or when a
     counter went back (a restarted pod) or a figure is not finite."""

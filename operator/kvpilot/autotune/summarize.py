@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvpilot.autotune.window import KvWindow
-from kvpilot.observe.burst import arrival_cv
+from kvpilot.autotune.burst import arrival_cv
 from kvpilot.trtllm.metrics import (
     Histogram,
     IterationSample,
@@ -30,24 +30,48 @@ def summarize(
     arrival_counts: Sequence[float | None] | None = None,
 ) -> KvWindow | None:
     """``arrival_counts``: the fleet's arrivals per sample period, in time order (None where a sample could not
-    count them), for the burstiness estimate (observe/burst.py); the sampler keeps a longer history of them
+    count them), for the burstiness estimate (autotune/burst.py); the sampler keeps a longer history of them
     than one window, since a window's six samples say little about a variance."""
     pods = {p: list(v) for p, v in samples_by_pod.items() if any(s.max_blocks > 0 for s in v)}
     samples = [s for pod in pods.values() for s in pod if s.max_blocks > 0]
     if not samples:
         return None
-    peak = max(samples, key=lambda s: s.kv_utilization)
-    n, span = len(samples), max(window_seconds, 1e-9)
-    # Two snapshots with histograms make latency data; an empty snapshot (a 1.2 page without them, or no page)
-    # does not, so it can neither hide the iteration stats nor read as "no latency problem".
-    latency = {p: snaps for p, snaps in (latency_by_pod or {}).items()
-               if len(snaps) >= 2 and snaps[0].has_latency and snaps[-1].has_latency}
-    counted = {p: snaps for p, snaps in (latency_by_pod or {}).items()
+    span = max(window_seconds, 1e-9)
+    snapshots = latency_by_pod or {}
+    ttft_pairs, tpot_pairs = _latency_pairs(snapshots)
+    counted = {p: snaps for p, snaps in snapshots.items()
                if len(snaps) >= 2 and snaps[0].completed is not None and snaps[-1].completed is not None}
-    ttft_pairs = [(snaps[0].ttft, snaps[-1].ttft) for snaps in latency.values()]
-    tpot_pairs = [(snaps[0].tpot, snaps[-1].tpot) for snaps in latency.values()]
+    traffic = traffic_fit(pods, snapshots, span)
+    return replace(
+        _iterations(samples, pods, span, window_seconds),
+        ttft_p95_ms=_worst(ttft_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
+        tpot_p95_ms=_worst(tpot_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
+        completion_rate=_completion_rate(pods, counted, span),
+        ttft_miss_fraction=_miss(ttft_pairs, slo_ttft_ms),
+        tpot_miss_fraction=_miss(tpot_pairs, slo_tpot_ms),
+        arrival_rate=traffic.arrival_rate,
+        prompt_mean=traffic.prompt_mean,
+        output_mean=traffic.output_mean,
+        arrival_cv=arrival_cv(arrival_counts) if arrival_counts else None,
+    )
+
+
+def _latency_pairs(snapshots: Mapping[str, Sequence[LatencySnapshot]]) -> tuple[
+        list[tuple[Histogram, Histogram]], list[tuple[Histogram, Histogram]]]:
+    """(first, last) TTFT and TPOT histograms of each pod with latency data. Two snapshots with histograms make
+    latency data; an empty snapshot (a 1.2 page without them, or no page) does not, so it can neither hide the
+    iteration stats nor read as "no latency problem"."""
+    latency = [snaps for snaps in snapshots.values()
+               if len(snaps) >= 2 and snaps[0].has_latency and snaps[-1].has_latency]
+    return [(snaps[0].ttft, snaps[-1].ttft) for snaps in latency], [(snaps[0].tpot, snaps[-1].tpot) for snaps in latency]
+
+
+def _iterations(samples: list[IterationSample], pods: dict[str, list[IterationSample]], span: float,
+                window_seconds: float) -> KvWindow:
+    """The window as the iteration stats alone describe it (the pool, the batch, the queue, the step latency)."""
+    peak = max(samples, key=lambda s: s.kv_utilization)
+    n = len(samples)
     intercept, slope = _step_fit(samples)
-    traffic = traffic_fit(pods, latency_by_pod or {}, span)
     return KvWindow(
         samples=n,
         pods=len(pods),
@@ -63,23 +87,14 @@ def summarize(
         paused=max(s.paused_requests for s in samples),
         runtime_batch_size=max(s.max_batch_size_runtime for s in samples),
         tuner_recommended=max(s.tuner_recommended for s in samples),
-        ttft_p95_ms=_worst(ttft_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
-        tpot_p95_ms=_worst(tpot_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
         window_seconds=window_seconds,
-        completion_rate=_completion_rate(pods, counted, span),
         queue_growth=sum(v[-1].queued_requests - v[0].queued_requests for v in pods.values()) / span / len(pods),
-        ttft_miss_fraction=_miss(ttft_pairs, slo_ttft_ms),
-        tpot_miss_fraction=_miss(tpot_pairs, slo_tpot_ms),
         step_ms_intercept=intercept,
         step_ms_per_request=slope,
         mean_generation=sum(s.generation_requests for s in samples) / n,
         blocks_per_request=max((s.used_blocks / s.active_requests for s in samples if s.active_requests), default=0.0),
         mean_unscheduled=sum(max(0, s.active_requests - s.scheduled_requests) for s in samples
                              if s.scheduled_requests is not None) / n,
-        arrival_rate=traffic.arrival_rate,
-        prompt_mean=traffic.prompt_mean,
-        output_mean=traffic.output_mean,
-        arrival_cv=arrival_cv(arrival_counts) if arrival_counts else None,
     )
 
 
@@ -123,29 +138,13 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
     for pod, samples in pods.items():
         if not samples:
             continue
-        first, last = samples[0], samples[-1]
-        snaps = [s for s in latency_by_pod.get(pod, ()) if s.completed is not None]
-        counted = len(snaps) >= 2
-        done = max(0.0, (snaps[-1].completed or 0.0) - (snaps[0].completed or 0.0)) if counted \
-            else float(sum(s.completed_requests for s in samples))
-        in_pod = (last.active_requests + last.queued_requests) - (first.active_requests + first.queued_requests)
-        arrived += max(0.0, done + in_pod)
-        finished += done
-        if counted and snaps[0].prompt_tokens is not None and snaps[-1].prompt_tokens is not None:
-            prompt_tokens += max(0.0, snaps[-1].prompt_tokens - snaps[0].prompt_tokens)
-            admitted += done
-        else:
-            reused = max(0, last.reused_blocks - first.reused_blocks) * last.tokens_per_block
-            prompt_tokens += sum(s.ctx_tokens for s in samples) + reused
-            admitted += max(0.0, sum(s.completed_requests for s in samples)
-                            + last.active_requests - first.active_requests)
-        if counted and snaps[0].generation_tokens is not None and snaps[-1].generation_tokens is not None:
-            output_tokens += max(0.0, snaps[-1].generation_tokens - snaps[0].generation_tokens)
-            outputs += done
-        else:
-            steps = sum(s.completed_requests for s in samples)
-            output_tokens += _generation_steps(samples) + steps
-            outputs += steps
+        one = _pod_traffic(samples, [s for s in latency_by_pod.get(pod, ()) if s.completed is not None])
+        arrived += one.arrived
+        finished += one.finished
+        prompt_tokens += one.prompt_tokens
+        admitted += one.admitted
+        output_tokens += one.output_tokens
+        outputs += one.outputs
     if finished < MIN_TRAFFIC_REQUESTS or not pods or span <= 0:
         return Traffic()
 
@@ -156,6 +155,39 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
     rate = arrived / span / len(pods)
     return Traffic(arrival_rate=rate if math.isfinite(rate) and rate <= MAX_RATE_PER_POD else 0.0,
                    prompt_mean=ratio(prompt_tokens, admitted), output_mean=ratio(output_tokens, outputs))
+
+
+@dataclass(frozen=True)
+class _PodTraffic:
+    """One pod's share of the window's traffic: requests and the tokens to divide by them (see traffic_fit)."""
+
+    arrived: float
+    finished: float
+    prompt_tokens: float
+    admitted: float  # the requests ``prompt_tokens`` were computed for
+    output_tokens: float
+    outputs: float  # the requests ``output_tokens`` were made for
+
+
+def _pod_traffic(samples: Sequence[IterationSample], snaps: list[LatencySnapshot]) -> _PodTraffic:
+    """``snaps``: the pod's latency snapshots that carry the request counter."""
+    first, last = samples[0], samples[-1]
+    counted = len(snaps) >= 2
+    done = max(0.0, (snaps[-1].completed or 0.0) - (snaps[0].completed or 0.0)) if counted \
+        else float(sum(s.completed_requests for s in samples))
+    in_pod = (last.active_requests + last.queued_requests) - (first.active_requests + first.queued_requests)
+    if counted and snaps[0].prompt_tokens is not None and snaps[-1].prompt_tokens is not None:
+        prompt_tokens, admitted = max(0.0, snaps[-1].prompt_tokens - snaps[0].prompt_tokens), done
+    else:
+        reused = max(0, last.reused_blocks - first.reused_blocks) * last.tokens_per_block
+        prompt_tokens = sum(s.ctx_tokens for s in samples) + reused
+        admitted = max(0.0, sum(s.completed_requests for s in samples) + last.active_requests - first.active_requests)
+    if counted and snaps[0].generation_tokens is not None and snaps[-1].generation_tokens is not None:
+        output_tokens, outputs = max(0.0, snaps[-1].generation_tokens - snaps[0].generation_tokens), done
+    else:
+        steps = sum(s.completed_requests for s in samples)
+        output_tokens, outputs = _generation_steps(samples) + steps, steps
+    return _PodTraffic(max(0.0, done + in_pod), done, prompt_tokens, admitted, output_tokens, outputs)
 
 
 MIN_FIT_SPREAD = 3  # requests of generation-batch spread needed before a slope means anything

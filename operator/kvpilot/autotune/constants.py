@@ -1,0 +1,33 @@
+"""The autotuner's thresholds, in one place: how clear a signal must be, how large a step, how long a horizon.
+
+Each is a judgement the policy (``policy.py`` and the modules it draws on) applies; the tuner suite
+(docs/tuner-suite.md) measures what they do together.
+"""
+
+from __future__ import annotations
+
+HYSTERESIS = 0.05  # utilization band around the target where the tuner does not move
+MIN_RELATIVE_STEP = 0.25  # smaller raises are not worth a pod restart
+MIN_PROTECTIVE_STEP = 0.10  # lowering to protect memory or latency may be finer
+MAX_RAISE_FACTOR = 2.0  # without a completion rate to size the step
+MIN_RAISE_FACTOR = 1.5  # a raise that fixes misses must be a real step
+# The rules raise at most x4 in one change; the what-if's ladder (whatif.candidates) may still offer x8.
+MAX_STEP_FACTOR = 4.0
+LITTLE_MARGIN = 1.25  # headroom over the concurrency Little's law asks for
+TTFT_MISS_TOLERANCE = 0.02  # fewer TTFT misses than this are noise, not a reason to restart
+TPOT_HEADROOM = 0.8  # raise only while p95 TPOT is under 80% of its objective
+TPOT_MISS_TOLERANCE = 0.05
+PLANNING_HORIZON_SECONDS = 1800.0  # how long a change is assumed to pay off
+SEVERE_MISSES = 0.5  # when half the requests miss, acting beats any restart cost
+MAX_LOWER_FACTOR = 0.5
+MIN_SAMPLES = 3
+SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
+REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
+REVERSAL_MIN_TTFT_MISSES = 0.20  # a raise past where a recent lower started needs this share of TTFT misses
+UNDO_MIN_TPOT_MISSES = SEVERE_MISSES  # a lower past where a recent raise started needs this share of TPOT misses
+LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
+MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
+# A raise while p95 TPOT is already near its objective must win the simulation by this many times its margin:
+# the outcome then hinges on the tail of the output lengths, which the fit (means only) does not know
+# (docs/tuner-suite.md, "How the tuner decides now", for the case that showed it).
+TPOT_NEAR_MARGIN_FACTOR = 2.0

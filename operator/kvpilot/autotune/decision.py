@@ -1,0 +1,26 @@
+"""What one tuning decision returns: the action, the value to run with, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpilot.api.status import Action
+from kvpilot.autotune.reasons import TunerReason
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    target: int  # the runtime max_batch_size to run with (== current for Hold)
+    reason: TunerReason
+    message: str
+    ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
+    simulated: bool = False  # the what-if simulation ran for this decision (status records when it declined)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise
+        object.__setattr__(self, "reason", TunerReason(self.reason))
+
+    @property
+    def changes(self) -> bool:
+        return self.action != Action.HOLD

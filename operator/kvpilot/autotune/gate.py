@@ -1,0 +1,167 @@
+"""The what-if gate: whether, and on which model, the tuner may simulate a proposed change before making it.
+
+Everything that decides it lives here:
+
+* the **model** (``engine_model``): a kvsim model of the served engine exists only where the simulated backend
+  names a profile; without one the rules decide alone;
+* the **traffic** (``may_simulate``): the window must carry a traffic fit (autotune/whatif.fit_traffic);
+* the **CPU budget** (``WhatIfBudget``): each engine may spend ``CPU_SECONDS_PER_HOUR`` on simulations; once
+  spent, the changes the simulation would have had to confirm wait (``WhatIfBudgetSpent``), protective lowers
+  excepted;
+* the **model check** (``model_check``): the model must reproduce the present, or its "nothing to gain" is not
+  to be trusted and the rules decide alone;
+* the **recheck period** (``WhatIfGate.recheck``): after a decline the simulation reruns only
+  ``RECHECK_SECONDS`` later, unless most requests miss.
+
+``WhatIfGate`` is one decision's verdicts (a value, so ``desired.plan.plan`` and the policy stay pure); the
+planner (kvpilot/planning.py) reaches them before the plan runs and passes the gate to ``plan()``;
+``policy.decide`` applies it. ``WhatIfBudget`` is the gate's only state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.autotune.constants import SEVERE_MISSES
+from kvpilot.api.status import Action
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
+from kvpilot.autotune.whatif import SHED_SHARE, Engine, fit_traffic, quantized, steady_goodput
+from kvpilot.autotune.window import KvWindow
+
+# Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
+# most requests miss): the CPU bound per engine (docs/tuner-suite.md, "How the tuner decides now").
+RECHECK_SECONDS = 120.0
+CPU_SECONDS_PER_HOUR = 120.0  # per engine: ~3% of one core at most, averaged over an hour
+BUDGET_WINDOW_SECONDS = 3600.0
+# The model must reproduce the present: where at least this share of requests missed an objective, staying put
+# simulated must not serve nearly all the traffic (MODEL_ALL_SERVED of it) within the objectives.
+MODEL_CHECK_MISSES = 0.10
+MODEL_ALL_SERVED = 0.9
+
+EngineKey = tuple[str, str]  # (namespace, name)
+
+
+def engine_model(spec: InferenceEngineSpec, ceiling: int, *, restart_seconds: float, surge_pods: int) -> Engine | None:
+    """The kvsim model of the served engine, when one exists (the simulated backend names its profile).
+    ``surge_pods``: the pods a rollout starts ahead of the old ones (desired/rollout.surge_pods_in_force)."""
+    sim = spec.runtime.simulation
+    if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
+        return None
+    slo = spec.autotune.slo
+    ttft = slo.time_to_first_token_millis if slo else None
+    return Engine(
+        profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
+        replicas=spec.serving.replicas, restart_seconds=restart_seconds,
+        surge=surge_pods > 0, max_surge=max(1, surge_pods),
+        ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
+        tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
+        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
+
+
+def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None) -> bool:
+    """Whether this pass's autotune decision may run the what-if: tuning on, a kvsim profile to simulate
+    (the simulated backend names one), and a window with the traffic fitted (autotune/whatif.fit_traffic)."""
+    sim = spec.runtime.simulation
+    return bool(spec.autotune.enabled and spec.runtime.backend == "simulated" and sim is not None and sim.profile
+                and w is not None and w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0)
+
+
+def model_check(model: Engine, w: KvWindow) -> str | None:
+    """Why the model does not reproduce what the pods show (None: it does, or there is nothing to check).
+
+    The what-if trusts the model to rank the candidates; where the pods miss their objectives while the model,
+    staying put, serves nearly all the traffic within them (pods slower than their profile: another GPU clock,
+    a starved host for simulated pods), its "nothing to gain" is wrong, so the rules decide alone. In a true
+    overload the model misses too and stays in charge. Runs one simulation (memoized)."""
+    if w.ttft_miss_fraction is None and w.tpot_miss_fraction is None:
+        # No latency histograms (1.2's TensorRT backend serves no Prometheus page): requests waiting beside a full
+        # batch are the evidence the rules act on.
+        waiting = w.mean_queued >= 1 and w.runtime_batch_size > 0 and w.peak_active >= w.runtime_batch_size
+        misses = 1.0 if waiting else 0.0
+    else:
+        misses = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
+    if misses < MODEL_CHECK_MISSES or w.completion_rate <= 0 or w.runtime_batch_size <= 0:
+        return None
+    fit = fit_traffic(w)
+    if fit is None:
+        return None
+    fit = quantized(fit)
+    simulated = steady_goodput(model, fit, min(w.runtime_batch_size, model.ceiling))
+    if simulated < MODEL_ALL_SERVED * fit.rate_per_s:
+        return None  # the model sees the misses too (overload): it can rank the candidates
+    return (f"the what-if model serves {simulated:.2f} of {fit.rate_per_s:.2f} req/s within the objectives where "
+            f"the pods missed them (or queued beside a full batch)")
+
+
+@dataclass(frozen=True)
+class WhatIfGate:
+    """One decision's access to the what-if simulation. The default is open: a budget with room and a model
+    trusted, but no model, so the rules decide alone until ``desired.plan`` binds the served engine's."""
+
+    budget_left: bool = True  # the engine's CPU budget has room (WhatIfBudget.left)
+    model_valid: bool = True  # the model reproduces what the pods show (model_check)
+    model: Engine | None = None  # the kvsim model of the served engine (engine_model); None: none exists
+
+    @property
+    def engine(self) -> Engine | None:
+        """The model the rules size their lowers with and the simulation runs on; None: the rules alone."""
+        return self.model if self.budget_left and self.model_valid else None
+
+    def recheck(self, declined_since: datetime | None, now: datetime, w: KvWindow) -> str | None:
+        """Why the simulation is skipped this interval (None: run it). Once it has declined, it reruns only
+        RECHECK_SECONDS later, so a pressure that persists without paying costs a simulation every few minutes,
+        not every interval; most requests missing reruns it at once."""
+        if declined_since is None or (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES:
+            return None
+        ago = (now - declined_since).total_seconds()
+        if ago >= RECHECK_SECONDS:
+            return None
+        return (f"the simulation declined it {ago:.0f}s ago and reruns {RECHECK_SECONDS:.0f}s after that "
+                f"unless most requests miss")
+
+    def withheld(self, decision: Decision, current: int) -> Decision:
+        """The decision, or a hold when the budget is spent and the change is one the simulation would have had
+        to confirm: unconfirmed, it may cost more than it gains, so it waits for the budget to refill."""
+        if (self.model is None or not self.model_valid or self.budget_left or not decision.changes
+                or decision.reason in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS)):
+            return decision
+        return Decision(Action.HOLD, current, TunerReason.WHAT_IF_BUDGET_SPENT,
+                        f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "
+                        f"until the simulation can confirm it")
+
+
+class WhatIfBudget:
+    """The CPU seconds each engine's what-if plans took in the last hour: the gate's only state (owned by the
+    planner, kvpilot/planning.py)."""
+
+    def __init__(self, cpu_seconds_per_hour: float = CPU_SECONDS_PER_HOUR,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cpu_seconds_per_hour = cpu_seconds_per_hour
+        self.clock = clock
+        self._spent: dict[EngineKey, deque[tuple[float, float]]] = {}  # engine -> (at, CPU seconds)
+
+    def spent(self, key: EngineKey) -> float:
+        """CPU seconds this engine's what-if plans took in the last hour."""
+        runs = self._spent.get(key)
+        if not runs:
+            return 0.0
+        horizon = self.clock() - BUDGET_WINDOW_SECONDS
+        while runs and runs[0][0] < horizon:
+            runs.popleft()
+        return sum(cpu for _, cpu in runs)
+
+    def left(self, key: EngineKey) -> bool:
+        return self.spent(key) < self.cpu_seconds_per_hour
+
+    def charge(self, key: EngineKey, cpu_seconds: float) -> None:
+        self._spent.setdefault(key, deque()).append((self.clock(), cpu_seconds))
+
+    def forget(self, key: EngineKey) -> None:
+        self._spent.pop(key, None)

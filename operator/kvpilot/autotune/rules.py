@@ -1,0 +1,145 @@
+"""The rules: what an engineer would do with the window's signals, before any guarantee or simulation.
+
+Too large (paused requests, a pool over target, a broken TPOT objective): lower, if the new limit binds. Too
+small (requests wait or miss TTFT beside a full batch with room in the pool): raise by what Little's law and
+the pool allow, or ask for a larger engine. Anything else holds. ``decide_from_signals`` is the entry point;
+``guarantees.py`` then vets what it proposes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvpilot.api.status import Action
+from kvpilot.autotune.constants import (
+    HYSTERESIS,
+    MAX_LOWER_FACTOR,
+    MAX_STEP_FACTOR,
+    MIN_PROTECTIVE_STEP,
+    MIN_RAISE_FACTOR,
+    PLANNING_HORIZON_SECONDS,
+    SATURATION,
+)
+from kvpilot.autotune.costs import lower_pays, worth_a_restart
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.inputs import TunerInput, hold, move
+from kvpilot.autotune.signals import kv_fit, load, needed, pressure, slo_broken, tpot_bound, tpot_margin
+from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.reasons import TunerReason
+
+
+def protect(inp: TunerInput, w: KvWindow, target: int, reason: TunerReason, why: str) -> Decision:
+    """A protective lower, unless the new limit would still be above every batch the pods ran."""
+    if target >= w.peak_active:
+        return hold(inp, TunerReason.LIMIT_NOT_BINDING, f"{why}; but the batch peaked at {w.peak_active}, below {target}: "
+                    f"a lower limit would change nothing (the cause is elsewhere, e.g. long prefills)")
+    return move(inp, target, reason, why, MIN_PROTECTIVE_STEP)
+
+
+def no_pressure(inp: TunerInput, w: KvWindow, util: str) -> Decision:
+    """Requests are admitted in time: hold. Do no harm: a limit that does not bind costs nothing, and a restart
+    does, so the tuner never raises ahead of need (measured on the suite, docs/tuner-suite.md, such raises
+    never paid for their restart)."""
+    occupancy = max(w.mean_active / max(1, inp.current), load(inp.current, w))
+    return hold(inp, TunerReason.NO_PRESSURE, f"Requests are admitted in time; load {occupancy:.0%} of capacity; {util}")
+
+
+def decide_from_signals(inp: TunerInput, w: KvWindow, lo: int, hi: int) -> Decision:
+    target_u = inp.spec.target_kv_cache_utilization_percent / 100
+    util = f"KV {w.peak_utilization:.0%} peak (target {target_u:.0%})"
+    too_large = _too_large(inp, w, target_u, util)
+    if too_large is not None:
+        return too_large
+    return _too_small(inp, w, target_u, util, hi)
+
+
+def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Decision | None:
+    """Too large: memory (paused requests, pool over target) or latency (TPOT objective broken). Lowering
+    only helps if the new limit binds: below the concurrency that actually occurs. None: not too large.
+
+    With the what-if, a lower is sized from the batch that really runs (the limit may sit far above it, e.g.
+    after a raise for traffic that has since changed; only a limit below that batch changes anything), and the
+    simulation confirms that fewer concurrent requests fix the objective. Without it, the rules alone do not
+    know whether the batch or something else (long prefills) breaks TPOT: sized from the limit, a lower that
+    would not bind is held (LimitNotBinding)."""
+    cur = inp.current
+    running = max(1, min(cur, w.peak_active)) if inp.simulation is not None else cur
+    if w.paused > 0:
+        return protect(inp, w, math.floor(running * MAX_LOWER_FACTOR), TunerReason.REQUESTS_PAUSED,
+                       f"{w.paused} requests were paused for lack of KV blocks; {util}")
+    # Under GUARANTEED_NO_EVICT a full pool only delays admission (nothing is paused), so pressure alone
+    # is a reason to lower only where the engine evicts.
+    if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
+        scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
+        return protect(inp, w, math.floor(running * scale), TunerReason.KV_CACHE_PRESSURE, f"{util} is above target")
+    broken = slo_broken(inp.spec.slo, w)
+    if broken:
+        objective = (inp.spec.slo.time_per_output_token_millis if inp.spec.slo else None) or 1
+        # Broken by the share of misses while p95 is within the objective: a mild step (still one that binds).
+        scale = min(1.0 - MIN_PROTECTIVE_STEP, max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective)))
+        misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
+        worth, verdict = lower_pays(inp.cost, cur, w, misses)
+        if not worth:
+            return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{broken}; lowering would cost more than it saves ({verdict})")
+        return protect(inp, w, math.floor(running * scale), TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
+    return None
+
+
+def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int) -> Decision:
+    """Too small: requests wait (or miss TTFT) while the batch is full and the pool has room."""
+    cur = inp.current
+    found = pressure(inp.spec.slo, cur, w)
+    if found is None:
+        return no_pressure(inp, w, util)
+    misses, why = found
+    full = w.peak_active >= SATURATION * cur
+    if full and w.mean_unscheduled >= 1:
+        return hold(inp, TunerReason.RESERVATION_BOUND,
+                    f"{why}, and {w.mean_unscheduled:.1f} of the {cur} requests in the batch wait for KV blocks on "
+                    f"average: admission is bound by reserved blocks (prompt + max_tokens under "
+                    f"GUARANTEED_NO_EVICT), so a larger max_batch_size would admit nobody; {util}")
+    if not full:
+        return hold(inp, TunerReason.RESERVATION_BOUND,
+                    f"{why}, but the batch ({w.peak_active}/{cur}) is not full: admission is bound by reserved "
+                    f"KV blocks (GUARANTEED_NO_EVICT), not by max_batch_size; {util}")
+    if w.peak_utilization >= target_u - HYSTERESIS:
+        return hold(inp, TunerReason.AT_TARGET, f"{why}; the batch is full and {util} is at target")
+    if not tpot_margin(inp.spec.slo, w):
+        if inp.simulation is None:
+            return hold(inp, TunerReason.TPOT_NEAR_OBJECTIVE, f"{why}; raising would risk the TPOT objective")
+        # Requests miss: the what-if simulation (decide()) weighs the TPOT risk of each candidate.
+        return move(inp, math.ceil(cur * MIN_RAISE_FACTOR), TunerReason.QUEUE_WITH_HEADROOM,
+                    f"{why}; the TPOT objective is near, so the simulation decides how far to raise")
+    fit = kv_fit(w, target_u, hi)
+    wanted = min(fit, needed(cur, w, misses), math.floor(cur * MAX_STEP_FACTOR))
+    bound = tpot_bound(inp.spec.slo, w)
+    if bound is not None and bound > cur:
+        wanted = min(wanted, bound)
+    worth, verdict = worth_a_restart(inp.cost, cur, w, misses, max(wanted, cur + 1))
+    if not worth:
+        return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{why}; a restart would cost more than it saves ({verdict})")
+    if wanted > hi and _may_rebuild(inp, hi, fit):
+        return _rebuild(inp, w, misses, wanted, fit, why, util)
+    return move(inp, wanted, TunerReason.QUEUE_WITH_HEADROOM, f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
+                f"{verdict}")
+
+
+def _may_rebuild(inp: TunerInput, hi: int, fit: int) -> bool:
+    """The engine's ceiling binds, a rebuild may lift it, and the pool fits well past it."""
+    return (hi == inp.ceiling and inp.spec.allow_rebuild
+            and inp.ceiling < min(inp.spec.max_batch_size, inp.rebuild_limit) and fit >= 1.5 * inp.ceiling)
+
+
+def _rebuild(inp: TunerInput, w: KvWindow, misses: float, wanted: int, fit: int, why: str, util: str) -> Decision:
+    ceiling = min(inp.spec.max_batch_size, inp.rebuild_limit, 2 ** math.ceil(math.log2(fit)))
+    # The build runs beside the serving pods (its own GPUs), so it costs time, not misses: the gain only
+    # starts once it is done, and the new engine still has to roll out.
+    build_seconds = inp.cost.build_seconds
+    worth, verdict = worth_a_restart(inp.cost, inp.current, w, misses, min(wanted, ceiling),
+                                     PLANNING_HORIZON_SECONDS - build_seconds)
+    if not worth:
+        return hold(inp, TunerReason.REBUILD_NOT_WORTH_IT, f"{why}; the engine's ceiling {inp.ceiling} binds, but a "
+                    f"{build_seconds:.0f}s build and a restart would cost more than they save ({verdict})")
+    return Decision(Action.REBUILD, inp.current, TunerReason.CEILING_TOO_LOW,
+                    f"{why}; the pool fits about {fit} requests but the engine's ceiling is {inp.ceiling}; "
+                    f"{util}; building a ceiling of {ceiling}", ceiling_request=ceiling)

@@ -1,0 +1,115 @@
+"""Signal readers: what the window says about the pool, the batch, the queue and the objectives.
+
+Each reads a ``KvWindow`` (and the objectives, or the limit in force, where it needs them) and answers one
+question the rules ask; none decides anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvpilot.api.models import SloSpec
+from kvpilot.autotune.constants import (
+    LITTLE_MARGIN,
+    MAX_RAISE_FACTOR,
+    MIN_RAISE_FACTOR,
+    TPOT_HEADROOM,
+    TPOT_MISS_TOLERANCE,
+    TTFT_MISS_TOLERANCE,
+)
+from kvpilot.autotune.window import KvWindow
+
+
+def slo_broken(slo: SloSpec | None, w: KvWindow) -> str | None:
+    """Why the TPOT objective is broken (p95 over it, or too many misses); None when it holds or is not set."""
+    if slo is None or not slo.time_per_output_token_millis:
+        return None
+    over = w.tpot_miss_fraction is not None and w.tpot_miss_fraction > TPOT_MISS_TOLERANCE
+    if (w.tpot_p95_ms and w.tpot_p95_ms > slo.time_per_output_token_millis) or over:
+        p95 = f"{w.tpot_p95_ms:.0f}ms" if w.tpot_p95_ms else "unknown"
+        return f"p95 TPOT {p95} > objective {slo.time_per_output_token_millis}ms"
+    return None
+
+
+def tpot_margin(slo: SloSpec | None, w: KvWindow) -> bool:
+    """True when raising is unlikely to break the TPOT objective (within 80% of it, or no objective)."""
+    if slo is None or not slo.time_per_output_token_millis or not w.tpot_p95_ms:
+        return True
+    return w.tpot_p95_ms <= TPOT_HEADROOM * slo.time_per_output_token_millis
+
+
+def pressure(slo: SloSpec | None, current: int, w: KvWindow) -> tuple[float, str] | None:
+    """(share of requests that miss their TTFT, why) when the limit keeps requests waiting; else None.
+
+    With a TTFT objective the share is measured, and only misses count: a queue that still meets the
+    objective costs nothing, and a restart would. Without one (or without latency metrics), the waiting
+    share stands in."""
+    if slo is not None and slo.time_to_first_token_millis and w.ttft_miss_fraction is not None:
+        misses = w.ttft_miss_fraction
+        if misses <= TTFT_MISS_TOLERANCE:
+            return None
+        p95 = f"{w.ttft_p95_ms:.0f}ms" if w.ttft_p95_ms is not None else "unknown"
+        return misses, (f"{misses:.0%} of requests miss the TTFT objective {slo.time_to_first_token_millis}ms "
+                        f"(p95 {p95}), queue {w.mean_queued:.1f}")
+    if w.mean_queued >= 1 or w.peak_queued >= max(2, current // 8):
+        waiting_share = w.mean_queued / max(1e-9, w.mean_queued + w.mean_active)
+        return waiting_share, f"{w.mean_queued:.1f} requests wait on average ({waiting_share:.0%} of those in flight)"
+    return None
+
+
+def needed(current: int, w: KvWindow, misses: float) -> int:
+    """Little's law: the concurrency that serves the arrival rate (completions + queue growth), with margin.
+
+    A queue held in front of the pods (a gateway, clients) does not show in their metrics; the share of
+    requests missing the objective is then the better lower bound of the excess load."""
+    cur = current
+    if w.completion_rate <= 0:
+        return math.floor(cur * MAX_RAISE_FACTOR)
+    arrivals = w.completion_rate + max(0.0, w.queue_growth)
+    by_rate = math.ceil(cur * arrivals / w.completion_rate * LITTLE_MARGIN)
+    by_misses = math.ceil(cur * (1.0 + misses) * LITTLE_MARGIN)
+    return max(by_rate, by_misses, math.ceil(cur * MIN_RAISE_FACTOR))
+
+
+def kv_fit(w: KvWindow, target_u: float, default: int) -> int:
+    """Requests the pool holds at the target utilization, from the blocks one request used (measured within
+    one sample, so the peak of utilization and the peak of requests never come from different moments)."""
+    per_request = w.blocks_per_request or (w.peak_used_blocks / max(1, w.peak_active))
+    return math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else default
+
+
+def tpot_bound(slo: SloSpec | None, w: KvWindow) -> int | None:
+    """The largest limit whose predicted p95 TPOT stays within TPOT_HEADROOM of the objective.
+
+    Prediction: the fitted iteration latency at that batch, scaled by how much the observed p95 TPOT
+    exceeds the fitted latency at today's batch (prefill interference, tails). None when unknown."""
+    if slo is None or not slo.time_per_output_token_millis:
+        return None
+    a, b = w.step_ms_intercept, w.step_ms_per_request
+    if a is None or b is None or b <= 0:
+        return None
+    at_now = a + b * max(1.0, w.mean_generation)
+    ratio = max(1.0, (w.tpot_p95_ms or at_now) / at_now)
+    budget = TPOT_HEADROOM * slo.time_per_output_token_millis / ratio
+    return max(1, math.floor((budget - a) / b))
+
+
+def load(current: int, w: KvWindow) -> float:
+    """How much of a pod's capacity at the current limit its traffic uses (1 = saturated).
+
+    Batch occupancy (requests in flight over the limit) overstates headroom at large limits, where each
+    extra request slows every iteration. With the fitted step latency t(c) = a + b*c, decode throughput is
+    c / t(c), so the load is (c / t(c)) / (B / t(B))."""
+    cur, c = max(1, current), max(0.0, w.mean_active)
+    a, b = w.step_ms_intercept, w.step_ms_per_request
+    if a is None or b is None or a <= 0 or b <= 0:
+        return min(1.0, c / cur)
+    return min(1.0, (c / (a + b * c)) / (cur / (a + b * cur)))
+
+
+def capacity_gain(w: KvWindow, cur: int, new: int) -> float:
+    """Decode throughput at limit ``new`` over that at ``cur`` (B / t(B)); the limit's own ratio when unfitted."""
+    a, b = w.step_ms_intercept, w.step_ms_per_request
+    if a is None or b is None or a <= 0 or b <= 0:
+        return new / max(1, cur)
+    return (new / (a + b * new)) / (cur / (a + b * cur))

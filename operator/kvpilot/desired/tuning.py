@@ -1,0 +1,105 @@
+"""The autotuner's decision within one plan: what status and the observed state say, as the tuner's input.
+
+``tune`` translates (the value in force, its ceiling, the rollout and build state, status.autotune's memory,
+what a restart and a build have been measured to cost, the what-if gate with the served engine's model bound)
+and asks ``autotune.policy.decide``; ``desired/batching.py`` then folds the decision into status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.api.status import Action, AutotuneStatus, BuildState, EngineStatus
+from kvpilot.api.timestamps import parse_rfc3339
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import WhatIfGate, engine_model
+from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
+from kvpilot.autotune.policy import decide
+from kvpilot.autotune.whatif import Engine as WhatIfEngine
+from kvpilot.desired.observed import Observed
+from kvpilot.desired.rollout import surge_pods_in_force
+
+DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
+DEFAULT_BUILD_SECONDS = 1200.0  # until a build has been measured
+
+
+def when(value: str | None, now: datetime) -> datetime | None:
+    """A status timestamp in ``now``'s zone; None when absent or not RFC 3339 (status is user-writable)."""
+    try:
+        return parse_rfc3339(value, now.tzinfo) if value else None
+    except ValueError:
+        return None
+
+
+def last_build_seconds(status: EngineStatus, now: datetime) -> float | None:
+    """Duration of the last finished build (status.build), the rebuild cost the tuner weighs."""
+    build = status.build
+    if build is None or build.state != BuildState.SUCCEEDED:
+        return None
+    start, end = when(build.started_at, now), when(build.finished_at, now)
+    return max(0.0, (end - start).total_seconds()) if start and end else None
+
+
+def tune(
+    spec: InferenceEngineSpec, observed: Observed, *, current: int, ceiling: int, rolling: bool, building: bool,
+    now: datetime, what_if: WhatIfGate,
+) -> Decision | None:
+    """The tuner's decision for this pass; None when tuning is off. ``what_if``: the planner's gate, to which
+    the served engine's model is bound here."""
+    if not spec.autotune.enabled:
+        return None
+    replicas = spec.serving.replicas
+    surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, replicas)
+    return decide(
+        TunerInput(
+            current=current,
+            ceiling=ceiling,
+            spec=spec.autotune,
+            window=observed.kv,
+            scheduler_policy=spec.batching.scheduler_policy,
+            rollout_in_progress=rolling,
+            build_in_progress=building,
+            now=now,
+            expected_pods=replicas,
+            cost=ChangeCost(
+                replicas=replicas,
+                restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+                build_seconds=last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
+                surge=surge > 0,
+            ),
+            history=TunerHistory(
+                last_applied_at=when((observed.status.autotune or AutotuneStatus()).last_applied_at, now),
+                recent_changes=recent_changes(observed.status, now),
+                declined_since=declined_since(observed.status.autotune, now),
+            ),
+            what_if=replace(what_if, model=what_if_model(spec, ceiling, observed)),
+        )
+    )
+
+
+def what_if_model(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
+    """The kvsim model of the served engine at ``ceiling``, with the restart cost and rollout observed."""
+    surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
+    return engine_model(spec, ceiling, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+                        surge_pods=surge)
+
+
+def declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
+    """When the what-if simulation last ran and declined (status.autotune.whatIfDeclinedAt); None when it has
+    not since the last applied change, or the value is unreadable."""
+    return when(tune.what_if_declined_at, now) if tune is not None else None
+
+
+def recent_changes(status: EngineStatus, now: datetime) -> tuple[AppliedChange, ...]:
+    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
+    out = []
+    for record in (status.autotune or AutotuneStatus()).history or ():
+        if not record.applied or record.action not in (Action.RAISE, Action.LOWER):
+            continue
+        at = when(record.at, now)
+        if at is None or record.from_batch_size is None or record.to_batch_size is None:
+            continue  # a hand-edited or older record: ignored, not fatal
+        out.append(AppliedChange(at, record.from_batch_size, record.to_batch_size))
+    return tuple(out)
