@@ -28,7 +28,7 @@ from .blocks import BlockPool
 from .config import CapacityPolicy, EngineConfig, KvCacheType
 from .latency import IterationModel
 from .limits import RequestLimits, resolved_limits
-from .memory import plan_memory
+from .memory import engine_graphs, plan_for
 from .request import Request, RequestRecord
 from .scheduler import Scheduler
 from .sequence import ADMITTED, CONTEXT, DONE, GENERATION, QUEUED, Seq, ceil_div
@@ -50,10 +50,9 @@ class Engine:
         max_seq_len, max_input_len, max_batch_size, max_num_tokens = resolved_limits(cfg)
         self.config = cfg
         self.profile = profile
-        self.memory = plan_memory(profile, cfg.build_max_batch_size, cfg.build_max_num_tokens,
-                                  cfg.tokens_per_block, cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
-                                  runtime_max_batch_size=max_batch_size, max_seq_len=max_seq_len)
-        self.model = IterationModel.for_profile(profile, cfg.tokens_per_block)
+        self.graphs = engine_graphs(cfg)  # PyTorch backend: the captured CUDA graphs (None on TensorRT)
+        self.memory = plan_for(cfg)
+        self.model = IterationModel.for_profile(profile, cfg.tokens_per_block, self.graphs)
         self.pool = BlockPool(self.memory.num_blocks, cfg.enable_block_reuse and cfg.kv_cache_type is KvCacheType.PAGED)
         self._tpb = cfg.tokens_per_block
         self._policy = cfg.capacity_policy
@@ -132,7 +131,8 @@ class Engine:
 
     def drain_iteration_stats(self) -> list[dict]:
         """The iteration-stats objects gathered since the last call (``GET /metrics`` semantics)."""
-        out = [sample_to_json(s, self.epoch_s, self.time_scale) for s in self._stats]
+        pytorch = self.graphs is not None
+        out = [sample_to_json(s, self.epoch_s, self.time_scale, pytorch) for s in self._stats]
         self._stats.clear()
         return out
 

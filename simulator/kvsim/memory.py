@@ -29,12 +29,25 @@ fetch here and the search index stores file versions by commit; the figures agre
 Not modelled: the sampling layers' workspace (TopPSamplingLayer sizes it from the batch and vocabulary, but
 which path, plain or AIR top-p, and where it is allocated was not read) and the small per-slot vectors
 (lengths, finished states, slot ids). This module reproduces the order.
+
+The PyTorch backend has no build and no C++ decoder state (its sampler runs in PyTorch). It loads the weights,
+runs a memory-estimation pass (``KvCacheCreator.configure_kv_cache_capacity`` in
+tensorrt_llm/_torch/pyexecutor/_util.py, index ids 843526953 and 54555926407: dummy context requests with a small
+KV cache, warm-up including CUDA-graph capture, then the peak memory, torch and non-torch "e.g., NCCL and CUDA
+graphs"), and sizes the pool as ``_cal_max_memory``: ``(total_gpu_memory - peak_memory + allocated_kv_bytes) *
+free_gpu_memory_fraction``, capped by ``kv_cache_config.max_tokens``. kvsim's peak is the weights, the activation
+buffers of a ``max_num_tokens`` forward pass (the formula of ``activation_bytes``, an assumption for PyTorch too)
+and the CUDA graphs' memory (``cuda_graphs.GraphPlan.memory_bytes``, an assumption); the estimation pass's own KV
+cache is added back, so it costs nothing. Per-slot sampler buffers on PyTorch were not read and are not charged.
 """
+
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .config import Backend, EngineConfig
+from .cuda_graphs import GraphPlan, plan_graphs
 from .profiles import ACTIVATION_FIXED_BYTES, Profile
 
 
@@ -115,10 +128,12 @@ def plan_memory(
     max_tokens: int | None = None,
     runtime_max_batch_size: int | None = None,
     max_seq_len: int | None = None,
+    pytorch_graph_bytes: float | None = None,
 ) -> MemoryPlan:
     """KV pool = fraction x (GPU memory - weights - activations - runtime buffers), in whole blocks, capped by
     ``max_tokens``. ``runtime_max_batch_size`` defaults to the build ceiling (what trtllm-serve runs with
-    unless told otherwise); ``max_seq_len`` to the model's context length."""
+    unless told otherwise); ``max_seq_len`` to the model's context length. ``pytorch_graph_bytes`` not None:
+    the PyTorch backend's pool (module docstring), with that much CUDA-graph memory in the peak."""
     if not 0.0 < free_gpu_memory_fraction <= 1.0:
         raise ValueError(
             f"kv_cache_config.free_gpu_memory_fraction must be in (0, 1], got {free_gpu_memory_fraction}"
@@ -126,8 +141,11 @@ def plan_memory(
     weights = profile.weights_resident_bytes
     runtime_bs = build_max_batch_size if runtime_max_batch_size is None else runtime_max_batch_size
     seq_len = max_seq_len or profile.model.max_position_embeddings
-    activations = activation_bytes(profile, build_max_batch_size, build_max_num_tokens) + runtime_buffer_bytes(
-        profile, runtime_bs, seq_len)
+    if pytorch_graph_bytes is None:
+        activations = activation_bytes(profile, build_max_batch_size, build_max_num_tokens) + runtime_buffer_bytes(
+            profile, runtime_bs, seq_len)
+    else:
+        activations = activation_bytes(profile, runtime_bs, build_max_num_tokens) + pytorch_graph_bytes
     free = profile.gpu.memory_bytes - weights - activations
     if free <= 0:
         raise ValueError(
@@ -151,3 +169,20 @@ def plan_memory(
         num_blocks=blocks,
         tokens_per_block=tokens_per_block,
     )
+
+
+def engine_graphs(cfg: EngineConfig) -> GraphPlan | None:
+    """The CUDA graphs a resolved config captures: None on the TensorRT backend."""
+    if cfg.backend is not Backend.PYTORCH:
+        return None
+    return plan_graphs(cfg.cuda_graphs, cfg.resolved_profile, cfg.max_batch_size or cfg.build_max_batch_size,
+                       cfg.max_num_tokens or cfg.build_max_num_tokens)
+
+
+def plan_for(cfg: EngineConfig) -> MemoryPlan:
+    """The memory plan of a resolved config on its backend."""
+    graphs = engine_graphs(cfg)
+    return plan_memory(cfg.resolved_profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
+                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens, runtime_max_batch_size=cfg.max_batch_size,
+                       max_seq_len=cfg.max_seq_len,
+                       pytorch_graph_bytes=None if graphs is None else graphs.memory_bytes(cfg.resolved_profile))
