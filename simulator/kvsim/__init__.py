@@ -22,7 +22,10 @@ parameter set (fitted to NVIDIA's H100 Llama-3.1-8B FP8 table) serves them all.
 ``max_num_tokens``; ``None`` = the build value, larger is refused like TensorRT-LLM), ``capacity_policy``
 (GUARANTEED_NO_EVICT | MAX_UTILIZATION | STATIC_BATCH), ``free_gpu_memory_fraction``, ``kv_max_tokens``,
 ``enable_block_reuse``, ``enable_chunked_context``, ``enable_batch_size_tuning`` (TensorRT-LLM's in-engine
-dynamic batch tuner; trtllm-serve turns it on), ``enable_max_num_tokens_tuning``, ``iter_stats_max_iterations``.
+dynamic batch tuner; trtllm-serve turns it on), ``enable_max_num_tokens_tuning``, ``iter_stats_max_iterations``,
+``backend`` (``tensorrt`` | ``pytorch``: the PyTorch backend's KV pool, iteration stats and CUDA graphs) and
+``cuda_graphs`` (``kvsim.cuda_graphs.CudaGraphs``, PyTorch only; None turns graphs off).
+``kvsim.perturb.Perturbation(decode=, prefill=, overhead=, per_seq=, memory=).apply(profile)``: a perturbed engine.
 The KV pool is sized from GPU memory minus weights minus activation memory (which grows with the BUILD
 max_batch_size / max_num_tokens), times the fraction.
 
@@ -40,7 +43,7 @@ Workloads, runs and reports:
 
 from __future__ import annotations
 
-from .config import CapacityPolicy, EngineConfig, KvCacheType
+from .config import Backend, CapacityPolicy, EngineConfig, KvCacheType
 from .engine import Engine
 from .profiles import PROFILES, Calibration, Profile, get_profile
 from .request import Request, RequestRecord, RequestRejected
@@ -49,7 +52,7 @@ from .summary import summarize
 from .workload import Workload, WorkloadError, load_workload
 
 __all__ = [
-    "CapacityPolicy", "Calibration", "Engine", "EngineConfig", "KvCacheType", "PROFILES", "Profile", "Request",
+    "Backend", "CapacityPolicy", "Calibration", "Engine", "EngineConfig", "KvCacheType", "PROFILES", "Profile", "Request",
     "RequestRecord", "RequestRejected", "RunResult", "Workload", "WorkloadError", "get_profile", "load_workload",
     "run_workload", "summarize", "sweep",
 ]

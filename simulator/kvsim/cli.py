@@ -227,6 +227,8 @@ def _config_json(config: EngineConfig) -> dict:
     out = {}
     for name in EngineConfig.__dataclass_fields__:
         value = getattr(config, name)
+        if name == "cuda_graphs":
+            value = None if value is None else {"batchSizes": list(value.batch_sizes), "enablePadding": value.enable_padding}
         out[name] = value.name if name == "profile" else getattr(value, "value", value)
     return out
 

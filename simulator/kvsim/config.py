@@ -3,6 +3,12 @@
 Names follow TensorRT-LLM: ``build_*`` fields are what ``trtllm-build`` bakes into the engine (they size the
 activation buffers and therefore the KV pool); the runtime fields are what ``trtllm-serve`` / the LLM API pass
 (``max_batch_size`` must not exceed the engine's, exactly as TensorRT-LLM refuses it).
+
+``backend`` is the execution backend kvsim plays: ``tensorrt`` (a built engine: the C++ executor's per-slot
+buffers, the in-engine batch tuner, the batch-size fields of the iteration stats) or ``pytorch`` (no build: the
+KV pool is carved after a memory-estimation pass, CUDA graphs for decode batches, no in-engine tuner, and the
+iteration stats' batch-size fields stay 0, as ``PyExecutor`` never sets them). On ``pytorch`` the ``build_*``
+fields are the runtime limits (there is no engine to build).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from .cuda_graphs import CudaGraphs
 from .profiles import Profile, get_profile
 
 
@@ -35,6 +42,13 @@ class CapacityPolicy(str, Enum):
                 f"scheduler_config.capacity_scheduler_policy must be one of "
                 f"{[p.value for p in cls]}, got {value!r}"
             ) from None
+
+
+class Backend(str, Enum):
+    """``--backend`` of trtllm-serve that kvsim plays."""
+
+    TENSORRT = "tensorrt"
+    PYTORCH = "pytorch"
 
 
 class KvCacheType(str, Enum):
@@ -68,6 +82,8 @@ class EngineConfig:
     enable_max_num_tokens_tuning: bool = False
     tuner_window: int = 128
     iter_stats_max_iterations: int = 1000
+    backend: Backend = Backend.TENSORRT
+    cuda_graphs: CudaGraphs | None = CudaGraphs()  # PyTorch only: CudaGraphConfig's default (max 128); None: off
 
     def resolved(self) -> EngineConfig:
         """A copy with the profile looked up, defaults filled in and every constraint checked."""
@@ -82,6 +98,7 @@ class EngineConfig:
             max_num_tokens=self.max_num_tokens if self.max_num_tokens is not None else self.build_max_num_tokens,
             capacity_policy=CapacityPolicy.parse(self.capacity_policy),
             kv_cache_type=KvCacheType(self.kv_cache_type),
+            backend=Backend(self.backend),
         )
         cfg.validate()
         return cfg
@@ -113,6 +130,9 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_config.free_gpu_memory_fraction must be in (0, 1], got {self.free_gpu_memory_fraction}"
             )
+        if self.backend is Backend.PYTORCH and (self.enable_batch_size_tuning or self.enable_max_num_tokens_tuning):
+            raise ValueError("scheduler_config.dynamic_batch_config: the in-engine batch tuner exists only on the "
+                             "TensorRT backend (enable_batch_size_tuning / enable_max_num_tokens_tuning must be off)")
         if self.enable_chunked_context and self.max_num_tokens < tpb:
             raise ValueError(f"max_num_tokens ({self.max_num_tokens}) must be >= tokens_per_block ({tpb}) "
                              "with chunked context")

@@ -12,8 +12,8 @@ and (MAX_UTILIZATION) before the pool could run short; that iteration then goes 
 One iteration-stats sample is emitted per step (see ``stats``).
 
 The batch itself (the fetched requests, their blocks, the decode counter) and the capacity and micro-batch
-stages over it are a ``scheduler.Scheduler`` the engine owns; the engine adds time, arrivals, completions, the
-in-engine tuner and the statistics.
+stages over it are a ``scheduler.Scheduler`` the engine owns; the engine adds time, arrivals, completions and
+the statistics. The request checks are ``limits.RequestLimits``, the in-engine tuner ``tuner.InEngineTuner``.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from collections import deque
 from .blocks import BlockPool
 from .config import CapacityPolicy, EngineConfig, KvCacheType
 from .latency import IterationModel
-from .memory import plan_memory
-from .request import Request, RequestRecord, RequestRejected
+from .limits import RequestLimits, resolved_limits
+from .memory import engine_graphs, plan_for
+from .request import Request, RequestRecord
 from .scheduler import Scheduler
 from .sequence import ADMITTED, CONTEXT, DONE, GENERATION, QUEUED, Seq, ceil_div
 from .stats import StepSample, TimelinePoint, sample_to_json
-from .tuner import max_capacity_batch_size, runtime_batch_size, runtime_max_num_tokens
+from .tuner import InEngineTuner
 
 
 class Engine:
@@ -46,20 +47,20 @@ class Engine:
         them at the end; a long-running server passes a bound, since it hands each record to its client)."""
         cfg = config.resolved()
         profile = cfg.resolved_profile
-        max_seq_len, max_input_len, max_batch_size, max_num_tokens = _resolved_limits(cfg)
+        max_seq_len, max_input_len, max_batch_size, max_num_tokens = resolved_limits(cfg)
         self.config = cfg
         self.profile = profile
-        self.memory = plan_memory(profile, cfg.build_max_batch_size, cfg.build_max_num_tokens,
-                                  cfg.tokens_per_block, cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
-                                  runtime_max_batch_size=max_batch_size, max_seq_len=max_seq_len)
-        self.model = IterationModel.for_profile(profile, cfg.tokens_per_block)
+        self.graphs = engine_graphs(cfg)  # PyTorch backend: the captured CUDA graphs (None on TensorRT)
+        self.memory = plan_for(cfg)
+        self.model = IterationModel.for_profile(profile, cfg.tokens_per_block, self.graphs)
         self.pool = BlockPool(self.memory.num_blocks, cfg.enable_block_reuse and cfg.kv_cache_type is KvCacheType.PAGED)
         self._tpb = cfg.tokens_per_block
         self._policy = cfg.capacity_policy
         self._chunked = cfg.enable_chunked_context
         self._contiguous = cfg.kv_cache_type is KvCacheType.CONTINUOUS
         self._contiguous_blocks = ceil_div(max_seq_len, cfg.tokens_per_block)
-        self._max_seq_len, self._max_input_len = max_seq_len, max_input_len
+        self._limits = RequestLimits(max_seq_len, max_input_len, max_num_tokens, self._chunked, self._tpb,
+                                     self.memory.num_blocks, self._contiguous_blocks if self._contiguous else None)
         self._max_batch_size = max_batch_size
         self._max_num_tokens = max_num_tokens
         self._max_active = max_batch_size * profile.pp
@@ -80,10 +81,10 @@ class Engine:
         self._completed_step = self._completed_total = 0
         self._finished: deque[Seq] = deque(maxlen=keep_finished)
         self._stats: deque[StepSample] = deque(maxlen=cfg.iter_stats_max_iterations)
-        self._tuning = cfg.enable_batch_size_tuning or cfg.enable_max_num_tokens_tuning
-        self._tuner_bs = 0
-        self._tuner_nt = 0
-        self._tuner_dirty = True
+        self._tuner = InEngineTuner(
+            window=cfg.tuner_window, num_blocks=self.memory.num_blocks, tokens_per_block=self._tpb,
+            tune_batch_size=cfg.enable_batch_size_tuning, tune_num_tokens=cfg.enable_max_num_tokens_tuning,
+            max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
         self.timeline: list[TimelinePoint] = []
         self._timeline_interval = timeline_interval_s
         self._next_sample_s = 0.0
@@ -94,7 +95,7 @@ class Engine:
         Raises RequestRejected with TensorRT-LLM's reason when the engine could never serve it."""
         arrival = request.arrival_s if now_s is None else now_s
         max_tokens = request.max_tokens if request.max_tokens is not None else request.output_tokens
-        self._validate(request.prompt_tokens, max_tokens)
+        self._limits.check(request.prompt_tokens, max_tokens)
         seq_no = next(self._seq_numbers)
         seq = Seq(request_id=request.request_id if request.request_id is not None else seq_no,
                    arrival_s=arrival, prompt_tokens=request.prompt_tokens, max_tokens=max_tokens,
@@ -130,7 +131,8 @@ class Engine:
 
     def drain_iteration_stats(self) -> list[dict]:
         """The iteration-stats objects gathered since the last call (``GET /metrics`` semantics)."""
-        out = [sample_to_json(s, self.epoch_s, self.time_scale) for s in self._stats]
+        pytorch = self.graphs is not None
+        out = [sample_to_json(s, self.epoch_s, self.time_scale, pytorch) for s in self._stats]
         self._stats.clear()
         return out
 
@@ -164,7 +166,7 @@ class Engine:
                 sched.leave_generation(seq, generated)
             seq.output_tokens = generated
             del sched.active[seq.seq_no]
-            self._tuner_dirty = True
+            self._tuner.dirty = True
         else:
             try:
                 self._waiting.remove(seq)
@@ -212,14 +214,14 @@ class Engine:
             seq = waiting.popleft()
             active[seq.seq_no] = seq
             heapq.heappush(unadmitted, seq.seq_no)
-            self._tuner_dirty = True
+            self._tuner.dirty = True
 
     def _round(self, t_s: float) -> bool:
         """One scheduling step: a full iteration, or a collapsed run of identical decode iterations."""
         sched = self._sched
         self._fetch()
-        if self._tuning and self._tuner_dirty:
-            self._update_tuner()
+        if self._tuner.enabled and self._tuner.dirty:
+            self._tuner.update(reversed(sched.active.values()), sched)
         sched.capacity_step(sched.max_num_tokens - len(sched.gen))
         chunks = sched.context_chunks(sched.max_num_tokens - len(sched.gen)) if sched.ctx else []
         if not chunks:
@@ -343,50 +345,15 @@ class Engine:
         self._finished.append(seq)
         self._completed_step += 1
         self._completed_total += 1
-        self._tuner_dirty = True
+        self._tuner.dirty = True
 
-    # -- limits and tuner --------------------------------------------------------------------------------
-    def _update_tuner(self) -> None:
-        """TensorRT-LLM's in-engine tuner: runtime limits from the mean prompt/max_tokens of the newest requests.
-        The scheduler reads the limits from its own fields, so they are set here, where they change."""
-        self._tuner_dirty = False
-        window = list(itertools.islice(reversed(self._sched.active.values()), self.config.tuner_window))
-        if not window:
-            return
-        avg_in = sum(s.prompt_tokens for s in window) / len(window)
-        avg_out = sum(s.max_tokens for s in window) / len(window)
-        capacity = max_capacity_batch_size(self.memory.num_blocks, avg_in, avg_out, self._tpb)
-        if self.config.enable_batch_size_tuning:
-            self._tuner_bs = runtime_batch_size(capacity)
-            self._sched.batch_size = min(self._max_batch_size, self._tuner_bs or self._max_batch_size)
-        if self.config.enable_max_num_tokens_tuning:
-            self._tuner_nt = runtime_max_num_tokens(self._sched.batch_size, avg_in, avg_out)
-            self._sched.max_num_tokens = min(self._max_num_tokens, self._tuner_nt or self._max_num_tokens)
-
-    # -- validation and stats ----------------------------------------------------------------------------
-    def _validate(self, prompt: int, max_tokens: int) -> None:
-        max_input_len, max_seq_len, max_num_tokens = self._max_input_len, self._max_seq_len, self._max_num_tokens
-        if prompt < 1 or max_tokens < 1:
-            raise RequestRejected(f"prompt length ({prompt}) and max_tokens ({max_tokens}) must be >= 1")
-        if prompt > max_input_len:
-            raise RequestRejected(f"Prompt length ({prompt}) exceeds maximum input length ({max_input_len}).")
-        if prompt + max_tokens > max_seq_len:
-            raise RequestRejected(f"The sum of prompt length ({prompt}) and max_tokens ({max_tokens}) should not "
-                                  f"exceed max_seq_len ({max_seq_len})")
-        if not self._chunked and prompt > max_num_tokens:
-            raise RequestRejected(f"Without enabling chunked context, the max context length ({prompt}) needs to be "
-                                  f"less than or equal to the max number of tokens ({max_num_tokens}).")
-        need = self._contiguous_blocks if self._contiguous else ceil_div(prompt + max_tokens, self._tpb)
-        if need > self.memory.num_blocks:
-            raise RequestRejected(f"request needs {need} KV blocks (prompt {prompt} + max_tokens {max_tokens}) but "
-                                  f"the KV pool has {self.memory.num_blocks}")
-
+    # -- stats ----------------------------------------------------------------------------
     def _record_step(self, dt: float, k: int, n_gen: int, n_ctx: int, ctx_tokens: int) -> None:
         sched = self._sched
         self.last_sample = StepSample(
             self.now, self.iteration, dt * 1000.0 / k, len(sched.active), len(self._waiting),
-            self._completed_step, self._max_active, self._max_batch_size, self._tuner_bs,
-            sched.batch_size, self._max_num_tokens, self._tuner_nt, sched.max_num_tokens,
+            self._completed_step, self._max_active, self._max_batch_size, self._tuner.batch_size,
+            sched.batch_size, self._max_num_tokens, self._tuner.num_tokens, sched.max_num_tokens,
             int(self.memory.used_bytes), self.memory.num_blocks, self.pool.used, self._tpb, sched.alloc_total,
             sched.alloc_new, sched.reused, sched.missed, n_gen + n_ctx, n_ctx, n_gen, sched.paused_step,
             ctx_tokens)
@@ -404,9 +371,3 @@ class Engine:
                              len(sched.gen) + len(sched.ctx), len(sched.unadmitted), sched.paused_total,
                              self._completed_total, sched.batch_size)
 
-
-def _resolved_limits(cfg: EngineConfig) -> tuple[int, int, int, int]:
-    """max_seq_len, max_input_len, max_batch_size and max_num_tokens of a config ``resolved()`` filled in."""
-    if cfg.max_seq_len is None or cfg.max_input_len is None or cfg.max_batch_size is None or cfg.max_num_tokens is None:
-        raise ValueError("EngineConfig: the engine needs a resolved() config (every limit filled in)")
-    return cfg.max_seq_len, cfg.max_input_len, cfg.max_batch_size, cfg.max_num_tokens

@@ -12,6 +12,10 @@ GEMMs as pure weight streaming, which holds up to a few hundred sequences but no
 the 128/128 row, where 2 * P FLOPs per token dominate. Context work adds to decode work (serialized), as in
 section 4.4. ``f_block`` = 1 + overhead/bytes-per-block-chunk makes small KV blocks slower (the per-block cost
 of the block-size trade-off). With PP the stages run one after the other, so time uses TP sharding only.
+
+PyTorch backend (``graphs``, see ``cuda_graphs``): a generation-only iteration whose batch has a captured CUDA
+graph costs the calibrated time (at the padded size when padding is on); one without pays the stated eager
+overhead on top. Iterations that carry context are charged as on the TensorRT path.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .cuda_graphs import GraphPlan
 from .profiles import ALLREDUCE_LATENCY_S, KV_BLOCK_OVERHEAD_BYTES, Profile
 
 
@@ -34,9 +39,10 @@ class IterationModel:
     attn_s_per_token2: float  # causal attention work per unit of (p+c)^2 - p^2
     allreduce_fixed_s: float
     allreduce_s_per_token: float
+    graphs: GraphPlan | None = None  # PyTorch backend's CUDA graphs; None: the TensorRT path
 
     @classmethod
-    def for_profile(cls, profile: Profile, tokens_per_block: int) -> IterationModel:
+    def for_profile(cls, profile: Profile, tokens_per_block: int, graphs: GraphPlan | None = None) -> IterationModel:
         cal, m, tp = profile.calibration, profile.model, profile.tp
         bandwidth = cal.hbm_efficiency * profile.gpu.hbm_bytes_per_s
         weights_read = (m.layer_params * profile.weight_bytes_per_elem + m.embedding_params * 2.0) / tp
@@ -61,6 +67,7 @@ class IterationModel:
             attn_s_per_token2=2.0 * m.num_layers * m.hidden_size / tp / flops,
             allreduce_fixed_s=allreduce_fixed,
             allreduce_s_per_token=allreduce_per_token,
+            graphs=graphs,
         )
 
     def gemm_s(self, n_tokens: int) -> float:
@@ -69,7 +76,16 @@ class IterationModel:
         return max(compute, self.weights_s)
 
     def decode_constant_s(self, n_gen: int) -> float:
-        """The part of a pure-decode iteration that does not depend on context lengths."""
+        """The part of a pure-decode iteration that does not depend on context lengths (with CUDA graphs: at
+        the padded size, or plus the eager overhead when no graph fits)."""
+        graphs = self.graphs
+        if graphs is None:
+            return self.constant_s(n_gen)
+        size = graphs.graph_size(n_gen)
+        return self.constant_s(n_gen) + graphs.eager_step_s if size is None else self.constant_s(size)
+
+    def constant_s(self, n_gen: int) -> float:
+        """``decode_constant_s`` as the calibrated engine runs it (no graph question asked)."""
         return (
             self.gemm_s(n_gen)
             + self.step_s
@@ -81,7 +97,7 @@ class IterationModel:
     def iteration_s(self, n_gen: int, gen_kv_tokens: int, chunks: list[tuple[int, int]]) -> float:
         """One iteration: ``n_gen`` decoding sequences holding ``gen_kv_tokens`` tokens of KV in total, plus
         context ``chunks`` given as (chunk_tokens, tokens_already_in_kv)."""
-        t = self.decode_constant_s(n_gen) + self.kv_s_per_token * gen_kv_tokens
+        t = (self.constant_s(n_gen) if chunks else self.decode_constant_s(n_gen)) + self.kv_s_per_token * gen_kv_tokens
         if chunks:
             ctx_tokens = 0
             attn = 0

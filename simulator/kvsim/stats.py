@@ -5,6 +5,13 @@ When kvsim collapses a run of identical decode iterations into one step (see ``E
 for the run: ``iter`` is the last iteration's number, ``iterLatencyMS`` the mean latency of the run's
 iterations, counters are as of the end of the run. A poller therefore sees ``iter`` jump; every other field
 keeps TensorRT-LLM's meaning.
+
+On the PyTorch backend the object has ``PyExecutor``'s shape (tensorrt_llm/_torch/pyexecutor/py_executor.py,
+``_get_init_iter_stats`` / ``_update_iter_stats``, 1.2-era index ids 4553249729 and 3542389387, the same in the
+later id 54965565749): the batch-size and token-limit fields are never set and read 0,
+``staticBatchingStats`` is an all-zero object ("not used in pytorch path"), and ``inflightBatchingStats``
+carries the scheduled/context/generation/paused counts, ``numCtxTokens`` and ``microBatchId`` with
+``avgNumDecodedTokensPerIter`` 0.
 """
 
 from __future__ import annotations
@@ -52,8 +59,21 @@ def format_timestamp(epoch_s: float) -> str:
     return time.strftime("%m-%d-%Y %H:%M:%S", time.localtime(whole)) + f".{micros:06d}"
 
 
-def sample_to_json(s: StepSample, epoch_offset_s: float, time_scale: float = 1.0) -> dict:
-    """One iteration-stats object with TensorRT-LLM's field names (timestamp = epoch + t / time_scale)."""
+def sample_to_json(s: StepSample, epoch_offset_s: float, time_scale: float = 1.0, pytorch: bool = False) -> dict:
+    """One iteration-stats object with TensorRT-LLM's field names (timestamp = epoch + t / time_scale); the
+    PyTorch backend's shape when ``pytorch``."""
+    out = _tensorrt_json(s, epoch_offset_s, time_scale)
+    if pytorch:
+        for key in ("maxBatchSizeStatic", "maxBatchSizeTunerRecommended", "maxBatchSizeRuntime", "maxNumTokensStatic",
+                    "maxNumTokensTunerRecommended", "maxNumTokensRuntime"):
+            out[key] = 0
+        out["inflightBatchingStats"]["avgNumDecodedTokensPerIter"] = 0.0
+        out["staticBatchingStats"] = {"numScheduledRequests": 0, "numContextRequests": 0, "numCtxTokens": 0,
+                                      "numGenTokens": 0, "emptyGenSlots": 0}
+    return out
+
+
+def _tensorrt_json(s: StepSample, epoch_offset_s: float, time_scale: float) -> dict:
     reused, missed = s.reused, s.missed
     hit_rate = reused / (reused + missed) if reused + missed else 0.0
     return {

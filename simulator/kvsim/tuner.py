@@ -14,7 +14,12 @@ active set changes, instead of pushing every active request every iteration; the
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
+
+from .scheduler import Scheduler
+from .sequence import Seq
 
 BATCH_SIZE_TABLE = ((144, 128), (336, 256), (672, 512), (832, 768), (1280, 1024), (1664, 1536))
 FALLBACK_GRANULARITY = 512
@@ -46,3 +51,43 @@ def max_capacity_batch_size(num_blocks: int, avg_input: float, avg_output: float
     """KVCacheManager::getMaxCapacityBatchSize: blocks / blocks needed by an average request."""
     per_request = max(1, math.ceil((int(avg_input) + int(avg_output)) / tokens_per_block))
     return num_blocks // per_request
+
+
+class InEngineTuner:
+    """The tuner's state inside one engine: its latest recommendations and whether the active set changed.
+
+    ``update`` computes the runtime limits from the newest ``window`` active requests and writes them into the
+    scheduler, which reads the limits from its own fields (so they are set where they change).
+    """
+
+    __slots__ = ("window", "num_blocks", "tokens_per_block", "tune_batch_size", "tune_num_tokens",
+                 "max_batch_size", "max_num_tokens", "batch_size", "num_tokens", "dirty")
+
+    def __init__(self, *, window: int, num_blocks: int, tokens_per_block: int, tune_batch_size: bool,
+                 tune_num_tokens: bool, max_batch_size: int, max_num_tokens: int) -> None:
+        self.window, self.num_blocks, self.tokens_per_block = window, num_blocks, tokens_per_block
+        self.tune_batch_size, self.tune_num_tokens = tune_batch_size, tune_num_tokens
+        self.max_batch_size, self.max_num_tokens = max_batch_size, max_num_tokens
+        self.batch_size = 0  # maxBatchSizeTunerRecommended (0: no recommendation)
+        self.num_tokens = 0  # maxNumTokensTunerRecommended
+        self.dirty = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.tune_batch_size or self.tune_num_tokens
+
+    def update(self, newest_first: Iterator[Seq], sched: Scheduler) -> None:
+        """Recompute from the active requests, newest first; set ``sched.batch_size`` / ``max_num_tokens``."""
+        self.dirty = False
+        window = list(itertools.islice(newest_first, self.window))
+        if not window:
+            return
+        avg_in = sum(s.prompt_tokens for s in window) / len(window)
+        avg_out = sum(s.max_tokens for s in window) / len(window)
+        capacity = max_capacity_batch_size(self.num_blocks, avg_in, avg_out, self.tokens_per_block)
+        if self.tune_batch_size:
+            self.batch_size = runtime_batch_size(capacity)
+            sched.batch_size = min(self.max_batch_size, self.batch_size or self.max_batch_size)
+        if self.tune_num_tokens:
+            self.num_tokens = runtime_max_num_tokens(sched.batch_size, avg_in, avg_out)
+            sched.max_num_tokens = min(self.max_num_tokens, self.num_tokens or self.max_num_tokens)

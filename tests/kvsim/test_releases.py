@@ -94,7 +94,8 @@ def names(metrics: ServeMetrics) -> set[str]:
 @pytest.mark.parametrize("name", list(RELEASES))
 def test_prometheus_names_per_release(engine_dir, tmp_path, name) -> None:
     rel = RELEASES[name]
-    settings = resolve(args(engine_dir, tmp_path), env(name))
+    argv = args(engine_dir, tmp_path) if rel.tensorrt_backend else parse([str(engine_dir.parent / "ckpt")])
+    settings = resolve(argv, env(name))
     metrics = ServeMetrics(Engine(settings.engine), "m", rel.prometheus_prefix, rel.iteration_gauges)
     got = names(metrics)
     p = rel.prometheus_prefix

@@ -1,14 +1,21 @@
 """trtllm-serve 1.2's command line (a click command in tensorrt_llm/commands/serve.py @00209af1), re-declared.
 
 Parsed with argparse but reported like click: an unknown option prints ``Error: No such option: --x`` and exits
-2. ``trtllm-serve MODEL`` and ``trtllm-serve serve MODEL`` both work, as with the real entry point.
+2. ``trtllm-serve MODEL`` and ``trtllm-serve serve MODEL`` both work, as with the real entry point. The
+``--backend`` choices are the played release's (``KVSIM_TRTLLM_RELEASE``): from 1.3.0rc21 ``tensorrt`` is not
+one, and click refuses it with exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable, Mapping
 from typing import NoReturn
+
+from ..trtllm.releases import ENV as RELEASE_ENV
+from ..trtllm.releases import resolve as resolve_release
 
 LOG_LEVELS = ["internal_error", "error", "warning", "info", "verbose", "debug", "trace"]
 
@@ -17,6 +24,8 @@ class ClickStyleParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             message = "No such option: " + message.split(": ", 1)[1]
+        elif message.startswith("argument --backend: "):
+            message = message.split(": ", 1)[1]
         elif "the following arguments are required: MODEL" in message:
             message = "Missing argument 'MODEL'."
         sys.stderr.write("Usage: trtllm-serve serve [OPTIONS] MODEL\nTry 'trtllm-serve serve --help' for help.\n\n"
@@ -24,15 +33,29 @@ class ClickStyleParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def backend_choice(value: str) -> str:
-    value = {"trt": "tensorrt"}.get(value, value)
-    if value not in ("pytorch", "tensorrt", "_autodeploy"):
-        raise argparse.ArgumentTypeError(f"Invalid value for '--backend': {value!r} is not one of 'pytorch', "
-                                         "'tensorrt', '_autodeploy'.")
-    return value
+ALL_BACKENDS = ("pytorch", "tensorrt", "_autodeploy")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def backend_choice(choices: tuple[str, ...] = ALL_BACKENDS) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        value = {"trt": "tensorrt"}.get(value, value) if "tensorrt" in choices else value
+        if value not in choices:
+            listed = ", ".join(f"'{c}'" for c in choices)
+            raise argparse.ArgumentTypeError(f"Invalid value for '--backend': {value!r} is not one of {listed}.")
+        return value
+
+    return check
+
+
+def release_backends(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The played release's --backend choices (all three when the release is not valid: resolve() says why)."""
+    try:
+        return resolve_release(environ.get(RELEASE_ENV)).backends
+    except ValueError:
+        return ALL_BACKENDS
+
+
+def build_parser(backends: tuple[str, ...] = ALL_BACKENDS) -> argparse.ArgumentParser:
     p = ClickStyleParser(prog="trtllm-serve serve", add_help=True, allow_abbrev=False,
                          description="Running an OpenAI API compatible server (simulated by kvsim). "
                                      "MODEL: model name | HF checkpoint path | TensorRT engine path")
@@ -41,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--custom_tokenizer", default=None)
     p.add_argument("--host", default="localhost")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--backend", type=backend_choice, default="pytorch")
+    p.add_argument("--backend", type=backend_choice(backends), default="pytorch")
     p.add_argument("--custom_module_dirs", action="append", default=[])
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     p.add_argument("--max_beam_width", type=int, default=1)
@@ -74,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     if argv and argv[0] == "serve":
         argv = argv[1:]
-    return build_parser().parse_args(argv)
+    return build_parser(release_backends(os.environ if environ is None else environ)).parse_args(argv)

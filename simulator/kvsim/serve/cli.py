@@ -9,7 +9,7 @@ import time
 
 from ..perturb import PerturbationError
 from .args import parse
-from .settings import ServeError, resolve
+from .settings import ServeError, ServeUsageError, resolve
 
 LIMIT_ERRORS = ("is greater than build_config.max_batch_size", "is greater than build_config.max_num_tokens")
 # The operator renders terminationGracePeriodSeconds 125 = a 5 s preStop delay + 120 s to drain: SIGTERM
@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     except PerturbationError as exc:  # a usage error in the environment: one line, click's exit code 2
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except ServeUsageError as exc:  # as click reports a bad option value
+        sys.stderr.write("Usage: trtllm-serve serve [OPTIONS] MODEL\nTry 'trtllm-serve serve --help' for help.\n\n"
+                         f"Error: {exc}\n")
+        return 2
     except ServeError as exc:
         message = str(exc)
         if any(marker in message for marker in LIMIT_ERRORS):
@@ -50,11 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RuntimeError: Failed to bind socket to {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
     cfg = settings.engine
-    from ..memory import plan_memory
+    from ..memory import engine_graphs, plan_for
 
-    plan = plan_memory(cfg.resolved_profile, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
-                       cfg.free_gpu_memory_fraction, cfg.kv_max_tokens,
-                       runtime_max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len)
+    plan, graphs = plan_for(cfg), engine_graphs(cfg)
     for warning in settings.warnings:
         print(f"[TensorRT-LLM][WARNING] {warning}", flush=True)
     _log(f"kvsim plays TensorRT-LLM {settings.version} (KVSIM_TRTLLM_RELEASE)")
@@ -64,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"kvsim perturbed engine (KVSIM_PERTURB): {settings.perturbation.to_text()}")
     _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")
     time.sleep(settings.startup_s)  # bound but not listening: connections are refused, as during a real load
+    if graphs is not None:  # the PyTorch warm-up captures the graphs before the pool is carved (simulated time)
+        _log(f"kvsim CUDA graphs for batch sizes {list(graphs.sizes)} (padding {graphs.enable_padding}): "
+             f"{graphs.memory_bytes(cfg.resolved_profile) / 2**30:.2f} GiB, {graphs.capture_s:g} s to capture "
+             f"(simulated, x{settings.speedup:g})")
+        time.sleep(graphs.capture_s / settings.speedup)
     _log(f"Number of blocks in KV cache primary pool: {plan.num_blocks}")
     _log(f"Number of tokens per block: {cfg.tokens_per_block}.")
     _log(f"[MemUsageChange] Allocated {plan.kv_pool_bytes / 2**30:.2f} GiB for max tokens in paged KV cache "

@@ -39,6 +39,11 @@ class IterationCollector(Collector):
         used = s.used_blocks if s else e.pool.used
         max_blocks = e.memory.num_blocks
         cfg = e.config
+        # PyExecutor never sets the batch-size / token-limit fields: on PyTorch they read 0 (stats.py)
+        torch = e.graphs is not None
+        static_bs = 0 if torch else cfg.max_batch_size
+        runtime_bs = 0 if torch else (s.max_bs_runtime if s else cfg.max_batch_size)
+        runtime_nt = 0 if torch else (s.max_nt_runtime if s else cfg.max_num_tokens)
         gauges = [
             ("trtllm_kv_cache_utilization", "KV cache blocks used / max", used / max_blocks),
             ("trtllm_kv_cache_used_blocks", "KV cache blocks in use", used),
@@ -55,11 +60,10 @@ class IterationCollector(Collector):
             ("trtllm_num_scheduled_requests", "scheduled requests in the last iteration", s.num_scheduled if s else 0),
             ("trtllm_total_context_tokens", "context tokens in the last iteration", s.num_ctx_tokens if s else 0),
             ("trtllm_max_num_active_requests", "max active requests", s.max_num_active if s else cfg.max_batch_size),
-            ("trtllm_max_batch_size_static", "configured max_batch_size", cfg.max_batch_size),
-            ("trtllm_max_batch_size_runtime", "max_batch_size in force (tuner included)",
-             s.max_bs_runtime if s else cfg.max_batch_size),
+            ("trtllm_max_batch_size_static", "configured max_batch_size", static_bs),
+            ("trtllm_max_batch_size_runtime", "max_batch_size in force (tuner included)", runtime_bs),
             ("trtllm_max_batch_size_tuner_recommended", "dynamic batch tuner recommendation", s.max_bs_tuner if s else 0),
-            ("trtllm_max_num_tokens_runtime", "max_num_tokens in force", s.max_nt_runtime if s else cfg.max_num_tokens),
+            ("trtllm_max_num_tokens_runtime", "max_num_tokens in force", runtime_nt),
             ("trtllm_iteration_latency_seconds", "latency of the last iteration", s.latency_ms / 1e3 if s else 0.0),
             ("trtllm_gpu_memory_usage_bytes", "GPU memory held by the engine", e.memory.used_bytes),
             ("trtllm_avg_decoded_tokens_per_iter", "decoded tokens per iteration", 1.0 if s and s.num_gen else 0.0),

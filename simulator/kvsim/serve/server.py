@@ -49,8 +49,10 @@ class SimServer:
         # The server hands each finished record to its client: the engine keeps none (bounded memory).
         self.engine = Engine(settings.engine, epoch_s=time.time(), time_scale=settings.speedup, keep_finished=0)
         rel = settings.release
-        self.metrics = ServeMetrics(self.engine, settings.model_id, rel.prometheus_prefix if rel else "trtllm_",
-                                    rel.iteration_gauges if rel else True)
+        # The iteration gauges come from the iteration stats, which the PyTorch backend keeps only with
+        # enable_iter_perf_stats (PR #19418 made that explicit); the per-request histograms need nothing more.
+        gauges = (rel.iteration_gauges if rel else True) and (settings.backend != "pytorch" or settings.iter_perf_stats)
+        self.metrics = ServeMetrics(self.engine, settings.model_id, rel.prometheus_prefix if rel else "trtllm_", gauges)
         self.handles: dict[int, Handle] = {}
         self.perf_metrics: list[dict] = []
         self.created = int(time.time())

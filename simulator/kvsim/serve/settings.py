@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
-from ..config import CapacityPolicy, EngineConfig, KvCacheType
-from ..memory import plan_memory
+from ..config import Backend, CapacityPolicy, EngineConfig, KvCacheType
+from ..cuda_graphs import CudaGraphConfigError, CudaGraphs
+from ..memory import plan_for
 from ..perturb import Perturbation
 from ..profiles import Profile, get_profile
 from ..trtllm import TRTLLM_VERSION
@@ -65,6 +66,10 @@ TORCH_ONLY_KEYS = {"enable_iter_perf_stats", "enable_iter_req_stats", "print_ite
 
 class ServeError(ValueError):
     """trtllm-serve refuses to start (exit 1) with this message."""
+
+
+class ServeUsageError(ServeError):
+    """click refuses the command line (exit 2) with this message."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,8 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
             raise ServeError(f"--extra_llm_api_options file {path} is not readable YAML: {why}{at}") from None
         llm_args = merge_yaml(llm_args, extra or {}, str(path), release)
     backend = llm_args.get("backend", args.backend)
+    _check_backend(backend, args.backend, release)
+    torch = backend != "tensorrt"  # pytorch, and _autodeploy played as pytorch
     kv = llm_args.get("kv_cache_config") or {}
     scheduler = llm_args.get("scheduler_config") or {}
     dyn = scheduler.get("dynamic_batch_config") or {}
@@ -177,12 +184,17 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         capacity_policy=policy, free_gpu_memory_fraction=float(kv.get("free_gpu_memory_fraction", 0.9)),
         kv_max_tokens=kv.get("max_tokens"), enable_block_reuse=bool(kv.get("enable_block_reuse", True)),
         enable_chunked_context=bool(llm_args.get("enable_chunked_prefill", False)),
-        enable_batch_size_tuning=bool(dyn.get("enable_batch_size_tuning", False)),
-        enable_max_num_tokens_tuning=bool(dyn.get("enable_max_num_tokens_tuning", False)),
+        # dynamic_batch_config "only applies for the TensorRT backend" (llm_args.py field description)
+        enable_batch_size_tuning=not torch and bool(dyn.get("enable_batch_size_tuning", False)),
+        enable_max_num_tokens_tuning=not torch and bool(dyn.get("enable_max_num_tokens_tuning", False)),
         tuner_window=int(dyn.get("dynamic_batch_moving_average_window", 128)),
         iter_stats_max_iterations=int(llm_args.get("iter_stats_max_iterations") or 1000))
     model_path = Path(args.model)
     if is_engine_dir(model_path):
+        if not release.tensorrt_backend:
+            raise ServeError(f"{args.model} is a TensorRT engine directory, and TensorRT-LLM {release.version} has no "
+                             "TensorRT backend (removed after 1.3.0rc20): serve the HF checkpoint with "
+                             "--backend pytorch")
         if backend != "tensorrt":
             raise ServeError(f"{args.model} is a TensorRT engine directory: serve it with --backend tensorrt")
         try:
@@ -231,13 +243,12 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
             profile=base, build_max_batch_size=runtime_bs, build_max_num_tokens=runtime_nt,
             max_seq_len=int(max_seq_len), max_input_len=llm_args.get("max_input_len"),
             tokens_per_block=int(kv.get("tokens_per_block", 32)), kv_cache_type=KvCacheType.PAGED,
-            max_batch_size=runtime_bs, max_num_tokens=runtime_nt, **common)
+            max_batch_size=runtime_bs, max_num_tokens=runtime_nt, backend=Backend.PYTORCH if torch else Backend.TENSORRT,
+            cuda_graphs=_cuda_graphs(llm_args), **common)
         model_id = args.model if not model_path.is_dir() else model_path.name
     try:
         config = config.resolved()
-        plan_memory(config.resolved_profile, config.build_max_batch_size, config.build_max_num_tokens,
-                    config.tokens_per_block, config.free_gpu_memory_fraction, config.kv_max_tokens,
-                    runtime_max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len)
+        plan_for(config)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     return ServeSettings(
@@ -247,6 +258,29 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         iter_perf_stats=bool(llm_args.get("enable_iter_perf_stats", backend == "tensorrt")),
         return_perf_metrics=bool(llm_args.get("return_perf_metrics", False)),
         version=release.version, release=release, perturbation=perturbation, warnings=tuple(warnings))
+
+
+def _check_backend(backend: Any, cli_backend: str, release: Release) -> None:
+    """The played release's backends: click refuses a CLI value outside them (exit 2), the args class a YAML one."""
+    if cli_backend not in release.backends:
+        listed = ", ".join(f"'{c}'" for c in release.backends)
+        raise ServeUsageError(f"Invalid value for '--backend': {cli_backend!r} is not one of {listed}.")
+    if backend not in release.backends:
+        listed = " or ".join(f"'{c}'" for c in release.backends)
+        raise ServeError(f"backend: Input should be {listed} (TensorRT-LLM {release.version}), got {str(backend)[:40]!r}")
+
+
+def _cuda_graphs(llm_args: dict[str, Any]) -> CudaGraphs | None:
+    """cuda_graph_config: absent -> CudaGraphConfig() (graphs to 128); null -> off; a mapping -> validated."""
+    if "cuda_graph_config" not in llm_args:
+        return CudaGraphs()
+    section = llm_args["cuda_graph_config"]
+    if section is None:
+        return None
+    try:
+        return CudaGraphs.from_llm_api(section)
+    except CudaGraphConfigError as exc:
+        raise ServeError(str(exc)) from None
 
 
 def _with_model(profile: Profile, model) -> Profile:

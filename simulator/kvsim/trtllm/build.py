@@ -8,7 +8,9 @@ that decide the engine's limits, and writes ``OUTPUT_DIR/config.json`` in Tensor
 Failure injection for the operator's tests: ``KVSIM_FAIL_BUILD=<message>`` prints the message to stderr and exits
 1; ``KVSIM_BUILD_SECONDS`` (default 0) sleeps to mimic build time. ``KVSIM_PERTURB`` (kvsim.perturb) is checked
 here as trtllm-serve checks it (a bad value: one line, exit 2) and recorded in the engine's ``kvsim`` section;
-the served engine is perturbed by the serving pod's own environment, not by this record.
+the served engine is perturbed by the serving pod's own environment, not by this record. Under a release
+without the TensorRT backend (``KVSIM_TRTLLM_RELEASE`` 1.3.0rc21 and later, 1.4) the command does not exist:
+kvsim answers as a shell does, ``trtllm-build: command not found`` and exit code 127.
 """
 
 from __future__ import annotations
@@ -172,7 +174,17 @@ def played_version() -> str:
         raise BuildError(str(exc)) from None
 
 
+COMMAND_NOT_FOUND = 127  # what sh/bash return for a command that is not on PATH
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        removed = not resolve_release(os.environ.get(RELEASE_ENV)).tensorrt_backend
+    except ValueError:
+        removed = False  # played_version() reports the bad value below
+    if removed:
+        print("trtllm-build: command not found", file=sys.stderr, flush=True)
+        return COMMAND_NOT_FOUND
     args = build_parser().parse_args(argv)
     try:
         perturbation = Perturbation.from_env(os.environ)

@@ -10,6 +10,14 @@ operator/kvpilot/trtllm/options/releases.yaml, and a test holds the two in agree
   engine's with a warning (llm_args.py, index id 1090804222). ``SchedulerConfig`` has no ``waiting_queue_policy``.
 - 1.3.x (rc5+): the field is on ``BaseLlmArgs`` (PR #10662), names are ``trtllm_``-prefixed with KV-cache and
   request gauges (PR #11243, #12545), ``waiting_queue_policy`` exists.
+- 1.3.0rc21 and later, 1.4: the TensorRT backend is gone. The v1.3.0rc20 notes call rc20 "the last one supporting
+  the TensorRT backend"; the migration guide docs/source/legacy/tensorrt-backend-removal.md lists ``trtllm-build``,
+  ``convert_checkpoint.py`` and ``--backend tensorrt`` as removed, and trtllm-serve's ``--backend`` choices become
+  ``pytorch``, ``_autodeploy`` (tests/unittest/api_stability/references/trtllm_serve_cli.yaml); PyPI's rc22, rc29
+  and 1.4.0rc1 no longer require ``tensorrt`` (shared/reference/trtllm-forward.md section 1; whether rc21 itself
+  still had it was not read: kvsim plays rc21 as PyTorch-only). kvsim then answers ``--backend tensorrt`` as click
+  answers a value outside the choices (exit 2) and ``trtllm-build`` as a shell answers a missing command (127).
+  The metric names are 1.3's (UNVERIFIED at those tags).
 - 1.1: refuses a runtime limit above the engine's (``Value error, max_batch_size [2048] is greater than
   build_config.max_batch_size [64] in build_config``, a public 1.1.0 log, index id 52979530354).
 """
@@ -17,7 +25,7 @@ operator/kvpilot/trtllm/options/releases.yaml, and a test holds the two in agree
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import TRTLLM_VERSION
 
@@ -33,25 +41,39 @@ class Release:
     iteration_gauges: bool  # KV-cache and request gauges on /prometheus/metrics
     waiting_queue_policy: bool  # SchedulerConfig.waiting_queue_policy exists
     clamps_runtime_limits: bool  # True: warn and use the engine's; False: refuse (1.1)
+    tensorrt_backend: bool = True  # trtllm-build and --backend tensorrt exist
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """trtllm-serve's --backend choices in this release."""
+        return ("pytorch", "tensorrt", "_autodeploy") if self.tensorrt_backend else ("pytorch", "_autodeploy")
 
 
 RELEASES = {
     "1.1": Release("1.1", "1.1.0", False, "", False, False, False),
     "1.2.0": Release("1.2.0", "1.2.0", False, "", False, False, True),
     "1.2.1": Release("1.2.1", "1.2.1", False, "", False, False, True),
-    "1.3": Release("1.3", "1.3.0", True, "trtllm_", True, True, True),
+    "1.3": Release("1.3", "1.3.0", True, "trtllm_", True, True, True),  # rc5 to rc20
+    "1.3.0rc21": Release("1.3.0rc21", "1.3.0rc21", True, "trtllm_", True, True, True, tensorrt_backend=False),
+    "1.4": Release("1.4", "1.4.0rc1", True, "trtllm_", True, True, True, tensorrt_backend=False),
 }
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc\d+)?$")
+FIRST_RC_WITHOUT_TENSORRT = 21  # of the 1.3 line
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?$")
 
 
 def resolve(name: str | None) -> Release:
-    """``1.2.0``, ``1.2.1``, ``1.2.0rc2``, ``1.3``, ``1.3.0rc7``, ``1.1.0`` -> the release; ValueError otherwise."""
+    """``1.2.0``, ``1.2.1``, ``1.2.0rc2``, ``1.3``, ``1.3.0rc7``, ``1.3.0rc22``, ``1.4``, ``1.4.0rc1``, ``1.1.0`` ->
+    the release; ValueError otherwise. A version that names an rc or a patch is what ``/version`` reports."""
     raw = (name or TRTLLM_VERSION).strip()
     m = _VERSION.match(raw)
     if not m:
         raise ValueError(f"{ENV}={raw!r} is not a TensorRT-LLM version (one of {', '.join(RELEASES)})")
     line, exact = f"{m[1]}.{m[2]}", f"{m[1]}.{m[2]}.{m[3] or 0}"
+    if line == "1.3" and m[4] is not None and int(m[4]) >= FIRST_RC_WITHOUT_TENSORRT:
+        line = exact = "1.3.0rc21"
     for key in (exact, line):
         if key in RELEASES:
-            return RELEASES[key]
+            release = RELEASES[key]
+            named = m[3] is not None or m[4] is not None
+            return replace(release, version=raw) if named and not release.tensorrt_backend else release
     raise ValueError(f"{ENV}={raw!r}: kvsim plays {', '.join(RELEASES)}")
