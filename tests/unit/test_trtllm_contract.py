@@ -81,12 +81,16 @@ def fake_tensorrt_llm(tmp_path: Path) -> Path:
         class _Group: commands = {{"serve": _Cmd()}}
         main = _Group()
     """))
+    bin_dir = tmp_path / "site" / "bin"  # 1.2.0 still ships trtllm-build
+    bin_dir.mkdir()
+    (bin_dir / "trtllm-build").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "trtllm-build").chmod(0o755)
     return tmp_path / "site"
 
 
 def run_probe(site: Path, full: bool) -> dict:
     proc = subprocess.run([sys.executable, "-c", probe_source(full)], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(site)})
+                          env={"PYTHONPATH": str(site), "PATH": str(site / "bin")})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

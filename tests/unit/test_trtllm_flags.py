@@ -109,7 +109,10 @@ def _yaml_keys_allowed(options_doc: dict, backend: str) -> None:
         assert key in spec_keys["kv_cache_config"], key
     for key in options_doc["scheduler_config"]:
         assert key in spec_keys["scheduler_config"], key
-    assert set(options_doc["scheduler_config"]["dynamic_batch_config"]) == set(spec_keys["dynamic_batch_config"])
+    for key in options_doc.get("cuda_graph_config", {}):
+        assert key in spec_keys["cuda_graph_config"], key
+    if backend == "tensorrt":
+        assert set(options_doc["scheduler_config"]["dynamic_batch_config"]) == set(spec_keys["dynamic_batch_config"])
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "pytorch"])
@@ -117,6 +120,9 @@ def test_llm_api_yaml_uses_only_keys_the_backend_accepts(backend: str) -> None:
     doc = llm_api_options(engine(backend).spec, ENGINE if backend == "tensorrt" else None, 64)
     _yaml_keys_allowed(doc, backend)
     assert ("enable_iter_perf_stats" in doc) == (backend == "pytorch")
+    # Each backend gets only what it uses: the in-engine batch tuner on TensorRT, CUDA graphs on PyTorch.
+    assert ("dynamic_batch_config" in doc["scheduler_config"]) == (backend == "tensorrt")
+    assert ("cuda_graph_config" in doc) == (backend == "pytorch")
 
 
 def test_script_publishes_atomically_and_checks_the_cache_first() -> None:

@@ -121,6 +121,16 @@ def uses_quantize_script(build: BuildSpec) -> bool:
     return build.quantization in ("fp8", "int4_awq", "nvfp4") or build.kv_cache_dtype != "auto"
 
 
+def calibrates(spec: InferenceEngineSpec) -> bool:
+    """Whether the Job reads a calibration set: quantize.py for a TensorRT engine; ModelOpt for a prepared PyTorch
+    checkpoint, whose KV-cache dtype is a runtime setting (kv_cache_config.dtype) that needs none."""
+    if spec.runtime.backend == "simulated":
+        return False
+    if spec.trtllm_backend == "pytorch":
+        return spec.build.quantization in ("fp8", "nvfp4")
+    return uses_quantize_script(spec.build)
+
+
 def convert(spec: InferenceEngineSpec, paths: BuildPaths) -> Command:
     """Checkpoint conversion (per architecture) or ModelOpt quantization; TP/PP are fixed here."""
     b = spec.build
