@@ -25,7 +25,7 @@ from kvpilot.api.enums import (
     SIMULATION_PROFILES,
 )
 from kvpilot.api import patterns as P
-from kvpilot.api.release_tags import PYTORCH_ONLY_TAG_REGEX, PYTORCH_ONLY_VERSION_REGEX
+from kvpilot.api.release_tags import PYTORCH_ONLY_KVSIM_REGEX, PYTORCH_ONLY_TAG_REGEX
 
 
 def model_schema() -> Schema:
@@ -285,7 +285,7 @@ BACKEND_RULES = (
     ),
     Rule(
         f"!({_SIM_TENSORRT}) || !has(self.runtime.env) || !self.runtime.env.exists(e, "
-        f"e.name == 'KVSIM_TRTLLM_RELEASE' && has(e.value) && e.value.matches('{PYTORCH_ONLY_VERSION_REGEX}'))",
+        f"e.name == 'KVSIM_TRTLLM_RELEASE' && has(e.value) && e.value.matches('{PYTORCH_ONLY_KVSIM_REGEX}'))",
         f"runtime.env KVSIM_TRTLLM_RELEASE names a TensorRT-LLM release without the TensorRT backend, so kvsim "
         f"cannot play a TensorRT engine there: {_REMOVED}; set runtime.simulation.backend: pytorch",
         ".runtime.simulation.backend",

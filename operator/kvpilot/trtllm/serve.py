@@ -15,7 +15,7 @@ from typing import Any
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.trtllm import release
 from kvpilot.trtllm import surface as surfaces
-from kvpilot.trtllm.backend import KVSIM_DEFAULT_RELEASE, KVSIM_RELEASE_ENV, kvsim_release, refusal
+from kvpilot.trtllm.backend import KVSIM_DEFAULT_RELEASE, KVSIM_RELEASE_ENV, kvsim_release, kvsim_row, refusal
 from kvpilot.trtllm.build import CACHE_MOUNT, MODEL_MOUNT, Command
 from kvpilot.trtllm.surface import Surface
 
@@ -204,7 +204,7 @@ def serving_surface(
     engine cannot run there), and a message: what the build Job recorded contradicting the release the image tag
     names, or why the engine is refused (a TensorRT engine on a release without the TensorRT backend)."""
     if spec.runtime.backend == "simulated":
-        surface = surfaces.get(surfaces.release_of_version(kvsim_release(spec)))
+        surface = surfaces.get(kvsim_row(kvsim_release(spec)))
         refused = refusal(spec, image, surface)
         return surface, ("refused" if refused else "kvsim"), refused
     surface, mismatch = surfaces.effective(image, recorded)

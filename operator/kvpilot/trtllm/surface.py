@@ -165,7 +165,7 @@ def metric_spellings() -> dict[str, tuple[str, ...]]:
 _TAG = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?(?:\.?rc(?P<rc>\d+))?"
                   r"(?:\.post\d+)?(?:[-+].*)?$")
 _BOUND = re.compile(r"^(?P<major>\d+)\.(?P<minor>\d+)\.(?:(?P<any>x)|(?P<patch>\d+)(?:rc(?P<rc>\d+))?)$")
-_FINAL = 10**9  # a final release sorts after its release candidates; "1.3.x" after every 1.3 release
+FINAL = 10**9  # a final release sorts after its release candidates; "1.3.x" after every 1.3 release
 
 VersionKey = tuple[int, int, int, int]
 
@@ -177,7 +177,7 @@ def version_key(version: str) -> VersionKey | None:
     if not m:
         return None
     patch = int(m["patch"]) if m["patch"] is not None else 0
-    rc = int(m["rc"]) if m["rc"] is not None else _FINAL
+    rc = int(m["rc"]) if m["rc"] is not None else FINAL
     return int(m["major"]), int(m["minor"]), patch, rc
 
 
@@ -186,8 +186,8 @@ def _bound(text: str) -> VersionKey:
     if not m:
         raise ValueError(f"options/releases.yaml: bad version bound {text!r} (want 1.3.0rc5, 1.2.1 or 1.3.x)")
     if m["any"]:
-        return int(m["major"]), int(m["minor"]), _FINAL, _FINAL
-    return int(m["major"]), int(m["minor"]), int(m["patch"]), int(m["rc"]) if m["rc"] is not None else _FINAL
+        return int(m["major"]), int(m["minor"]), FINAL, FINAL
+    return int(m["major"]), int(m["minor"]), int(m["patch"]), int(m["rc"]) if m["rc"] is not None else FINAL
 
 
 @lru_cache(maxsize=1)
