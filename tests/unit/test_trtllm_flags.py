@@ -129,3 +129,12 @@ def test_script_publishes_atomically_and_checks_the_cache_first() -> None:
     script = build_script(engine("tensorrt").spec, "a" * 64, "img", 512)
     assert script.index("kvpilot-engine.json ]; then") < script.index("trtllm-build")
     assert 'mv -T "$STAGE" /engines/' + "a" * 64 in script
+
+
+def test_pytorch_gets_its_kv_block_size_at_runtime_and_tensorrt_bakes_it_into_the_engine() -> None:
+    custom = {"type": "paged", "tokensPerBlock": 64}
+    torch = llm_api_options(engine("pytorch", build__kvCache=custom).spec, None, 64)
+    assert torch["kv_cache_config"]["tokens_per_block"] == 64
+    assert "tokens_per_block" not in llm_api_options(engine("pytorch").spec, None, 64)["kv_cache_config"]  # 32
+    trt = llm_api_options(engine("tensorrt", build__kvCache=custom).spec, ENGINE, 64)
+    assert "tokens_per_block" not in trt["kv_cache_config"]

@@ -23,6 +23,7 @@ __all__ = ["KVSIM_DEFAULT_RELEASE", "KVSIM_RELEASE_ENV", "ServedEngine", "llm_ap
            "serving_surface"]
 
 CONFIG_DIR = "/etc/kvpilot"
+PYTORCH_TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block's default (options/llm_api_options.yaml)
 CONFIG_FILE = "llm-api.yaml"
 
 
@@ -102,6 +103,8 @@ def llm_api_options(
     }
     if backend == "pytorch" and spec.build.kv_cache_dtype != "auto":
         kv_cache["dtype"] = spec.build.kv_cache_dtype  # the TensorRT backend bakes it into the engine
+    if backend == "pytorch" and spec.build.kv_cache.tokens_per_block != PYTORCH_TOKENS_PER_BLOCK:
+        kv_cache["tokens_per_block"] = spec.build.kv_cache.tokens_per_block  # likewise (KvCacheConfig's default: 32)
     scheduler: dict[str, Any] = {"capacity_scheduler_policy": scheduler_policy(spec)}
     if backend == "tensorrt":
         # The in-engine batch-size tuner: "only applies for the TensorRT backend and cannot currently be used with
