@@ -86,6 +86,23 @@ class BuildPaths:
         return StagePath("engine")
 
 
+def manifest_base(spec: InferenceEngineSpec, fingerprint: str, image: str) -> dict[str, object]:
+    """What every published engine or prepared checkpoint says about itself (read back into status.engine)."""
+    b = spec.build
+    return {
+        "fingerprint": fingerprint,
+        "image": image,
+        "model": {"source": spec.model.source, "revision": spec.model.revision},
+        "backend": spec.runtime.backend,
+        "maxSeqLen": b.max_seq_len,
+        "tokensPerBlock": b.kv_cache.tokens_per_block,
+        "tensorParallelSize": b.tensor_parallel_size,
+        "pipelineParallelSize": b.pipeline_parallel_size,
+        "quantization": b.quantization,
+        "kvCacheDtype": b.kv_cache_dtype,
+    }
+
+
 def model_cache_key(source: str, revision: str | None) -> str:
     """Downloads are kept per source+revision, so a second engine of the same model skips the download."""
     return hashlib.sha256(f"{source}@{revision or ''}".encode()).hexdigest()[:16]

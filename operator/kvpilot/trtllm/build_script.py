@@ -22,6 +22,7 @@ from kvpilot.trtllm.build import (
     Command,
     convert,
     hf_download,
+    manifest_base,
     model_dir,
     simulated_checkpoint,
     trtllm_build,
@@ -55,21 +56,8 @@ def build_commands(spec: InferenceEngineSpec, fingerprint: str, max_batch_size: 
 def manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, max_batch_size: int) -> dict[str, object]:
     """What the published engine says about itself (read back into the InferenceEngine's status)."""
     b = spec.build
-    return {
-        "fingerprint": fingerprint,
-        "image": image,
-        "model": {"source": spec.model.source, "revision": spec.model.revision},
-        "backend": spec.runtime.backend,
-        "maxBatchSize": max_batch_size,
-        "maxNumTokens": b.max_num_tokens,
-        "maxInputLen": b.max_input_len,
-        "maxSeqLen": b.max_seq_len,
-        "tokensPerBlock": b.kv_cache.tokens_per_block,
-        "tensorParallelSize": b.tensor_parallel_size,
-        "pipelineParallelSize": b.pipeline_parallel_size,
-        "quantization": b.quantization,
-        "kvCacheDtype": b.kv_cache_dtype,
-    }
+    return {**manifest_base(spec, fingerprint, image), "maxBatchSize": max_batch_size,
+            "maxNumTokens": b.max_num_tokens, "maxInputLen": b.max_input_len}
 
 
 def staging_cleanup(paths: BuildPaths) -> list[str]:

@@ -38,6 +38,7 @@ from kvpilot.trtllm.build import (
     StagePath,
     calibration_dataset,
     hf_download,
+    manifest_base,
     model_dir,
 )
 from kvpilot.trtllm.serve import ServedEngine, llm_api_options, serve_command, served_checkpoint
@@ -175,21 +176,6 @@ def prepare_commands(spec: InferenceEngineSpec, fingerprint: str, batch: int) ->
 
 def prepare_manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, batch: int) -> dict[str, Any]:
     """What the prepared engine says about itself (read back into the InferenceEngine's status)."""
-    b = spec.build
-    return {
-        "fingerprint": fingerprint,
-        "image": image,
-        "kind": "prepared",
-        "model": {"source": spec.model.source, "revision": spec.model.revision},
-        "backend": spec.runtime.backend,
-        "maxBatchSize": batch,
-        "maxNumTokens": spec.batching.max_num_tokens,
-        "maxSeqLen": b.max_seq_len,
-        "tokensPerBlock": b.kv_cache.tokens_per_block,
-        "tensorParallelSize": b.tensor_parallel_size,
-        "pipelineParallelSize": b.pipeline_parallel_size,
-        "quantization": b.quantization,
-        "kvCacheDtype": b.kv_cache_dtype,
-        "warmupCache": f"{WARMUP_DIR}/{AUTOTUNER_FILE}",
-        "autotunerCacheEnv": release.AUTOTUNER_CACHE_ENV,
-    }
+    return {**manifest_base(spec, fingerprint, image), "kind": "prepared", "maxBatchSize": batch,
+            "maxNumTokens": spec.batching.max_num_tokens, "warmupCache": f"{WARMUP_DIR}/{AUTOTUNER_FILE}",
+            "autotunerCacheEnv": release.AUTOTUNER_CACHE_ENV}
