@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         from .serve.cli import main as serve_main
 
         return serve_main(argv[1:])
+    if argv and argv[0] == "prepare":  # the PyTorch prepare Job, simulated (kvsim/trtllm/prepare.py)
+        return __import__("kvsim.trtllm.prepare", fromlist=["main"]).main(argv[1:])
     if argv and argv[0] == "checkpoint":
         from .trtllm.checkpoint import main as checkpoint_main
 

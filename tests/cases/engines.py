@@ -87,7 +87,14 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
      "maxInputLen"),
     ("bad-gpu-product", "spec.serving.gpuProduct", "H100 80GB", "spec.serving.gpuProduct", "label value"),
     ("bad-name", "metadata.name", "Llama_8B", "metadata.name", "DNS-1035"),
-    ("pytorch-no-quantization", "spec.build.quantization", "fp8", "spec.build", "pre-quantized"),
+    ("pytorch-quantization", "spec.build.quantization", "int4_awq", "spec.build", "none, fp8 or nvfp4"),
+    ("pytorch-quantize-needs-cache", "spec.engineCache", _DELETE, "spec.build", "need engineCache"),
+    # Issue 19: a TensorRT engine on a TensorRT-LLM release without the TensorRT backend (1.3.0rc21 and later).
+    ("tensorrt-on-pytorch-only-image", "spec.runtime.image", "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc1",
+     "spec.runtime.image", "set runtime.backend: pytorch"),
+    ("simulated-tensorrt-on-pytorch-only-release", "spec.runtime.env",
+     [{"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3.0rc22"}], "spec.runtime.simulation.backend",
+     "set runtime.simulation.backend: pytorch"),
     # Issue 13: values that reach the build script (shell characters, option-like, traversal).
     ("source-command-substitution", "spec.model.source", "pvc://models/llama/$(touch /tmp/x)", "spec.model.source",
      "shell characters"),
@@ -170,8 +177,11 @@ def valid_edge(case_id: str, name: str | None = None) -> dict[str, Any]:
 def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:
     """The manifest of one invalid case (named ``name`` unless the case is about the name)."""
     cid, path, value, _field, _words = next(c for c in INVALID if c[0] == case_id)
-    backend = {"tensorrt-needs-architecture": "tensorrt", "pytorch-no-quantization": "pytorch"}.get(cid, "simulated")
+    backend = {"tensorrt-needs-architecture": "tensorrt", "pytorch-quantization": "pytorch",
+               "pytorch-quantize-needs-cache": "pytorch", "tensorrt-on-pytorch-only-image": "tensorrt"}.get(cid, "simulated")
     doc = base(name or cid, backend=backend)
+    if cid == "pytorch-quantize-needs-cache":
+        doc = _set(doc, "spec.build.quantization", "fp8")
     if cid == "gemma-no-pipeline":
         doc = _set(doc, "spec.model.architecture", "gemma")
     if cid == "chunking-off-long-prompt":

@@ -137,7 +137,8 @@ def test_operator_created_claim_is_rendered_and_build_proceeds() -> None:
 
 
 def test_pytorch_serves_without_a_build() -> None:
-    p = plan(engine("pytorch"), Observed(claim_phase="Bound"), S, NOW)
+    # Without an engine cache nothing is prepared (with one, a prepare Job runs: test_build_prepare.py).
+    p = plan(engine("pytorch", engineCache=None), Observed(claim_phase="Bound"), S, NOW)
     assert p.build_job is None
     assert kinds(p) == ["ConfigMap", "Deployment", "Service"]
     assert conds(p)["EngineReady"] == ("True", "NoBuildRequired")

@@ -68,7 +68,10 @@ def test_only_hf_token_comes_from_the_secret() -> None:
     env = {e["name"]: e for e in job["containers"][0]["env"]}
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
     assert [e["name"] for e in job["containers"][0]["env"] if "valueFrom" in e] == ["HF_TOKEN"]
-    _, serve, _ = pods("pytorch")  # pytorch downloads the checkpoint when it serves
+    job, serve, _ = pods("pytorch")  # with an engine cache, the prepare Job downloads the checkpoint once
+    assert [e["name"] for e in job["containers"][0]["env"] if "valueFrom" in e] == ["HF_TOKEN"]
+    assert not [e for e in serve["containers"][0].get("env", []) if "valueFrom" in e]
+    _, serve, _ = pods("pytorch", engineCache=None)  # without one, each pod downloads it when it serves
     assert [e["name"] for e in serve["containers"][0]["env"] if "valueFrom" in e] == ["HF_TOKEN"]
     _, serve, _ = pods("simulated")  # serving a built engine needs no credentials
     assert not [e for e in serve["containers"][0].get("env", []) if "valueFrom" in e]

@@ -13,6 +13,7 @@ import pytest
 
 from kvpilot.trtllm.contract import compare, report
 from kvpilot.trtllm.probe import probe_source, record_lines
+from tests.unit.helpers import engine
 
 DATA = Path(__file__).parent / "data"
 RECORDED = json.loads((DATA / "trtllm-probe-1.2.0.json").read_text())
@@ -81,12 +82,16 @@ def fake_tensorrt_llm(tmp_path: Path) -> Path:
         class _Group: commands = {{"serve": _Cmd()}}
         main = _Group()
     """))
+    bin_dir = tmp_path / "site" / "bin"  # 1.2.0 still ships trtllm-build
+    bin_dir.mkdir()
+    (bin_dir / "trtllm-build").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "trtllm-build").chmod(0o755)
     return tmp_path / "site"
 
 
 def run_probe(site: Path, full: bool) -> dict:
     proc = subprocess.run([sys.executable, "-c", probe_source(full)], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(site)})
+                          env={"PYTHONPATH": str(site), "PATH": str(site / "bin")})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -135,3 +140,43 @@ def test_doctor_cli_exit_codes(tmp_path: Path) -> None:
     bad = doctor("--probe", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--probe" in bad.stderr
     assert "import json" in doctor("--print-probe").stdout
+
+
+def _refuse(site: Path, version: str | None, path: str) -> subprocess.CompletedProcess[str]:
+    from kvpilot.trtllm.probe import refuse_lines
+
+    if version is not None:
+        (site / "tensorrt_llm" / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    else:
+        (site / "tensorrt_llm" / "__init__.py").write_text('raise ImportError("libcuda.so.1")\n')
+    script = "\n".join(["set -euo pipefail", *refuse_lines(f"{IMAGE}:custom", engine("tensorrt").spec)])
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(site), "PATH": f"{path}:/usr/bin:/bin"})
+
+
+def test_the_build_job_refuses_an_image_without_the_tensorrt_backend_before_anything_runs(
+        fake_tensorrt_llm: Path) -> None:
+    """Where only the image can tell (a custom tag): the version it reports, or the missing trtllm-build."""
+    from kvpilot.trtllm.probe import REFUSED_EXIT_CODE
+
+    site, with_build, without = fake_tensorrt_llm, str(fake_tensorrt_llm / "bin"), "/nonexistent"
+    ok = _refuse(site, "1.2.1", with_build)
+    assert ok.returncode == 0 and "has the TensorRT backend (TensorRT-LLM 1.2.1)" in ok.stdout
+    for version, path in (("1.4.0rc1", without), ("1.3.0rc22", with_build)):  # the version alone decides
+        refused = _refuse(site, version, path)
+        assert refused.returncode == REFUSED_EXIT_CODE, refused.stderr
+        assert f"image {IMAGE}:custom is TensorRT-LLM {version}, a release without the TensorRT backend" in \
+            refused.stderr and "set runtime.backend: pytorch" in refused.stderr
+    unread = _refuse(site, None, without)  # the version unread, trtllm-build missing
+    assert unread.returncode == REFUSED_EXIT_CODE and "has no trtllm-build on its PATH" in unread.stderr
+    assert _refuse(site, None, with_build).returncode == 0  # unread but the tool is there: build
+
+
+def test_the_contract_check_expects_no_trtllm_build_where_the_row_removed_it() -> None:
+    probe = {"version": "1.4.0rc1", "trtllmBuild": True, "torchLlmArgsFields": ["max_batch_size"]}
+    release, findings = compare(probe, f"{IMAGE}:1.4.0rc1")
+    assert release == "1.4"
+    backend = {f.topic: f for f in findings}["TensorRT backend"]
+    assert not backend.ok and "removed" in backend.message
+    assert "TrtLlmArgs" not in {f.topic for f in findings}  # gone with the backend: not a difference
+    assert {f.topic: f for f in compare({**probe, "trtllmBuild": False})[1]}["TensorRT backend"].ok

@@ -109,7 +109,10 @@ def _yaml_keys_allowed(options_doc: dict, backend: str) -> None:
         assert key in spec_keys["kv_cache_config"], key
     for key in options_doc["scheduler_config"]:
         assert key in spec_keys["scheduler_config"], key
-    assert set(options_doc["scheduler_config"]["dynamic_batch_config"]) == set(spec_keys["dynamic_batch_config"])
+    for key in options_doc.get("cuda_graph_config", {}):
+        assert key in spec_keys["cuda_graph_config"], key
+    if backend == "tensorrt":
+        assert set(options_doc["scheduler_config"]["dynamic_batch_config"]) == set(spec_keys["dynamic_batch_config"])
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "pytorch"])
@@ -117,9 +120,21 @@ def test_llm_api_yaml_uses_only_keys_the_backend_accepts(backend: str) -> None:
     doc = llm_api_options(engine(backend).spec, ENGINE if backend == "tensorrt" else None, 64)
     _yaml_keys_allowed(doc, backend)
     assert ("enable_iter_perf_stats" in doc) == (backend == "pytorch")
+    # Each backend gets only what it uses: the in-engine batch tuner on TensorRT, CUDA graphs on PyTorch.
+    assert ("dynamic_batch_config" in doc["scheduler_config"]) == (backend == "tensorrt")
+    assert ("cuda_graph_config" in doc) == (backend == "pytorch")
 
 
 def test_script_publishes_atomically_and_checks_the_cache_first() -> None:
     script = build_script(engine("tensorrt").spec, "a" * 64, "img", 512)
     assert script.index("kvpilot-engine.json ]; then") < script.index("trtllm-build")
     assert 'mv -T "$STAGE" /engines/' + "a" * 64 in script
+
+
+def test_pytorch_gets_its_kv_block_size_at_runtime_and_tensorrt_bakes_it_into_the_engine() -> None:
+    custom = {"type": "paged", "tokensPerBlock": 64}
+    torch = llm_api_options(engine("pytorch", build__kvCache=custom).spec, None, 64)
+    assert torch["kv_cache_config"]["tokens_per_block"] == 64
+    assert "tokens_per_block" not in llm_api_options(engine("pytorch").spec, None, 64)["kv_cache_config"]  # 32
+    trt = llm_api_options(engine("tensorrt", build__kvCache=custom).spec, ENGINE, 64)
+    assert "tokens_per_block" not in trt["kv_cache_config"]

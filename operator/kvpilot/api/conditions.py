@@ -33,7 +33,7 @@ ConditionReason = Literal[
     # Degraded (also "BuildFailed", "CacheClaimMissing", "PodsUnschedulable")
     "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed",
     # ReleaseContract and MetricsValid (desired/contract.py)
-    "ReleaseMismatch", "UnknownRelease", "Matches", "SamplesRejected", "Accepted",
+    "ReleaseMismatch", "UnknownRelease", "BackendRemoved", "Matches", "SamplesRejected", "Accepted",
 ]
 
 

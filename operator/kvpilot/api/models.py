@@ -42,6 +42,7 @@ class Simulation:
     speedup_ratio: int
     startup_seconds: int
     build_seconds: int
+    backend: str = "tensorrt"  # the TensorRT-LLM backend kvsim plays: tensorrt (an engine) or pytorch
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,24 @@ class InferenceEngineSpec:
     engine_cache: Optional[EngineCacheSpec] = None
 
     @property
+    def trtllm_backend(self) -> str:
+        """The TensorRT-LLM backend that serves: ``tensorrt`` (an engine) or ``pytorch`` (the checkpoint); the
+        simulated backend plays ``runtime.simulation.backend``."""
+        if self.runtime.backend == "simulated":
+            return self.runtime.simulation.backend if self.runtime.simulation is not None else "tensorrt"
+        return self.runtime.backend
+
+    @property
+    def prepares_checkpoint(self) -> bool:
+        """A PyTorch engine whose checkpoint a Job prepares once into the engine cache (fetch, optional ModelOpt
+        quantization, warm-up cache), the counterpart of the TensorRT build."""
+        return self.trtllm_backend == "pytorch" and self.engine_cache is not None
+
+    @property
     def builds_engine(self) -> bool:
-        """tensorrt and simulated compile an engine in a Job; pytorch serves the checkpoint directly."""
-        return self.runtime.backend != "pytorch"
+        """A Job makes what serves, and serving waits for it: a TensorRT engine (tensorrt, simulated) or a prepared
+        checkpoint (pytorch with an engine cache). Only pytorch without a cache serves the checkpoint directly."""
+        return self.runtime.backend != "pytorch" or self.engine_cache is not None
 
 
 @dataclass(frozen=True)

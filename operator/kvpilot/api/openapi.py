@@ -31,9 +31,12 @@ class Rule:
     cel: str
     message: str
     field_path: str | None = None
+    message_expression: str | None = None  # CEL for a message that names the value (message is its fallback)
 
     def to_schema(self) -> Schema:
         out: Schema = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out

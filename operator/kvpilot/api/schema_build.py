@@ -25,6 +25,7 @@ from kvpilot.api.enums import (
     SIMULATION_PROFILES,
 )
 from kvpilot.api import patterns as P
+from kvpilot.api.release_tags import PYTORCH_ONLY_KVSIM_REGEX, PYTORCH_ONLY_TAG_REGEX
 
 
 def model_schema() -> Schema:
@@ -72,15 +73,17 @@ def runtime_schema() -> Schema:
         "How the model runs: the TensorRT-LLM backend and image.",
         {
             "backend": string(
-                "tensorrt builds an engine with trtllm-build and serves it; pytorch serves the checkpoint with no "
-                "build; simulated runs the same Jobs and pods with kvsim, kvpilot's simulator of the engine (no GPU).",
+                "tensorrt builds an engine with trtllm-build and serves it (TensorRT-LLM 1.3.0rc20 and earlier: later "
+                "releases have no TensorRT backend); pytorch serves the checkpoint, prepared once into the engine "
+                "cache by a Job when engineCache is set; simulated runs the same Jobs and pods with kvsim, kvpilot's "
+                "simulator of the engine (no GPU).",
                 enum=BACKENDS,
                 default="tensorrt",
             ),
             "image": string(
-                "The TensorRT-LLM image that builds and serves (the same image for both: engines are not portable "
-                "across TensorRT-LLM versions). Defaults to nvcr.io/nvidia/tensorrt-llm/release:1.2.0, or to the "
-                "operator's kvsim image for backend simulated.",
+                "The TensorRT-LLM image that builds (or prepares) and serves (the same image for both: engines and "
+                "warm-up caches are not portable across TensorRT-LLM versions). Defaults to "
+                "nvcr.io/nvidia/tensorrt-llm/release:1.2.1, or to the operator's kvsim image for backend simulated.",
                 max_length=512,
                 rules=(P.matches(P.IMAGE_REGEX, P.IMAGE_MESSAGE),),
             ),
@@ -99,7 +102,15 @@ def runtime_schema() -> Schema:
                     "startupSeconds": integer(
                         "Simulated model-load time before /health answers.", 0, 3600, default=0
                     ),
-                    "buildSeconds": integer("Simulated engine build time.", 0, 86400, default=0),
+                    "buildSeconds": integer("Simulated engine build (or checkpoint prepare) time.", 0, 86400,
+                                            default=0),
+                    "backend": string(
+                        "The TensorRT-LLM backend kvsim plays: tensorrt (a build Job runs kvsim's trtllm-build) or "
+                        "pytorch (a prepare Job writes the checkpoint and warm-up cache; refused nowhere, and the "
+                        "only one on releases without the TensorRT backend).",
+                        enum=("tensorrt", "pytorch"),
+                        default="tensorrt",
+                    ),
                 },
                 required=("profile",),
             ),
@@ -142,8 +153,10 @@ def build_schema() -> Schema:
         {
             "dtype": string("Activation and weight precision before quantization.", enum=DTYPES, default="bfloat16"),
             "quantization": string(
-                "Weight quantization. fp8, int4_awq and nvfp4 run NVIDIA ModelOpt calibration (quantize.py); "
-                "int8_weight_only is applied during checkpoint conversion.",
+                "Weight quantization. tensorrt: fp8, int4_awq and nvfp4 run NVIDIA ModelOpt calibration (quantize.py); "
+                "int8_weight_only is applied during checkpoint conversion. pytorch: fp8 or nvfp4, quantized once by "
+                "the prepare Job with NVIDIA ModelOpt into a checkpoint the PyTorch backend loads (needs "
+                "engineCache); or none for a checkpoint that is already quantized.",
                 enum=QUANTIZATIONS,
                 default="none",
             ),
@@ -239,3 +252,42 @@ def build_schema() -> Schema:
             ),
         ),
     )
+
+
+# A PyTorch engine, real or played by kvsim (the rules below hold for both).
+_PYTORCH = ("(self.runtime.backend == 'pytorch' || (self.runtime.backend == 'simulated' && "
+            "has(self.runtime.simulation) && self.runtime.simulation.backend == 'pytorch'))")
+_SIM_TENSORRT = ("self.runtime.backend == 'simulated' && has(self.runtime.simulation) && "
+                 "self.runtime.simulation.backend == 'tensorrt'")
+_REMOVED = ("TensorRT-LLM removed trtllm-build and --backend tensorrt after 1.3.0rc20 (docs/migration-pytorch.md)")
+
+# Spec-wide rules about the backend and the release (spec_schema.SPEC_RULES adds them). The release rules read the
+# image tag or kvsim's KVSIM_TRTLLM_RELEASE; the operator refuses the same engines when only its default image or
+# a Job's probe names the release (trtllm/backend.py).
+BACKEND_RULES = (
+    Rule(
+        f"!{_PYTORCH} || (self.build.quantization in ['none', 'fp8', 'nvfp4'] && "
+        "(self.build.quantization == 'none' || has(self.engineCache)) && self.build.kvCacheDtype != 'int8')",
+        "build.quantization must be none, fp8 or nvfp4 for backend pytorch (fp8 and nvfp4 are quantized once by the "
+        "prepare Job with NVIDIA ModelOpt, so they need engineCache; none serves the checkpoint as it is, e.g. one "
+        "already quantized), and build.kvCacheDtype auto or fp8 (its KV cache takes no int8)",
+        ".build",
+    ),
+    Rule(
+        f"self.runtime.backend != 'tensorrt' || !has(self.runtime.image) || "
+        f"!self.runtime.image.matches('{PYTORCH_ONLY_TAG_REGEX}')",
+        f"runtime.image names a TensorRT-LLM release without the TensorRT backend: {_REMOVED}; set "
+        "runtime.backend: pytorch",
+        ".runtime.image",
+        message_expression=(
+            "'runtime.image ' + self.runtime.image + ' is a TensorRT-LLM release without the TensorRT backend: "
+            f"{_REMOVED}; set runtime.backend: pytorch'"),
+    ),
+    Rule(
+        f"!({_SIM_TENSORRT}) || !has(self.runtime.env) || !self.runtime.env.exists(e, "
+        f"e.name == 'KVSIM_TRTLLM_RELEASE' && has(e.value) && e.value.matches('{PYTORCH_ONLY_KVSIM_REGEX}'))",
+        f"runtime.env KVSIM_TRTLLM_RELEASE names a TensorRT-LLM release without the TensorRT backend, so kvsim "
+        f"cannot play a TensorRT engine there: {_REMOVED}; set runtime.simulation.backend: pytorch",
+        ".runtime.simulation.backend",
+    ),
+)

@@ -8,17 +8,12 @@ proves the typed models in ``models.py`` agree with it field for field.
 from __future__ import annotations
 
 from kvpilot.api.openapi import Rule, Schema, expand_object_defaults, obj
-from kvpilot.api.schema_build import build_schema, model_schema, runtime_schema
+from kvpilot.api.schema_build import BACKEND_RULES, build_schema, model_schema, runtime_schema
 from kvpilot.api.schema_serving import autotune_schema, batching_schema, engine_cache_schema, serving_schema
 
 
 SPEC_RULES = (
-    Rule(
-        "self.runtime.backend != 'pytorch' || (self.build.quantization == 'none' && self.build.kvCacheDtype != 'int8')",
-        "build.quantization must be none and build.kvCacheDtype auto or fp8 for backend pytorch: it serves the "
-        "checkpoint as it is (use a pre-quantized checkpoint) and its KV cache takes no int8",
-        ".build",
-    ),
+    *BACKEND_RULES,  # the backend and its TensorRT-LLM release (schema_build.py)
     Rule(
         "!has(self.model.architecture) || self.model.architecture != 'gemma' || "
         "self.build.pipelineParallelSize == 1",

@@ -167,8 +167,21 @@ def validate_value(schema: Schema, value: Any, path: str, cel: bool = True) -> l
         except Exception:  # noqa: BLE001 — a rule over fields that already failed their own checks
             continue
         if not holds:
-            errors.append(FieldError(path + rule.get("fieldPath", ""), value, rule["message"]))
+            errors.append(FieldError(path + rule.get("fieldPath", ""), value, rule_message(rule, value)))
     return errors
+
+
+def rule_message(rule: dict[str, Any], value: Any) -> str:
+    """The rule's ``messageExpression`` evaluated as the API server does (a string naming the offending value),
+    else its ``message`` (also when the expression fails or yields no string, as the API server falls back)."""
+    expression = rule.get("messageExpression")
+    if not expression:
+        return str(rule["message"])
+    try:
+        text = _program(expression).evaluate({"self": json_to_cel(value)})
+    except Exception:  # noqa: BLE001 — the API server falls back to the static message too
+        return str(rule["message"])
+    return str(text) if isinstance(text, str) and text.strip() else str(rule["message"])
 
 
 def validate_manifest(manifest: Any, root_schema: Schema, cel: bool = True) -> tuple[dict[str, Any], list[FieldError]]:

@@ -1,7 +1,8 @@
-"""Which engine to build and which one serves.
+"""Which engine to build (or, on the PyTorch backend, which checkpoint to prepare) and which one serves.
 
 The rule that protects users: the engine in service only changes to an engine that is published in the
-cache. A build that runs or fails leaves the last good engine (``status.engine``) serving.
+cache. A build or prepare that runs or fails leaves the last good engine (``status.engine``) serving; one that
+cannot run on its image (a TensorRT engine on a release without the TensorRT backend) is refused before any Job.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.redact import redact
 from kvpilot.trtllm.build import CACHE_MOUNT
 from kvpilot.trtllm.build_script import manifest as engine_manifest
-from kvpilot.trtllm.serve import ServedEngine
+from kvpilot.trtllm.prepare import prepare_manifest
+from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import clean_record
 
 
@@ -84,9 +86,15 @@ def decide_build(
         state = previous if same and previous.state in (BuildState.SUCCEEDED, BuildState.CACHE_HIT) else replace(
             base, state=BuildState.CACHE_HIT, finished_at=rfc3339(now))
         return decision(ready=published, create_job=False, record_in_index=None, status=state)
+    _surface, how, refused = serving_surface(spec, image, None)
+    if how == "refused" and refused:  # no Job at all: it would fail inside the image after the download
+        kept = same and previous.state == BuildState.FAILED and previous.message == refused
+        state = previous if kept else replace(base, state=BuildState.FAILED, message=refused,
+                                              finished_at=rfc3339(now))
+        return decision(ready=None, create_job=False, record_in_index=None, status=state)
     job = observed.job
     if job is not None and job.succeeded:
-        manifest = job.manifest() or engine_manifest(spec, fp, image, ceiling)
+        manifest = job.manifest() or _manifest(spec, fp, image, ceiling)
         finished = job.completion_time or rfc3339(now)
         manifest = {**manifest, "builtAt": manifest.get("builtAt", finished), "buildJob": job.name}
         state = replace(base, state=BuildState.SUCCEEDED, started_at=job.start_time, finished_at=finished)
@@ -105,6 +113,19 @@ def decide_build(
     # at once when someone deletes the Job, or when the build inputs (the fingerprint) change.
     state = replace(base, state=BuildState.BUILDING, started_at=rfc3339(now))
     return decision(ready=None, create_job=True, record_in_index=None, status=state)
+
+
+def _manifest(spec: InferenceEngineSpec, fingerprint: str, image: str, ceiling: int) -> dict[str, Any]:
+    """What a Job that wrote no manifest published (the one its script would have written)."""
+    if spec.prepares_checkpoint:
+        return prepare_manifest(spec, fingerprint, image, spec.batching.max_batch_size)
+    return engine_manifest(spec, fingerprint, image, ceiling)
+
+
+def pytorch_ceiling(spec: InferenceEngineSpec) -> int:
+    """A prepared PyTorch checkpoint has no engine ceiling: the runtime limit may go wherever the spec lets it (the
+    tuner's bounds, or the spec's value), and follows the spec as it changes rather than the manifest."""
+    return max(spec.autotune.max_batch_size, spec.batching.max_batch_size)
 
 
 _MAX_COUNT = 2**31 - 1  # the API server's int32 fields (replicas, ports) bound what a sane manifest holds
@@ -155,6 +176,9 @@ def served_engine(
         info = status.engine
     else:
         return None, None
+    if spec.prepares_checkpoint and info.fingerprint is not None:  # runtime limits only: the spec's, not the
+        info = replace(info, max_batch_size=pytorch_ceiling(spec),  # manifest's
+                       max_num_tokens=spec.batching.max_num_tokens)
     if info.fingerprint is None or info.max_batch_size is None:  # nothing (or a hand-edited remnant) serves
         return None, None
     engine = ServedEngine(

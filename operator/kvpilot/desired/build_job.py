@@ -1,4 +1,5 @@
-"""The build Job: one pod on the serving GPU product that builds and publishes one engine."""
+"""The build Job: one pod on the serving GPU product that builds and publishes one engine — or, on the PyTorch
+backend, prepares and publishes one checkpoint (trtllm/prepare.py), with the same cache guarantees."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 from kvpilot.api.models import InferenceEngineSpec, ObjectRef
 from kvpilot.desired import labels as L
 from kvpilot.desired import pod_parts as P
-from kvpilot.trtllm.build import model_cache_key, uses_quantize_script
-from kvpilot.trtllm.build_script import build_script
+from kvpilot.trtllm.build import calibrates, model_cache_key
+from kvpilot.trtllm.build_script import build_script, prepare_script
+from kvpilot.trtllm.probe import REFUSED_EXIT_CODE
+from kvpilot.trtllm.serve import serving_surface
 
 # Keep finished Jobs a day so `kubectl get job -o yaml` and the logs stay readable; the engine index,
 # not the Job, is what records a finished build.
@@ -26,10 +29,12 @@ def build_job(
     claim_uid: str = "",
 ) -> dict[str, Any]:
     b = spec.build
+    prepares = spec.prepares_checkpoint
+    role = "prepare" if prepares else "build"  # the container's name; both are the engine's build component
     labels = {
         **L.MANAGED_BY,
         "app.kubernetes.io/name": "inference-engine",
-        L.COMPONENT_LABEL: "build",
+        L.COMPONENT_LABEL: "build",  # what the chart's NetworkPolicy for build pods selects (no ingress)
         L.BACKEND_LABEL: spec.runtime.backend,
         L.FINGERPRINT_LABEL: fingerprint[:32],
     }
@@ -40,7 +45,7 @@ def build_job(
         volumes.append(model_volume)
         mounts.append(P.model_mount())
     calibration = P.calibration_volume(spec)
-    if calibration is not None and uses_quantize_script(b) and spec.runtime.backend != "simulated":
+    if calibration is not None and calibrates(spec):
         volumes.append(calibration[0])
         mounts.append(calibration[1])
     shm = P.shm_volume(b.gpus)
@@ -51,11 +56,16 @@ def build_job(
     if spec.model.scheme == "s3" and spec.runtime.backend != "simulated":
         dest = f"/engines/.models/{model_cache_key(spec.model.source, spec.model.revision)}"
         init = [P.s3_sync_container(spec, dest, [P.cache_mount(read_only=False)])]
+    if prepares:  # the warm-up serves at the spec's limit, with the YAML serving renders for this image
+        surface = serving_surface(spec, image, None)[0]
+        script = prepare_script(spec, fingerprint, image, spec.batching.max_batch_size, surface)
+    else:
+        script = build_script(spec, fingerprint, image, ceiling)
     container = {
-        "name": "build",
+        "name": role,
         "image": image,
         "command": ["bash", "-c"],
-        "args": [build_script(spec, fingerprint, image, ceiling)],
+        "args": [script],
         "env": (P.env(spec) + P.credentials_env(spec)) or None,
         "resources": P.resources(b.resources, b.gpus),
         "volumeMounts": mounts,
@@ -82,6 +92,10 @@ def build_job(
             "backoffLimit": b.backoff_limit,
             "activeDeadlineSeconds": b.timeout_seconds,
             "ttlSecondsAfterFinished": TTL_SECONDS_AFTER_FINISHED,
+            # An image without the TensorRT backend refuses the build (trtllm/probe.py): no retry can help.
+            "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+                "containerName": role, "operator": "In", "values": [REFUSED_EXIT_CODE]}}]}
+            if spec.runtime.backend == "tensorrt" else None,
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {

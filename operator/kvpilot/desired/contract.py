@@ -10,15 +10,22 @@ from __future__ import annotations
 
 from kvpilot.api.conditions import Condition, false, true
 from kvpilot.autotune.window import KvWindow
-from kvpilot.trtllm.surface import CONSERVATIVE, Surface
+from kvpilot.trtllm.surface import CONSERVATIVE, NEWER, Surface
 
 RELEASE_CONTRACT = "ReleaseContract"
 METRICS_VALID = "MetricsValid"
 
 
 def release_condition(image: str, surface: Surface, how: str, mismatch: str | None) -> Condition:
+    if how == "refused" and mismatch:  # a TensorRT engine on a release without the TensorRT backend (trtllm/backend.py)
+        return false(RELEASE_CONTRACT, "BackendRemoved", mismatch)
     if mismatch:
         return false(RELEASE_CONTRACT, "ReleaseMismatch", mismatch)
+    if surface.release == NEWER:
+        return false(RELEASE_CONTRACT, "UnknownRelease",
+                     f"Image {image} is a TensorRT-LLM release newer than any kvpilot knows: serving renders the "
+                     "PyTorch-only conservative surface. Run hack/trtllm-contract-check.sh on the image and add its "
+                     "row (docs/trtllm-releases.md)")
     if surface.release == CONSERVATIVE:
         return false(RELEASE_CONTRACT, "UnknownRelease",
                      f"Image {image} names no TensorRT-LLM release kvpilot knows: serving renders the most "

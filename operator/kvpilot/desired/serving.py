@@ -13,7 +13,17 @@ import yaml
 from kvpilot.api.models import InferenceEngineSpec, ObjectRef
 from kvpilot.desired import labels as L
 from kvpilot.desired import pod_parts as P
-from kvpilot.trtllm.serve import CONFIG_DIR, CONFIG_FILE, ServedEngine, llm_api_options, serve_command
+from kvpilot.trtllm.build import CACHE_MOUNT, MODEL_MOUNT
+from kvpilot.trtllm.prepare import AUTOTUNER_FILE, WARMUP_DIR
+from kvpilot.trtllm.release import AUTOTUNER_CACHE_ENV
+from kvpilot.trtllm.serve import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    ServedEngine,
+    llm_api_options,
+    serve_command,
+    served_checkpoint,
+)
 from kvpilot.trtllm.surface import Surface
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -82,16 +92,36 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+# Where serving pods keep their own copy of the prepared warm-up cache: the PyTorch kernel autotuner writes its cache
+# back at the end of every warm-up (and raises when it cannot), so it cannot point into the read-only engine cache.
+WARM_MOUNT = "/var/cache/kvpilot"
+
+
+def _serves_model_claim(spec: InferenceEngineSpec, engine: ServedEngine | None) -> bool:
+    """The pods read a pvc:// checkpoint in place: served directly, or prepared without a copy."""
+    if P.model_volume(spec) is None:
+        return False
+    if not spec.builds_engine:
+        return True
+    return engine is not None and spec.prepares_checkpoint and served_checkpoint(spec, engine).startswith(MODEL_MOUNT)
+
+
 def _volumes(
-    owner: ObjectRef, spec: InferenceEngineSpec, claim: str | None
+    owner: ObjectRef, spec: InferenceEngineSpec, claim: str | None, engine: ServedEngine | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every pod mounts the engine cache read-only: engines and prepared checkpoints are published once by their
+    Job and never written by a pod (a ReadWriteOnce claim can then still serve pods on one node, and replicas
+    never race a download)."""
     volumes: list[dict[str, Any]] = [{"name": "llm-api", "configMap": {"name": L.config_map_name(owner.name)}}]
     mounts: list[dict[str, Any]] = [{"name": "llm-api", "mountPath": CONFIG_DIR, "readOnly": True}]
-    if claim:
-        volumes.append(P.cache_volume(claim, read_only=not (spec.runtime.backend == "pytorch")))
-        mounts.append(P.cache_mount(read_only=spec.runtime.backend != "pytorch"))
+    if claim and spec.builds_engine:
+        volumes.append(P.cache_volume(claim, read_only=True))
+        mounts.append(P.cache_mount(read_only=True))
+    if spec.prepares_checkpoint:
+        volumes.append({"name": "warm", "emptyDir": {}})
+        mounts.append({"name": "warm", "mountPath": WARM_MOUNT})
     model = P.model_volume(spec)
-    if model is not None and not spec.builds_engine:
+    if model is not None and _serves_model_claim(spec, engine):
         volumes.append(model)
         mounts.append(P.model_mount())
     if spec.model.scheme == "s3" and not spec.builds_engine:
@@ -119,10 +149,10 @@ def deployment(
     s = spec.serving
     gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size if engine else spec.build.gpus
     command = serve_command(spec, engine, max_batch_size)
-    volumes, mounts = _volumes(owner, spec, claim)
+    volumes, mounts = _volumes(owner, spec, claim, engine)
     env = P.env(spec)
-    if not spec.builds_engine and claim:
-        env.append({"name": "HF_HOME", "value": "/engines/.hf-home"})  # downloads survive restarts
+    if spec.prepares_checkpoint:
+        env.append({"name": AUTOTUNER_CACHE_ENV, "value": f"{WARM_MOUNT}/{AUTOTUNER_FILE}"})
     labels = L.common_labels(owner.name, spec.runtime.backend, "server")
     annotations = {
         L.CONFIG_HASH_ANNOTATION: config_hash(config_map),
@@ -134,13 +164,15 @@ def deployment(
     init = None
     if spec.model.scheme == "s3" and not spec.builds_engine:
         init = [P.s3_sync_container(spec, "/model", [{"name": "model", "mountPath": "/model"}])]
+    if spec.prepares_checkpoint and engine is not None:
+        init = [_warm_cache_container(spec, engine, image)]
     container = {
         "name": "server",
         "image": image,
         "command": [command.argv[0]],
         "args": list(command.argv[1:]),
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
-        "env": (env + (P.credentials_env(spec) if not spec.builds_engine else [])) or None,
+        "env": (env + (P.credentials_env(spec) if not spec.builds_engine else [])) or None,  # only a download needs them
         "resources": P.resources(s.resources, gpus),
         "volumeMounts": mounts,
         # Model load can take many minutes: the startup probe owns that budget so liveness stays strict.
@@ -194,6 +226,21 @@ def deployment(
     }
     pruned: dict[str, Any] = P.prune(dep)
     return pruned
+
+
+def _warm_cache_container(spec: InferenceEngineSpec, engine: ServedEngine, image: str) -> dict[str, Any]:
+    """Copies the prepared warm-up cache (the kernel autotuner's) out of the read-only engine cache, so the server
+    loads it and may write back what it tunes anew (another limit's shapes) without touching the shared copy."""
+    src = f"{CACHE_MOUNT}/{engine.fingerprint}/{WARMUP_DIR}/."
+    return {
+        "name": "warm-cache",
+        "image": image,
+        "command": ["cp", "-R", src, f"{WARM_MOUNT}/"],
+        "volumeMounts": [P.cache_mount(read_only=True), {"name": "warm", "mountPath": WARM_MOUNT}],
+        "resources": {"requests": {P.EPHEMERAL_STORAGE: "64Mi"}, "limits": {P.EPHEMERAL_STORAGE: "1Gi"}},
+        "securityContext": P.container_security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
 
 
 def service(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str, Any]:

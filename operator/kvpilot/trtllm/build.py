@@ -86,6 +86,23 @@ class BuildPaths:
         return StagePath("engine")
 
 
+def manifest_base(spec: InferenceEngineSpec, fingerprint: str, image: str) -> dict[str, object]:
+    """What every published engine or prepared checkpoint says about itself (read back into status.engine)."""
+    b = spec.build
+    return {
+        "fingerprint": fingerprint,
+        "image": image,
+        "model": {"source": spec.model.source, "revision": spec.model.revision},
+        "backend": spec.runtime.backend,
+        "maxSeqLen": b.max_seq_len,
+        "tokensPerBlock": b.kv_cache.tokens_per_block,
+        "tensorParallelSize": b.tensor_parallel_size,
+        "pipelineParallelSize": b.pipeline_parallel_size,
+        "quantization": b.quantization,
+        "kvCacheDtype": b.kv_cache_dtype,
+    }
+
+
 def model_cache_key(source: str, revision: str | None) -> str:
     """Downloads are kept per source+revision, so a second engine of the same model skips the download."""
     return hashlib.sha256(f"{source}@{revision or ''}".encode()).hexdigest()[:16]
@@ -119,6 +136,16 @@ def gemm_plugin(build: BuildSpec) -> str:
 def uses_quantize_script(build: BuildSpec) -> bool:
     """ModelOpt (quantize.py) handles calibrated formats and every quantized KV cache."""
     return build.quantization in ("fp8", "int4_awq", "nvfp4") or build.kv_cache_dtype != "auto"
+
+
+def calibrates(spec: InferenceEngineSpec) -> bool:
+    """Whether the Job reads a calibration set: quantize.py for a TensorRT engine; ModelOpt for a prepared PyTorch
+    checkpoint, whose KV-cache dtype is a runtime setting (kv_cache_config.dtype) that needs none."""
+    if spec.runtime.backend == "simulated":
+        return False
+    if spec.trtllm_backend == "pytorch":
+        return spec.build.quantization in ("fp8", "nvfp4")
+    return uses_quantize_script(spec.build)
 
 
 def convert(spec: InferenceEngineSpec, paths: BuildPaths) -> Command:

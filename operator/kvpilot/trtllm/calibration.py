@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.trtllm.build import calibration_dataset, uses_quantize_script
+from kvpilot.trtllm.build import calibrates, calibration_dataset
 
 CHECK_PY = r'''
 import os, sys
@@ -41,7 +41,7 @@ print("kvpilot: calibration set %s has the layout quantize.py reads" % path)
 
 def preflight_lines(spec: InferenceEngineSpec) -> list[str]:
     """Bash lines that check a local calibration set's layout; none when the build does not calibrate from one."""
-    if spec.runtime.backend == "simulated" or not uses_quantize_script(spec.build):
+    if not calibrates(spec):
         return []
     if not spec.build.calibration.dataset.startswith("pvc://"):
         return []  # a Hub name: quantize.py downloads it (needs network and, for cnn_dailymail, nothing else)

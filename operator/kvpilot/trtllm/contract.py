@@ -17,7 +17,7 @@ from kvpilot.trtllm import surface as surfaces
 
 # Top-level LLM-API keys kvpilot renders (serve.py): each must be a field of the backend's args class.
 RENDERED_TRT = ("max_batch_size", "max_num_tokens", "enable_chunked_prefill", "kv_cache_config", "scheduler_config")
-RENDERED_TORCH = RENDERED_TRT + ("return_perf_metrics", "enable_iter_perf_stats", "max_seq_len")
+RENDERED_TORCH = RENDERED_TRT + ("return_perf_metrics", "enable_iter_perf_stats", "max_seq_len", "cuda_graph_config")
 # Serve flags kvpilot renders (serve_command): each must be an option of the image's trtllm-serve.
 RENDERED_SERVE_FLAGS = ("--tokenizer", "--backend", "--host", "--port", "--max_batch_size", "--max_num_tokens",
                         "--kv_cache_free_gpu_memory_fraction", "--tp_size", "--pp_size", "--extra_llm_api_options",
@@ -51,16 +51,20 @@ def compare(probe: dict[str, Any], image: str = "") -> tuple[str, list[Finding]]
     if version is None:
         out.append(Finding(False, "version", f"the probe could not read tensorrt_llm.__version__ "
                                              f"({probe.get('probeError', 'no error given')})"))
-    elif release == surfaces.CONSERVATIVE:
+    elif release in (surfaces.CONSERVATIVE, surfaces.NEWER):
+        which = "the PyTorch-only conservative" if release == surfaces.NEWER else "the conservative"
         out.append(Finding(False, "version", f"{version} has no row in options/releases.yaml: kvpilot serves it with "
-                                             "the conservative surface; contribute the row printed below"))
+                                             f"{which} surface; contribute the row printed below"))
     else:
         out.append(Finding(True, "version", f"{version} -> row {release}"))
     if tag is not None and version is not None and tag != release:
         out.append(Finding(False, "image tag", f"{image} names release {tag}, the image reports {version}"))
 
+    out += _tensorrt_findings(probe, row)
     has = probe.get("trtLlmArgsHasPerfMetricsMaxRequests")
-    if not isinstance(has, bool):
+    if row.tensorrt_removed:
+        pass  # TrtLlmArgs is gone with the TensorRT backend (docs/source/legacy/tensorrt-backend-removal.md)
+    elif not isinstance(has, bool):
         out.append(Finding(False, "TrtLlmArgs.perf_metrics_max_requests", "not read by the probe"))
     else:
         agree = has == row.trt_has_perf_metrics_max_requests
@@ -72,6 +76,8 @@ def compare(probe: dict[str, Any], image: str = "") -> tuple[str, list[Finding]]
 
     for key, rendered, cls in (("trtLlmArgsFields", RENDERED_TRT, "TrtLlmArgs"),
                                ("torchLlmArgsFields", RENDERED_TORCH, "TorchLlmArgs")):
+        if cls == "TrtLlmArgs" and row.tensorrt_removed:
+            continue
         fields = _strings(probe, key)
         if fields is None:
             out.append(Finding(False, cls, "fields not read by the probe"))
@@ -117,6 +123,17 @@ def compare(probe: dict[str, Any], image: str = "") -> tuple[str, list[Finding]]
                                                      f"table names absent {absent}, image names beyond the table "
                                                      f"{beyond}")))
     return release, out
+
+
+def _tensorrt_findings(probe: dict[str, Any], row: surfaces.Surface) -> list[Finding]:
+    """Whether the image has trtllm-build, against the row's tensorrt_backend (the fact refusals rest on)."""
+    present = probe.get("trtllmBuild")
+    if not isinstance(present, bool) or row.tensorrt_backend == "unknown":
+        return []
+    expected = not row.tensorrt_removed
+    return [Finding(present == expected, "TensorRT backend",
+                    f"trtllm-build {'present' if present else 'absent'}; the table says the TensorRT backend is "
+                    f"{row.tensorrt_backend}")]
 
 
 def suggested_row(probe: dict[str, Any]) -> str:

@@ -19,8 +19,11 @@ from kvpilot.trtllm.build import Command
 # Tools whose argv starts with "python3 <script>"; the rest start with the program name.
 _SCRIPT_TOOLS = {"quantize", "convert_checkpoint_llama", "convert_checkpoint_qwen", "convert_checkpoint_gemma"}
 _POSITIONALS = {"trtllm-serve": 1}
-# Tools kvpilot runs that are not TensorRT-LLM parsers (kvsim's stand-in, the download one-liner).
-_UNCHECKED = {"python", "kvsim_checkpoint"}
+# Tools kvpilot runs that are not TensorRT-LLM parsers (kvsim's stand-ins, the download and ModelOpt one-liners,
+# the hard-link copy).
+_UNCHECKED = {"python", "kvsim_checkpoint", "kvsim_prepare", "cp"}
+# The prepare Job's warm-up driver: python3 -c DRIVER PORT DEADLINE, then a whole trtllm-serve command line.
+_WARMUP_PREFIX = 5
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ def check(command: Command) -> list[str]:
     """Problems with ``command`` against its parser's option list; empty when every flag is real."""
     if command.tool in _UNCHECKED:
         return []
+    if command.tool == "warmup":
+        return check(Command("trtllm-serve", command.argv[_WARMUP_PREFIX:]))
     spec = load(command.tool)
     args = list(command.argv[2:] if command.tool in _SCRIPT_TOOLS else command.argv[1:])
     problems: list[str] = []

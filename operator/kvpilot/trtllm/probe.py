@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import shlex
 
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.api.release_tags import PYTORCH_ONLY_VERSION_REGEX
+from kvpilot.trtllm.backend import way_forward
 from kvpilot.trtllm.surface import metric_spellings
+
+# The build Job's exit status when the image has no TensorRT backend: the Job's podFailurePolicy fails the Job at
+# once on it (no retry can help), and the termination message says why.
+REFUSED_EXIT_CODE = 42
 
 # Runs inside the image with its python3: standard library and tensorrt_llm only. Each fact is read on its own,
 # so one failure (an import that needs a driver) leaves the others.
@@ -44,6 +51,8 @@ print(json.dumps(out, sort_keys=True))
 
 # The contract check adds what a person compares against the table: every args field and serve option.
 PROBE_FULL = r'''
+import shutil
+out["trtllmBuild"] = shutil.which("trtllm-build") is not None
 try:
     from tensorrt_llm.llmapi.llm_args import TrtLlmArgs, TorchLlmArgs, SchedulerConfig
     out["trtLlmArgsFields"] = sorted(TrtLlmArgs.model_fields)
@@ -82,3 +91,36 @@ def record_lines(manifest_path: str) -> list[str]:
         f"python3 -c {shlex.quote(probe_source())} | python3 -c {shlex.quote(merge)} {manifest_path} "
         "|| echo 'kvpilot: could not probe the image (serving assumes the release its tag names)'",
     ]
+
+
+# Runs first in a TensorRT build, inside the image: where only the image can tell (a digest, `latest`, a custom
+# tag), it refuses a release without the TensorRT backend before any download. Standard library and tensorrt_llm.
+REFUSE_PY = r'''
+import re, shutil, sys
+regex, image, forward, code = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+try:
+    import tensorrt_llm
+    version = str(tensorrt_llm.__version__)
+except Exception:
+    version = None
+removed = version is not None and re.match(regex, version) is not None
+if removed or shutil.which("trtllm-build") is None:
+    why = ("is TensorRT-LLM %s, a release without the TensorRT backend" % version if removed else
+           "has no trtllm-build on its PATH (TensorRT-LLM %s)" % (version or "of unknown version"))
+    message = ("kvpilot: refused before anything ran: image %s %s (TensorRT-LLM removed trtllm-build and "
+               "--backend tensorrt after 1.3.0rc20): %s" % (image, why, forward))
+    sys.stderr.write(message + "\n")
+    try:
+        open("/dev/termination-log", "w").write(message)
+    except OSError:
+        pass
+    sys.exit(code)
+print("kvpilot: image %s has the TensorRT backend (TensorRT-LLM %s)" % (image, version or "version unread"))
+'''
+
+
+def refuse_lines(image: str, spec: InferenceEngineSpec) -> list[str]:
+    """Bash lines that stop a TensorRT build on an image without the TensorRT backend (exit REFUSED_EXIT_CODE)."""
+    args = " ".join(shlex.quote(a) for a in (PYTORCH_ONLY_VERSION_REGEX, image, way_forward(spec),
+                                               str(REFUSED_EXIT_CODE)))
+    return ["echo '+ check that the image has the TensorRT backend'", f"python3 -c {shlex.quote(REFUSE_PY)} {args}"]

@@ -1,11 +1,13 @@
-"""Facts about the TensorRT-LLM release image kvpilot targets (1.2).
+"""Facts about the TensorRT-LLM release images kvpilot targets (1.2.1 by default; the rows in options/releases.yaml).
 
-Sources are cited in docs/trtllm-sources.md; the values here are what the renderers use.
+Sources are cited in docs/trtllm-sources.md and docs/trtllm-releases.md; the values here are what the renderers use.
 """
 
 from __future__ import annotations
 
-DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
+# The latest stable release (PyPI tensorrt-llm 1.2.1, 2026-04-20; tensorrtllm_backend pins release/1.2.1). It still
+# has the TensorRT backend (deprecated); 1.3.0rc21 and later have only PyTorch.
+DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
 # Where NVIDIA's release image keeps the example scripts (convert_checkpoint.py, quantize.py).
 EXAMPLES_DIR = "/app/tensorrt_llm/examples"
 
@@ -33,3 +35,7 @@ SCHEDULER_POLICIES = {
 
 # TensorRT-LLM's own DynamicBatchConfig window (requests) when the in-engine tuner is on.
 DYNAMIC_BATCH_WINDOW = 128
+
+# Where the PyTorch kernel autotuner reads and writes its cache (every row of options/releases.yaml agrees; read in
+# tensorrt_llm/_torch/pyexecutor/model_engine.py `_run_autotuner_warmup`). A release that lacks it ignores it.
+AUTOTUNER_CACHE_ENV = "TLLM_AUTOTUNER_CACHE_PATH"

@@ -3,7 +3,8 @@
 Why a table: a key one release's strict LLM-API schema accepts crash-loops another (``return_perf_metrics`` on
 1.2's TensorRT backend, NVIDIA/TensorRT-LLM#9678), and metric names change between releases. Rendering and
 signal reading both ask the surface instead of assuming one release. The release comes from, in order: what
-the build Job recorded about the image (``probe``), the image tag, else the most conservative surface.
+the build Job recorded about the image (``probe``), the image tag, else a conservative surface: ``newer`` (PyTorch
+only) for a version above every row, ``conservative`` for any other the table lacks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from typing import Any
 
 import yaml
 
+from kvpilot.api.release_tags import PYTORCH_ONLY_TAG_REGEX, PYTORCH_ONLY_VERSION_REGEX
+
+__all__ = ["CONSERVATIVE", "NEWER", "PYTORCH_ONLY_TAG_REGEX", "PYTORCH_ONLY_VERSION_REGEX", "Surface"]
+
 CONSERVATIVE = "conservative"
+NEWER = "newer"  # a version above every row: TensorRT-LLM removed the TensorRT backend after 1.3.0rc20
 # Every name a Prometheus reading accepts, whatever the release: the unprefixed 1.2 collector's and the
 # trtllm_-prefixed later ones (PR #11243). Logical name -> spellings, preferred first.
 _LOGICAL_HISTOGRAMS = ("ttft", "tpot", "e2e", "queue")
@@ -37,6 +43,14 @@ class Surface:
     endpoint_needs_return_perf_metrics: bool = True
     runtime_limit_above_engine: str = "reject"  # "clamp" (1.2+: warn and override) or "reject" (1.1)
     iteration_stats_fields: tuple[str, ...] = ()
+    tensorrt_backend: str = "unknown"  # available | deprecated | removed | unknown (options/releases.yaml)
+    cuda_graph_keys: frozenset[str] = frozenset()  # CudaGraphConfig fields (PyTorch backend)
+    autotuner_cache_env: str | None = None  # where the PyTorch kernel autotuner reads and writes its cache
+
+    @property
+    def tensorrt_removed(self) -> bool:
+        """The release has no TensorRT backend: no trtllm-build, no ``--backend tensorrt``."""
+        return self.tensorrt_backend == "removed"
 
     def renders_return_perf_metrics(self, backend: str) -> bool:
         """Whether ``return_perf_metrics: true`` is safe: on TensorRT only where TrtLlmArgs has the field the
@@ -45,8 +59,10 @@ class Surface:
 
     def accepts_key(self, backend: str, dotted: str) -> bool:
         """Whether the LLM-API YAML key (``a.b`` for nested ones) is accepted for ``backend``."""
-        if dotted in self.not_keys:
+        if dotted in self.not_keys or (backend == "tensorrt" and self.tensorrt_removed):
             return False
+        if dotted.startswith("cuda_graph_config."):
+            return backend == "pytorch" and dotted.split(".")[1] in self.cuda_graph_keys
         if dotted.startswith("scheduler_config."):
             return dotted.split(".")[1] in self.scheduler_config_keys
         top = dotted.split(".")[0]
@@ -69,11 +85,12 @@ def releases() -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def get(release: str) -> Surface:
-    """The surface of a release line in the table, or the conservative one (``CONSERVATIVE`` or unknown)."""
+    """The surface of a release line in the table, ``NEWER``'s, or the conservative one (``CONSERVATIVE`` or
+    a name the table lacks)."""
     table = _table()
     row = table["releases"].get(release)
     if row is None:
-        return _conservative()
+        return _newer() if release == NEWER else _conservative()
     api, prom = row["llm_api"], row["prometheus"]
     return Surface(
         release=release,
@@ -87,16 +104,31 @@ def get(release: str) -> Surface:
         endpoint_needs_return_perf_metrics=bool(prom["endpoint_needs_return_perf_metrics"]),
         runtime_limit_above_engine=row["behaviours"]["runtime_limit_above_engine"],
         iteration_stats_fields=tuple(row["iteration_stats"]),
+        tensorrt_backend=str(row["tensorrt_backend"]),
+        cuda_graph_keys=frozenset(api.get("cuda_graph_config") or ()),
+        autotuner_cache_env=row.get("autotuner_cache_env"),
     )
 
 
 def _conservative() -> Surface:
-    """The intersection of the table: render nothing any release rejects, read every known spelling."""
-    rows = [get(r) for r in releases()]
-    base = _table()["conservative"]
+    """The intersection of the releases that still have the TensorRT backend (an image whose tag names no release
+    may have it; its build Job's probe refuses one that does not): render nothing any of them rejects, read every
+    known spelling. A PyTorch engine renders only keys the PyTorch-only releases accept too."""
+    rows = [s for s in (get(r) for r in releases()) if not s.tensorrt_removed]
+    return _intersection(CONSERVATIVE, rows, "the releases with the TensorRT backend")
+
+
+def _newer() -> Surface:
+    """A release above every row: the intersection of the PyTorch-only rows, with no TensorRT backend."""
+    rows = [s for s in (get(r) for r in releases()) if s.tensorrt_removed]
+    return _intersection(NEWER, rows, "the PyTorch-only releases")
+
+
+def _intersection(name: str, rows: list[Surface], which: str) -> Surface:
+    base = _table()[name]
     return Surface(
-        release=CONSERVATIVE,
-        sources=("the intersection of every release in options/releases.yaml",),
+        release=name,
+        sources=(f"the intersection of {which} in options/releases.yaml",),
         trt_has_perf_metrics_max_requests=bool(base["trt_llm_args_has_perf_metrics_max_requests"]),
         pytorch_only_keys=frozenset().union(*(s.pytorch_only_keys for s in rows)),
         scheduler_config_keys=frozenset.intersection(*(s.scheduler_config_keys for s in rows)),
@@ -106,7 +138,15 @@ def _conservative() -> Surface:
         endpoint_needs_return_perf_metrics=True,
         runtime_limit_above_engine=base["runtime_limit_above_engine"],
         iteration_stats_fields=tuple(sorted(set.intersection(*(set(s.iteration_stats_fields) for s in rows)))),
+        tensorrt_backend=str(base["tensorrt_backend"]),
+        cuda_graph_keys=frozenset.intersection(*(s.cuda_graph_keys for s in rows)),
+        autotuner_cache_env=_common({s.autotuner_cache_env for s in rows}),
     )
+
+
+def _common(values: set[str | None]) -> str | None:
+    """The one value every row agrees on, else None (a conservative surface assumes nothing)."""
+    return next(iter(values)) if len(values) == 1 else None
 
 
 def metric_spellings() -> dict[str, tuple[str, ...]]:
@@ -122,29 +162,50 @@ def metric_spellings() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-_TAG = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?(?:\.?rc(?P<rc>\d+))?(?:[-+].*)?$")
+_TAG = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?(?:\.?rc(?P<rc>\d+))?"
+                  r"(?:\.post\d+)?(?:[-+].*)?$")
+_BOUND = re.compile(r"^(?P<major>\d+)\.(?P<minor>\d+)\.(?:(?P<any>x)|(?P<patch>\d+)(?:rc(?P<rc>\d+))?)$")
+FINAL = 10**9  # a final release sorts after its release candidates; "1.3.x" after every 1.3 release
+
+VersionKey = tuple[int, int, int, int]
+
+
+def version_key(version: str) -> VersionKey | None:
+    """A sortable key of a TensorRT-LLM version (``1.3.0rc22``, ``1.3.0rc22.post1``, ``1.2.1``, ``1.4``), None
+    when it is not one."""
+    m = _TAG.match(version.strip())
+    if not m:
+        return None
+    patch = int(m["patch"]) if m["patch"] is not None else 0
+    rc = int(m["rc"]) if m["rc"] is not None else FINAL
+    return int(m["major"]), int(m["minor"]), patch, rc
+
+
+def _bound(text: str) -> VersionKey:
+    m = _BOUND.match(str(text))
+    if not m:
+        raise ValueError(f"options/releases.yaml: bad version bound {text!r} (want 1.3.0rc5, 1.2.1 or 1.3.x)")
+    if m["any"]:
+        return int(m["major"]), int(m["minor"]), FINAL, FINAL
+    return int(m["major"]), int(m["minor"]), int(m["patch"]), int(m["rc"]) if m["rc"] is not None else FINAL
+
+
+@lru_cache(maxsize=1)
+def _ranges() -> tuple[tuple[str, VersionKey, VersionKey], ...]:
+    rows = _table()["releases"]
+    return tuple((name, _bound(row["versions"]["from"]), _bound(row["versions"]["to"])) for name, row in rows.items())
 
 
 def release_of_version(version: str) -> str:
-    """A TensorRT-LLM version string (``1.2.0``, ``1.2.0rc2``, ``1.3.0rc7``, ``1.3.1``) -> its row, or
-    ``CONSERVATIVE`` when the table has no row that surely applies."""
-    m = _TAG.match(version.strip())
-    if not m:
+    """A TensorRT-LLM version string (``1.2.0``, ``1.2.0rc2``, ``1.3.0rc7``, ``1.3.0rc22``, ``1.4.0rc1``) -> its
+    row; ``NEWER`` above every row; else ``CONSERVATIVE`` (no row surely applies)."""
+    key = version_key(version)
+    if key is None:
         return CONSERVATIVE
-    major, minor = int(m["major"]), int(m["minor"])
-    patch = int(m["patch"]) if m["patch"] is not None else None
-    rc = int(m["rc"]) if m["rc"] is not None else None
-    table = _table()["releases"]
-    exact = f"{major}.{minor}.{patch}"
-    if patch is not None and exact in table:
-        return exact  # 1.2.0rcN: the rc2 image is where #9678 was reported, same TrtLlmArgs
-    line = f"{major}.{minor}"
-    if line in table:
-        min_rc = int(table[line].get("min_rc") or 0)
-        if patch in (0, None) and rc is not None and rc < min_rc:
-            return CONSERVATIVE
-        return line
-    return CONSERVATIVE
+    for name, low, high in _ranges():
+        if low <= key <= high:
+            return name
+    return NEWER if key > max(high for _, _, high in _ranges()) else CONSERVATIVE
 
 
 def release_of_image(image: str) -> str:
