@@ -47,6 +47,13 @@ def owner_uids(obj: dict[str, Any]) -> set[str]:
     return {str(r.get("uid")) for r in (obj.get("metadata") or {}).get("ownerReferences") or []}
 
 
+def _discard_outcome(task: asyncio.Task[None]) -> None:
+    """Read the outcome of a write whose pass was cancelled, so asyncio does not log it as "never retrieved" (a
+    write into a namespace being deleted fails with 403 NamespaceTerminating, and that is expected)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("A write of a stopped engine loop failed: %s", task.exception())
+
+
 class ChildWriter:
     """The operator's writes to children, and the state they share across passes and engines."""
 
@@ -131,12 +138,16 @@ class ChildWriter:
                 continue
             tasks[what] = asyncio.ensure_future(write)
         if tasks:
-            await asyncio.wait(tasks.values(), timeout=self.wait_seconds)
+            try:
+                await asyncio.wait(tasks.values(), timeout=self.wait_seconds)
+            except asyncio.CancelledError:  # the engine's loop stopped (the engine or its namespace went away):
+                for task in tasks.values():  # its writes still end; nobody is left to report their failures to
+                    task.add_done_callback(_discard_outcome)
+                raise
         for what, task in tasks.items():
             key = (namespace, what)
             if not task.done():
-                self._in_flight[key] = task
-                task.add_done_callback(functools.partial(self._landed, key))
+                self._track(key, task)
                 continue
             exc = task.exception()
             if isinstance(exc, ApiError):  # say so in status (a rendering bug, an immutable field), then retry
@@ -144,6 +155,11 @@ class ChildWriter:
             elif exc is not None:
                 raise exc
         return failed
+
+    def _track(self, key: WriteKey, task: asyncio.Task[None]) -> None:
+        """Follow a write that outlives its pass: it is in flight until it ends, then ``_landed`` keeps its failure."""
+        self._in_flight[key] = task
+        task.add_done_callback(functools.partial(self._landed, key))
 
     def _landed(self, key: WriteKey, task: asyncio.Task[None]) -> None:
         """A write that outlived its pass ended: keep its failure for the engine's next pass."""
