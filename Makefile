@@ -50,7 +50,7 @@ cluster-down: ## Stop exactly what cluster-up started
 e2e-tools: ## Install the real tools the tests run, from Debian when missing: prometheus + promtool, lua5.1
 	@hack/testenv/apt-tools.sh
 
-test: venv lint $(AIPERF_STAMP) cluster-build e2e-tools images ## Run every test: unit, chart, simulator, end-to-end on the local control plane
+test: venv lint $(AIPERF_STAMP) cluster-build e2e-tools images ## Run every test: unit, chart, simulator, end-to-end on the local control plane (stopped at the end unless KVPILOT_KEEP_CLUSTER=1)
 	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
 
 unit: venv e2e-tools ## Run the fast tests that need no cluster

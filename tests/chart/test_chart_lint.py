@@ -97,7 +97,8 @@ def test_every_object_has_the_recommended_labels(variant_objects: list[Manifest]
 
 def test_namespaced_objects_name_their_namespace(variant_objects: list[Manifest]) -> None:
     """`helm template | kubectl apply` and GitOps tools need explicit namespaces on namespaced objects."""
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
     for obj in variant_objects:
         if obj["kind"] not in cluster_scoped:
             assert obj["metadata"].get("namespace"), f"{obj['kind']}/{obj['metadata']['name']}"

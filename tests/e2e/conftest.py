@@ -7,6 +7,7 @@ and how the local kubelet ran the kvsim pods (podman from the kvsim image, or lo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -70,9 +71,25 @@ def condition(ie: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
+# Set to keep the local control plane running after the session for the next run; else a session that started it
+# stops it when it ends (etcd, kube-apiserver, the controllers, kwok and the local kubelet hold ~700 MiB).
+KEEP_CLUSTER_ENV = "KVPILOT_KEEP_CLUSTER"
+
+
+def control_plane_answers() -> bool:
+    """Whether a control plane (started by someone else: `make cluster-up`, an earlier kept run) already answers."""
+    try:
+        return kubectl("get", "--raw=/readyz", check=False, timeout_s=10).strip() == "ok"
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 @pytest.fixture(scope="session")
-def kube() -> Path:
-    return cluster.ensure_cluster_up()
+def kube() -> Iterator[Path]:
+    started = not control_plane_answers()
+    yield cluster.ensure_cluster_up()
+    if started and not os.environ.get(KEEP_CLUSTER_ENV):
+        cluster.cluster_down()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from kvpilot.api.openapi import (
     DNS1123_SUBDOMAIN,
     Rule,
     Schema,
-    array,
     boolean,
     integer,
     obj,
@@ -26,6 +25,7 @@ from kvpilot.api.enums import (
 )
 from kvpilot.api import patterns as P
 from kvpilot.api.release_tags import PYTORCH_ONLY_KVSIM_REGEX, PYTORCH_ONLY_TAG_REGEX
+from kvpilot.api.schema_env import env_schema
 
 
 def model_schema() -> Schema:
@@ -129,18 +129,7 @@ def runtime_schema() -> Schema:
                 2147483647,
                 fmt="int64",
             ),
-            "env": array(
-                "Extra environment variables for the build and serving containers (e.g. NCCL_DEBUG, HF_HUB_OFFLINE).",
-                obj(
-                    "An environment variable.",
-                    {
-                        "name": string("Variable name.", max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"),
-                        "value": string("Variable value.", max_length=4096),
-                    },
-                    required=("name",),
-                ),
-                max_items=64,
-            ),
+            "env": env_schema(),
         },
         default={},
     )

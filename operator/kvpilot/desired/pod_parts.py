@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpilot.api import reserved_env as E
 from kvpilot.api.models import InferenceEngineSpec, Resources
 from kvpilot.trtllm.build import CACHE_MOUNT, CALIBRATION_MOUNT, MODEL_MOUNT
 
@@ -60,19 +61,19 @@ def env(spec: InferenceEngineSpec) -> list[dict[str, Any]]:
     sim = spec.runtime.simulation
     if sim is not None:
         out += [
-            {"name": "KVSIM_PROFILE", "value": sim.profile},
-            {"name": "KVSIM_SPEEDUP", "value": str(sim.speedup_ratio)},
-            {"name": "KVSIM_STARTUP_SECONDS", "value": str(sim.startup_seconds)},
-            {"name": "KVSIM_BUILD_SECONDS", "value": str(sim.build_seconds)},
+            {"name": E.KVSIM_PROFILE, "value": sim.profile},
+            {"name": E.KVSIM_SPEEDUP, "value": str(sim.speedup_ratio)},
+            {"name": E.KVSIM_STARTUP_SECONDS, "value": str(sim.startup_seconds)},
+            {"name": E.KVSIM_BUILD_SECONDS, "value": str(sim.build_seconds)},
         ]
     for var in spec.runtime.env:
         out.append({"name": var.name, "value": var.value or ""})
     return out
 
 
-HF_TOKEN_KEY = "HF_TOKEN"
-AWS_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True),
-            ("AWS_REGION", True))
+HF_TOKEN_KEY = E.HF_TOKEN
+AWS_KEYS = ((E.AWS_ACCESS_KEY_ID, False), (E.AWS_SECRET_ACCESS_KEY, False), (E.AWS_SESSION_TOKEN, True),
+            (E.AWS_REGION, True))
 
 
 def _secret_key(secret: str, key: str, optional: bool) -> dict[str, Any]:

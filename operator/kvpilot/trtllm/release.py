@@ -5,6 +5,8 @@ Sources are cited in docs/trtllm-sources.md and docs/trtllm-releases.md; the val
 
 from __future__ import annotations
 
+from kvpilot.api import reserved_env
+
 # The latest stable release (PyPI tensorrt-llm 1.2.1, 2026-04-20; tensorrtllm_backend pins release/1.2.1). It still
 # has the TensorRT backend (deprecated); 1.3.0rc21 and later have only PyTorch.
 DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
@@ -38,4 +40,4 @@ DYNAMIC_BATCH_WINDOW = 128
 
 # Where the PyTorch kernel autotuner reads and writes its cache (every row of options/releases.yaml agrees; read in
 # tensorrt_llm/_torch/pyexecutor/model_engine.py `_run_autotuner_warmup`). A release that lacks it ignores it.
-AUTOTUNER_CACHE_ENV = "TLLM_AUTOTUNER_CACHE_PATH"
+AUTOTUNER_CACHE_ENV = reserved_env.TLLM_AUTOTUNER_CACHE_PATH  # runtime.env may not set it (api/reserved_env.py)
