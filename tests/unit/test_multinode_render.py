@@ -150,3 +150,33 @@ def test_the_secret_is_fixed_by_its_keys_and_authorizes_the_client_key() -> None
     assert multinode.ssh_secret(engine.meta, engine.spec, sshkeys.generate())["data"] != secret["data"]
     assert base64.b64decode(secret["data"][MN.AUTHORIZED_KEYS]) == base64.b64decode(secret["data"][MN.PUBLIC_KEY])
     assert b"BEGIN OPENSSH PRIVATE KEY" in base64.b64decode(secret["data"][MN.HOST_KEY])
+
+
+def example_doc(stem: str = "llama-3.1-405b-bf16-tp8pp2") -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / "multinode" / f"{stem}.yaml").read_text())  # type: ignore[no-any-return]
+
+
+def test_admission_wants_one_shared_cache_for_all_nodes() -> None:
+    doc = example_doc()
+    doc["spec"]["runtime"] = {"backend": "pytorch"}
+    doc["spec"]["build"] = {"tensorParallelSize": 8, "pipelineParallelSize": 2}
+    del doc["spec"]["engineCache"]
+    _, errors = validate_manifest(doc, spec_openapi())
+    assert any(e.path == "spec" and "engineCache must be set for a multi-node engine" in e.message for e in errors)
+    doc = example_doc()
+    doc["spec"]["engineCache"]["accessMode"] = "ReadWriteOnce"
+    _, errors = validate_manifest(doc, spec_openapi())
+    assert [e.path for e in errors] == ["spec.engineCache.accessMode"]
+    assert "ReadWriteMany for a multi-node engine" in errors[0].message
+
+
+def test_the_build_of_a_multinode_engine_runs_on_one_node_for_every_rank() -> None:
+    (engine,) = load_engines(str(EXAMPLES[0]))
+    job = plan(engine, Observed(claim_phase="Bound"), Settings(), datetime.now(timezone.utc)).build_job
+    assert job is not None
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"  # one 8-GPU node, not 16 GPUs
+    script = container["args"][0]
+    # Both ranks' stages are converted (tp 8 x pp 2) and trtllm-build builds all 16 rank engines, as many at a
+    # time as the node has GPUs (its --workers is capped by the GPUs it sees).
+    assert "--tp_size 8 --pp_size 2" in script and "--workers 16" in script

@@ -220,6 +220,12 @@ class InferenceEngineSpec:
         return 1 if gpus <= per_node else gpus // per_node
 
     @property
+    def gpus_per_pod(self) -> int:
+        """GPUs one pod holds: every rank's, or one node's worth for a multi-node engine (its serving pods and its
+        build, which trtllm-build --workers runs over the node's GPUs for all ranks)."""
+        return min(self.build.gpus, self.serving.gpus_per_node)
+
+    @property
     def multinode(self) -> bool:
         """Served by a LeaderWorkerSet (a group of pods per replica) instead of a Deployment."""
         return self.nodes_per_replica > 1

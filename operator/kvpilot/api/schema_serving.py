@@ -181,6 +181,19 @@ MULTINODE_RULES = (
         f"{MAX_NODES_PER_GROUP} nodes",
         ".serving.gpusPerNode",
     ),
+    Rule(
+        f"{_RANKS} <= self.serving.gpusPerNode || has(self.engineCache)",
+        "engineCache must be set for a multi-node engine (build.tensorParallelSize x build.pipelineParallelSize "
+        "above serving.gpusPerNode): the ranks on every node read the engine, or the prepared checkpoint, from "
+        "one shared volume",
+    ),
+    Rule(
+        f"{_RANKS} <= self.serving.gpusPerNode || !has(self.engineCache) || !has(self.engineCache.size) || "
+        "self.engineCache.accessMode == 'ReadWriteMany'",
+        "engineCache.accessMode must be ReadWriteMany for a multi-node engine: its pods on several nodes mount the "
+        "same cache",
+        ".engineCache.accessMode",
+    ),
 )
 
 
