@@ -113,6 +113,13 @@ def key_lines(path: str) -> set[str]:
 
 def _serve_launch(conn: socket.socket, peer: str, authorized: set[str]) -> None:
     """One connection: a probe (closes at once) or a launch (key, ranks) held until the job ends."""
+    try:
+        _launch(conn, peer, authorized)
+    except OSError:  # a probe that resets, a leader gone: nothing to serve
+        pass
+
+
+def _launch(conn: socket.socket, peer: str, authorized: set[str]) -> None:
     with conn:
         conn.sendall(BANNER)
         stream = conn.makefile("rb")
