@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 PAGE = 500
 WATCH_SECONDS = 300
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=kvpilot"
+ABSENT_RECHECK_SECONDS = 60.0  # how often a kind whose API is not served (a missing CRD) is listed again
 
 # (kind, items) after a list; (kind, event type, object) for a watch event.
 OnList = Callable[[str, list[dict[str, Any]]], None]
@@ -61,6 +62,8 @@ class Informer:
             "GET", self.path, query_params=query, header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"])
         resp = self.api_client.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        if resp.status == 404:  # the kind's API is not served: its CRD (LeaderWorkerSet) is not installed
+            raise _Absent(f"GET {self.path}: HTTP 404")
         if resp.status != 200:
             raise RuntimeError(f"GET {self.path}: HTTP {resp.status}: {resp.read()[:300]!r}")
         return resp.response
@@ -111,15 +114,25 @@ class Informer:
             resp.release_conn()
 
     def _run(self) -> None:
-        failures = 0
+        failures, absent = 0, False
         while not self.stopped.is_set():
             try:
                 rv = self._list()
-                failures = 0
+                failures, absent = 0, False
                 while not self.stopped.is_set():
                     self._watch(rv)  # returns when the server ends the watch: list again (cheap, and exact)
                     rv = self._list()
             except _Relist:
+                continue
+            except _Absent as exc:
+                # Listed as empty, so the cache syncs and engines of the other kinds reconcile; a multi-node engine
+                # then has no LeaderWorkerSet to observe. Listed again later, in case the CRD gets installed.
+                if not absent:
+                    log.warning("%s are not served (%s): treated as none; checking again every %.0fs",
+                                self.kind.plural, exc, ABSENT_RECHECK_SECONDS)
+                    self.loop.call_soon_threadsafe(self.on_list, self.kind.kind, [])
+                absent = True
+                self.stopped.wait(ABSENT_RECHECK_SECONDS)
                 continue
             except Exception as exc:  # noqa: BLE001 — a watch must outlive any one failure
                 failures += 1
@@ -129,4 +142,8 @@ class Informer:
 
 
 class _Relist(Exception):
+    pass
+
+
+class _Absent(Exception):
     pass
