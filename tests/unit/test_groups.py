@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvpilot.desired import groups as G
+from kvpilot.desired import lws_pods as LP
 from kvpilot.desired import labels as L
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -25,8 +26,8 @@ def lws(replicas: int = 2, ready: int = 1, updated: int = 2, created: int = 2) -
 
 
 def pod(group: int, worker: int, uid: str, revision: str = "r1", ready: bool = True) -> dict[str, Any]:
-    return {"metadata": {"uid": uid, "labels": {G.GROUP_LABEL: str(group), G.WORKER_LABEL: str(worker),
-                                                G.REVISION_LABEL: revision}},
+    return {"metadata": {"uid": uid, "labels": {LP.GROUP_LABEL: str(group), LP.WORKER_LABEL: str(worker),
+                                                LP.REVISION_LABEL: revision}},
             "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
@@ -40,13 +41,13 @@ def test_lws_state_counts_groups() -> None:
 
 
 def test_group_pod_reads_lws_labels_only() -> None:
-    assert G.group_pod(pod(1, 0, "u")) == G.GroupPod(1, 0, "u", "r1", True)
-    assert G.group_pod({"metadata": {"labels": {G.GROUP_LABEL: "x", G.WORKER_LABEL: "0"}}}) is None
-    assert G.group_pod({"metadata": {}}) is None
+    assert LP.group_pod(pod(1, 0, "u")) == LP.GroupPod(1, 0, "u", "r1", True)
+    assert LP.group_pod({"metadata": {"labels": {LP.GROUP_LABEL: "x", LP.WORKER_LABEL: "0"}}}) is None
+    assert LP.group_pod({"metadata": {}}) is None
 
 
 def status(pods: list[dict[str, Any]], previous: Any = None, **kw: int) -> Any:
-    parsed = [p for p in (G.group_pod(x) for x in pods) if p]
+    parsed = [p for p in (LP.group_pod(x) for x in pods) if p]
     return G.groups_status(G.lws_state(lws(**kw)), parsed, 2, previous, NOW)
 
 

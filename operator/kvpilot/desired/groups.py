@@ -9,18 +9,15 @@ noticed as a leader pod with a new UID under the same template revision (a rollo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from kvpilot.api.status import GroupRecreation, GroupsStatus
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.desired import labels as L
+from kvpilot.desired.lws_pods import GroupPod
 from kvpilot.desired.observed import DeploymentState
 
-GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-WORKER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 MAX_GROUPS = 1000  # serving.replicas' maximum
 
 
@@ -52,31 +49,6 @@ def lws_state(lws: dict[str, Any]) -> DeploymentState:
         image=containers[0].get("image") if isinstance(containers[0], dict) else None,
         rolling_update=(surge, unavailable) if type(surge) is int and type(unavailable) is int else None,
     )
-
-
-@dataclass(frozen=True)
-class GroupPod:
-    """One pod of a group (leader: worker index 0)."""
-
-    group: int
-    worker: int
-    uid: str
-    revision: str
-    ready: bool
-    deleting: bool = False
-
-
-def group_pod(pod: dict[str, Any]) -> GroupPod | None:
-    """A pod of a LeaderWorkerSet group, from its LWS labels; None for any other (or a malformed) pod."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    group, worker = labels.get(GROUP_LABEL), labels.get(WORKER_LABEL)
-    if not (isinstance(group, str) and group.isdigit() and isinstance(worker, str) and worker.isdigit()):
-        return None
-    conds = (pod.get("status") or {}).get("conditions") or []
-    ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-    return GroupPod(int(group), int(worker), str(meta.get("uid", "")), str(labels.get(REVISION_LABEL, "")), ready,
-                    bool(meta.get("deletionTimestamp")))
 
 
 def _recreated(previous: tuple[str, ...], leaders: list[str]) -> int | None:

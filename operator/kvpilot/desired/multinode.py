@@ -36,8 +36,6 @@ from kvpilot.trtllm.serve import ServedEngine
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-LWS_WORKER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 WORKER_COMPONENT = "worker"
 WORKER_GRACE_SECONDS = 30
 # sshd as root: privilege separation chroots and changes user (the rest of ALL stays dropped).

@@ -55,6 +55,9 @@ class ChildWriter:
         self.wait_seconds = wait_seconds
         # Build Jobs being created right now, by (namespace, name): the engines sharing one join this create.
         self._creating: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # Objects created once and never read back (a multi-node engine's SSH Secret): (namespace, kind, name, owner
+        # uid) of those created or found to exist by this operator process.
+        self._created_once: set[tuple[str, str, str, str]] = set()
         # Writes still in flight after their pass moved on, and the failures they ended in.
         self._in_flight: dict[WriteKey, asyncio.Task[None]] = {}
         self._late_failures: dict[WriteKey, ApiError] = {}
@@ -112,6 +115,24 @@ class ChildWriter:
         out = await self.api.strategic_patch("batch/v1", "Job", name, owner.namespace,
                                              {"metadata": {"ownerReferences": [ref]}})
         self.api.cache.upsert("Job", out)
+
+    async def create_once(self, owner: ObjectRef, obj: dict[str, Any]) -> bool:
+        """Create ``obj`` unless this process already created it or found it there (409); True when created.
+
+        For an object the operator must not read (a Secret: its RBAC is ``create`` only), so neither the watch
+        cache nor a GET can say whether it exists: one create per engine and operator start answers it. The
+        response is not cached (the cache holds no Secret)."""
+        meta = obj["metadata"]
+        key = (meta.get("namespace", owner.namespace), obj["kind"], meta["name"], owner.uid)
+        if key in self._created_once:
+            return False
+        try:
+            await self.api.create(obj)
+            created = True
+        except Conflict:
+            created = False
+        self._created_once.add(key)
+        return created
 
     async def write_all(self, namespace: str, writes: list[Write]) -> list[tuple[str, ApiError]]:
         """Send a pass's writes at once; return the failures among those that ended within ``wait_seconds``, and
