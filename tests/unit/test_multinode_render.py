@@ -22,29 +22,27 @@ from kvpilot.cli import _BlockStyleDumper, load_engines
 from kvpilot.desired import multinode, sshkeys
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Settings, plan
-from kvpilot.desired.storage import cache_claim_name
 from kvpilot.trtllm import multinode as MN
-from kvpilot.trtllm.serve import ServedEngine
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "multinode").glob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden" / "multinode"
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
 KEYS = sshkeys.SshKeys(client_seed=bytes(range(32)), host_seed=bytes(range(32, 64)))  # fixed: stable goldens
 
 
+def served_plan(engine: InferenceEngine) -> Any:
+    """The plan once the engine is built: what the operator applies for it (and creates once)."""
+    now = datetime.now(timezone.utc)
+    fp = plan(engine, Observed(claim_phase="Bound"), Settings(), now).fingerprint
+    return plan(engine, Observed(claim_phase="Bound", engine_index={fp: {"fingerprint": fp}}), Settings(), now)
+
+
 def render(engine: InferenceEngine) -> list[dict[str, Any]]:
-    """The LLM-API ConfigMap and fingerprint as the plan makes them, the serving children as multinode's."""
-    built = Observed(claim_phase="Bound")
-    fp = plan(engine, built, Settings(), datetime.now(timezone.utc)).fingerprint
-    served_plan = plan(engine, Observed(claim_phase="Bound", engine_index={fp: {"fingerprint": fp}}), Settings(),
-                       datetime.now(timezone.utc))
-    cm = next(d for d in served_plan.apply if d["kind"] == "ConfigMap")
-    b = engine.spec.build
-    served = ServedEngine(fp, b.max_batch_size, b.max_num_tokens, b.tensor_parallel_size, b.pipeline_parallel_size)
-    claim = cache_claim_name(engine.meta, engine.spec)
-    return [cm, *multinode.children(engine.meta, engine.spec, served, KEYS, image=IMAGE, claim=claim,
-                                    max_batch_size=engine.spec.batching.max_batch_size, config_map=cm)]
+    """What the operator applies for the built engine, then its SSH Secret with fixed keys (it creates it once
+    with fresh ones)."""
+    p = served_plan(engine)
+    return [d for d in p.apply if d["kind"] != "PersistentVolumeClaim"] + [
+        multinode.ssh_secret(engine.meta, engine.spec, KEYS)]
 
 
 def rendered(example: Path) -> list[dict[str, Any]]:
@@ -180,3 +178,12 @@ def test_the_build_of_a_multinode_engine_runs_on_one_node_for_every_rank() -> No
     # Both ranks' stages are converted (tp 8 x pp 2) and trtllm-build builds all 16 rank engines, as many at a
     # time as the node has GPUs (its --workers is capped by the GPUs it sees).
     assert "--tp_size 8 --pp_size 2" in script and "--workers 16" in script
+
+
+def test_the_plan_creates_the_ssh_secret_once_with_fresh_keys() -> None:
+    (engine,) = load_engines(str(EXAMPLES[0]))
+    (once,) = served_plan(engine).create_once
+    assert (once.kind, once.name) == ("Secret", "llama-405b-ssh")
+    first, second = once.render(), once.render()
+    assert first["data"][MN.PRIVATE_KEY] != second["data"][MN.PRIVATE_KEY]  # generated when created, not before
+    assert first["metadata"]["ownerReferences"][0]["name"] == "llama-405b"

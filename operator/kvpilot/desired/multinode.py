@@ -29,6 +29,8 @@ from kvpilot.api.models import InferenceEngineSpec, ObjectRef
 from kvpilot.desired import labels as L
 from kvpilot.desired import pod_parts as P
 from kvpilot.desired import serving
+from kvpilot.desired import sshkeys
+from kvpilot.desired.once import CreateOnce
 from kvpilot.desired.sshkeys import SshKeys
 from kvpilot.trtllm import multinode as MN
 from kvpilot.trtllm.serve import ServedEngine
@@ -200,25 +202,26 @@ def pod_disruption_budget(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[s
     }
 
 
-def children(
+def serving_children(
     owner: ObjectRef,
     spec: InferenceEngineSpec,
     engine: ServedEngine | None,
-    keys: SshKeys,
     *,
     image: str,
     claim: str | None,
     max_batch_size: int,
     config_map: dict[str, Any],
     rolling_update: dict[str, int] | None = None,
-) -> list[dict[str, Any]]:
-    """What a multi-node engine serves with, besides its LLM-API ConfigMap: Secret, scripts, LWS, Service, PDB."""
+) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
+    """What a multi-node engine serves with besides its LLM-API ConfigMap, to apply (scripts, LeaderWorkerSet,
+    Service, PDB), and its SSH Secret, created once with fresh keys and never read back."""
     out = [
-        ssh_secret(owner, spec, keys),
         scripts_config_map(owner, spec),
         leader_worker_set(owner, spec, engine, image=image, claim=claim, max_batch_size=max_batch_size,
                           config_map=config_map, rolling_update=rolling_update),
         serving.service(owner, spec),
     ]
     pdb = pod_disruption_budget(owner, spec)
-    return out + ([pdb] if pdb else [])
+    secret = CreateOnce("Secret", owner.namespace, ssh_secret_name(owner.name),
+                        lambda: ssh_secret(owner, spec, sshkeys.generate()))
+    return out + ([pdb] if pdb else []), (secret,)

@@ -29,6 +29,7 @@ from typing import Any
 from kvpilot import telemetry
 from kvpilot.api.models import ObjectRef
 from kvpilot.desired import labels as L
+from kvpilot.desired.once import CreateOnce
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.drift import needs_apply, with_applied_hash
 from kvpilot.k8s.errors import ApiError, Conflict
@@ -116,18 +117,18 @@ class ChildWriter:
                                              {"metadata": {"ownerReferences": [ref]}})
         self.api.cache.upsert("Job", out)
 
-    async def create_once(self, owner: ObjectRef, obj: dict[str, Any]) -> bool:
-        """Create ``obj`` unless this process already created it or found it there (409); True when created.
+    async def create_once(self, owner: ObjectRef, once: CreateOnce) -> bool:
+        """Create ``once``'s object unless this process already created it or found it there (409); True when
+        created. Rendered only then (a fresh SSH key pair costs milliseconds: not every pass).
 
         For an object the operator must not read (a Secret: its RBAC is ``create`` only), so neither the watch
         cache nor a GET can say whether it exists: one create per engine and operator start answers it. The
         response is not cached (the cache holds no Secret)."""
-        meta = obj["metadata"]
-        key = (meta.get("namespace", owner.namespace), obj["kind"], meta["name"], owner.uid)
+        key = (once.namespace, once.kind, once.name, owner.uid)
         if key in self._created_once:
             return False
         try:
-            await self.api.create(obj)
+            await self.api.create(once.render())
             created = True
         except Conflict:
             created = False
