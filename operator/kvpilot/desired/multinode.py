@@ -33,7 +33,6 @@ from kvpilot.desired import sshkeys
 from kvpilot.desired.once import CreateOnce
 from kvpilot.desired.sshkeys import SshKeys
 from kvpilot.trtllm import multinode as MN
-from kvpilot.trtllm.serve import ServedEngine
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
@@ -151,21 +150,12 @@ def _worker(template: dict[str, Any], spec: InferenceEngineSpec, owner: ObjectRe
     return worker
 
 
-def leader_worker_set(
-    owner: ObjectRef,
-    spec: InferenceEngineSpec,
-    engine: ServedEngine | None,
-    *,
-    image: str,
-    claim: str | None,
-    max_batch_size: int,
-    config_map: dict[str, Any],
-    rolling_update: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """``rolling_update``: the limits in force, in groups (desired/rollout.py); None: the spec's."""
-    base = serving.deployment(owner, spec, engine, image=image, claim=claim, max_batch_size=max_batch_size,
-                              config_map=config_map)
-    template = base["spec"]["template"]
+def leader_worker_set(owner: ObjectRef, spec: InferenceEngineSpec, deployment: dict[str, Any],
+                      rolling_update: dict[str, int] | None = None) -> dict[str, Any]:
+    """The LeaderWorkerSet serving what ``deployment`` (serving.deployment, rendered for this engine) would: its
+    pod template becomes the group's leader, and workers are derived from it. ``rolling_update``: the limits in
+    force, in groups (desired/rollout.py); None: the spec's."""
+    template = deployment["spec"]["template"]
     limits = rolling_update or {"maxSurge": spec.serving.rollout.max_surge,
                                 "maxUnavailable": spec.serving.rollout.max_unavailable}
     return {
@@ -202,26 +192,11 @@ def pod_disruption_budget(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[s
     }
 
 
-def serving_children(
-    owner: ObjectRef,
-    spec: InferenceEngineSpec,
-    engine: ServedEngine | None,
-    *,
-    image: str,
-    claim: str | None,
-    max_batch_size: int,
-    config_map: dict[str, Any],
-    rolling_update: dict[str, int] | None = None,
-) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
-    """What a multi-node engine serves with besides its LLM-API ConfigMap, to apply (scripts, LeaderWorkerSet,
-    Service, PDB), and its SSH Secret, created once with fresh keys and never read back."""
-    out = [
-        scripts_config_map(owner, spec),
-        leader_worker_set(owner, spec, engine, image=image, claim=claim, max_batch_size=max_batch_size,
-                          config_map=config_map, rolling_update=rolling_update),
-        serving.service(owner, spec),
-    ]
+def serving_children(owner: ObjectRef, spec: InferenceEngineSpec, lws: dict[str, Any],
+                     ) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
+    """What a multi-node engine serves with besides its LLM-API ConfigMap, to apply (scripts, the LeaderWorkerSet
+    ``lws``, Service, PDB), and its SSH Secret, created once with fresh keys and never read back."""
     pdb = pod_disruption_budget(owner, spec)
     secret = CreateOnce("Secret", owner.namespace, ssh_secret_name(owner.name),
                         lambda: ssh_secret(owner, spec, sshkeys.generate()))
-    return out + ([pdb] if pdb else []), (secret,)
+    return [scripts_config_map(owner, spec), lws, serving.service(owner, spec), *([pdb] if pdb else [])], (secret,)

@@ -84,14 +84,14 @@ def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch:
         return [_deployment(engine, what, cm, batch, observed), serving.service(meta, spec), *([pdb] if pdb else [])], ()
     rollout = spec.serving.rollout
     limits = rolling_update(rollout, observed.surge_room, spec.serving.replicas)  # in groups (observe/cluster.py)
-    objs, once = multinode.serving_children(meta, spec, what.served, image=what.image, claim=what.claim,
-                                            max_batch_size=batch, config_map=cm, rolling_update=limits)
-    lws = next(o for o in objs if o["kind"] == multinode.LWS_KIND)
+    dep = serving.deployment(meta, spec, what.served, image=what.image, claim=what.claim, max_batch_size=batch,
+                             config_map=cm)
+    lws = multinode.leader_worker_set(meta, spec, dep, limits)
     kept = _limits_between_rollouts(rollout.strategy, lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
                                     observed.deployment)
     if kept is not None:
         lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"].update(maxSurge=kept[0], maxUnavailable=kept[1])
-    return objs, once
+    return multinode.serving_children(meta, spec, lws)
 
 
 def _limits_between_rollouts(strategy: str, template: dict[str, Any],
