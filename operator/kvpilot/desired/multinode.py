@@ -56,13 +56,7 @@ def scripts_config_map_name(name: str) -> str:
     return f"{name}-multinode"
 
 
-def _meta(owner: ObjectRef, name: str, spec: InferenceEngineSpec, component: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": owner.namespace,
-        "labels": L.common_labels(owner.name, spec.runtime.backend, component),
-        "ownerReferences": [L.owner_reference(owner)],
-    }
+_meta = serving._meta  # the metadata every serving child carries (labels, owner)
 
 
 def ssh_secret(owner: ObjectRef, spec: InferenceEngineSpec, keys: SshKeys) -> dict[str, Any]:

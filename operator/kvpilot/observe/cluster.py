@@ -142,14 +142,11 @@ def group_surge_room(lws: dict[str, Any] | None, gpus: GpuCapacity | None, size:
     place (each pod on a node with its GPUs free), at most its replicas; the surge in force while it rolls."""
     if lws is None or gpus is None:
         return None
-    spec, st = lws.get("spec") or {}, lws.get("status") or {}
+    spec = lws.get("spec") or {}
     replicas = int(spec.get("replicas", 1) or 0)
-    rolling = (int(st.get("observedGeneration") or 0) < int((lws.get("metadata") or {}).get("generation") or 0)
-               or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
-               or int(st.get("readyReplicas") or 0) < replicas)
     limits = ((spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration")) or {}
     in_force = _surge_in_force({"strategy": {"rollingUpdate": limits}}, replicas)
-    if rolling:
+    if _rolling(lws, replicas, "readyReplicas"):  # an LWS counts ready groups (it has no availableReplicas)
         return in_force
     worker = (((spec.get("leaderWorkerTemplate") or {}).get("workerTemplate") or {}).get("spec")) or {}
     room = gpus.group_room(worker, size, max(1, replicas))
@@ -168,16 +165,22 @@ def surge_room(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> int | No
     then does not surge."""
     if dep is None or gpus is None:
         return None
-    spec, st = dep.get("spec") or {}, dep.get("status") or {}
+    spec = dep.get("spec") or {}
     replicas = int(spec.get("replicas", 1) or 0)
-    rolling = (int(st.get("observedGeneration") or 0) < int((dep.get("metadata") or {}).get("generation") or 0)
-               or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
-               or int(st.get("availableReplicas") or 0) < replicas)
     in_force = _surge_in_force(spec, replicas)
-    if rolling:
+    if _rolling(dep, replicas, "availableReplicas"):
         return in_force
     room = gpus.room(((spec.get("template") or {}).get("spec")) or {}, max(1, replicas))
     return in_force if room is None else room
+
+
+def _rolling(obj: dict[str, Any], replicas: int, serving_field: str) -> bool:
+    """Whether a Deployment (or LeaderWorkerSet) still rolls: its status lags its spec, it has replicas beyond
+    the spec's (surge), or fewer than the spec's serve (``serving_field``)."""
+    st = obj.get("status") or {}
+    return (int(st.get("observedGeneration") or 0) < int((obj.get("metadata") or {}).get("generation") or 0)
+            or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
+            or int(st.get(serving_field) or 0) < replicas)
 
 
 def _surge_in_force(spec: dict[str, Any], replicas: int) -> int:
