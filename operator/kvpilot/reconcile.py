@@ -27,6 +27,7 @@ from kvpilot.desired.observed import JobState, Observed
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.events import Event, events_between
+from kvpilot.desired.once import CreateOnce
 from kvpilot.desired.storage import engine_index_entry
 from kvpilot.k8s.api import Api
 from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
@@ -129,6 +130,10 @@ class ApplyFailed(ApiError):
         super().__init__("; ".join(f"{what}: {exc}" for what, exc in failures))
 
 
+async def _create_once(writer: ChildWriter, owner: ObjectRef, once: CreateOnce) -> None:
+    await writer.create_once(owner, once)
+
+
 def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed: Observed) -> list[Write]:
     """The writes of a pass, not yet sent: the plan's applies, the build Job (create or join) and the index entry.
 
@@ -137,6 +142,7 @@ def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed
     docs/scale.md)."""
     owner = engine.meta
     writes: list[Write] = [(f"{obj['kind']} {obj['metadata']['name']}", _apply(writer, owner, obj)) for obj in p.apply]
+    writes += [(str(once), _create_once(writer, owner, once)) for once in p.create_once]
     job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
     if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
         writes.append((f"Job {job_name}", _start_build(writer, owner, p.build_job)))

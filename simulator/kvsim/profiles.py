@@ -42,7 +42,7 @@ ACTIVATION_FIXED_BYTES = 1 << 30
 # Fitted by ``kvsim calibrate`` (kvsim.calibration.fit) to the ten H100 rows; see docs/kvsim/README.md.
 CALIBRATION = Calibration(hbm_efficiency=0.90, prefill_mfu=0.525, step_overhead_s=0.25e-3, per_sequence_s=1.25e-6)
 
-_NAME = re.compile(r"^(?P<model>.+?)-(?P<dtype>fp8|bf16|fp16)-(?P<gpu>[a-z0-9]+?)(?:-tp(?P<tp>\d+))?$")
+_NAME = re.compile(r"^(?P<model>.+?)-(?P<dtype>fp8|bf16|fp16)-(?P<gpu>[a-z0-9]+?)(?:-tp(?P<tp>\d+))?(?:-pp(?P<pp>\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class Profile:
 def _make(name: str) -> Profile:
     match = _NAME.match(name)
     if not match:
-        raise KeyError(f"profile name {name!r} must look like <model>-<dtype>-<gpu>[-tpN]")
+        raise KeyError(f"profile name {name!r} must look like <model>-<dtype>-<gpu>[-tpN][-ppN]")
     model, dtype, gpu = match["model"], match["dtype"], match["gpu"]
     if model not in MODELS:
         raise KeyError(f"profile {name!r}: unknown model {model!r}; known: {sorted(MODELS)}")
@@ -125,7 +125,8 @@ def _make(name: str) -> Profile:
         raise KeyError(f"profile {name!r}: unknown GPU {gpu!r}; known: {sorted(GPUS)}")
     if dtype == "fp8" and GPUS[gpu].fp8_flops is None:
         raise KeyError(f"profile {name!r}: GPU {gpu} has no FP8 support")
-    return Profile(name=name, model=MODELS[model], gpu=GPUS[gpu], dtype=dtype, tp=int(match["tp"] or 1))
+    return Profile(name=name, model=MODELS[model], gpu=GPUS[gpu], dtype=dtype, tp=int(match["tp"] or 1),
+                   pp=int(match["pp"] or 1))
 
 
 PROFILE_NAMES = (
@@ -139,6 +140,8 @@ PROFILE_NAMES = (
     "llama-3.1-70b-fp8-h100-tp4",
     "llama-3.1-70b-fp8-h200",
     "llama-3.1-70b-bf16-h100-tp4",
+    # Two 8-GPU nodes (a LeaderWorkerSet group of 2): 810 GB of BF16 weights need 16 H100s (docs/multinode.md).
+    "llama-3.1-405b-bf16-h100-tp8-pp2",
 )
 PROFILES: dict[str, Profile] = {n: _make(n) for n in PROFILE_NAMES}
 

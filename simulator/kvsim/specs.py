@@ -78,6 +78,9 @@ GPUS: dict[str, GpuSpec] = {
 MODELS: dict[str, ModelSpec] = {
     "llama-3.1-8b": ModelSpec("llama-3.1-8b", "LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, 131072),
     "llama-3.1-70b": ModelSpec("llama-3.1-70b", "LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, 131072),
+    # meta-llama/Llama-3.1-405B config.json (the gated file itself was not read; these values agree across the
+    # public copies found): 126 layers, hidden 16384, 128 heads, 8 KV heads, MLP 53248. Served multi-node.
+    "llama-3.1-405b": ModelSpec("llama-3.1-405b", "LlamaForCausalLM", 126, 16384, 128, 8, 128, 53248, 128256, 131072),
 }
 
 # dtype name -> (bytes per linear-layer weight, bytes per KV element, TRT-LLM quant_algo, kv_cache_quant_algo)

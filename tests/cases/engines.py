@@ -72,6 +72,8 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
      "claimName"),
     ("rollout-cannot-progress", "spec.serving.rollout", {"maxSurge": 0, "maxUnavailable": 0}, "spec.serving.rollout",
      "maxSurge"),
+    ("ranks-not-whole-nodes", "spec.build.tensorParallelSize", 12, "spec.serving.gpusPerNode",
+     "build.tensorParallelSize x build.pipelineParallelSize"),
     ("prometheus-needs-url", "spec.autotune.metrics", {"source": "Prometheus"}, "spec.autotune.metrics.url", "url"),
     ("metrics-url-metadata-ip", "spec.autotune.metrics", {"source": "Prometheus", "url": "http://169.254.169.254/latest"},
      "spec.autotune.metrics.url", "cluster-local"),

@@ -17,6 +17,8 @@ NAMESPACED_NEEDS = {
     ("", "configmaps"): MANAGE,
     ("", "persistentvolumeclaims"): MANAGE,
     ("policy", "poddisruptionbudgets"): MANAGE,
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): MANAGE,  # multi-node engines
+    ("", "secrets"): frozenset({"create"}),  # their SSH keys: created once, never read
     ("", "pods"): READ,
     ("", "events"): frozenset({"create", "patch"}),
     ("events.k8s.io", "events"): frozenset({"create", "patch"}),

@@ -13,6 +13,7 @@ import threading
 import time
 
 from . import SIMULATED_SELECTOR
+from .dns import HostsTable
 from .kube import Kube, WatchExpired
 from .worker import AgentConfig, PodWorker
 
@@ -53,8 +54,9 @@ class IPAllocator:
 class Agent:
     """Keeps one PodWorker per live, scheduled, non-terminal simulated pod."""
 
-    def __init__(self, kube: Kube, cfg: AgentConfig, pod_cidr: str, selector: str = SIMULATED_SELECTOR) -> None:
-        self.kube, self.cfg, self.selector = kube, cfg, selector
+    def __init__(self, kube: Kube, cfg: AgentConfig, pod_cidr: str, selector: str = SIMULATED_SELECTOR,
+                 dns: HostsTable | None = None) -> None:
+        self.kube, self.cfg, self.selector, self.dns = kube, cfg, selector, dns
         self.ips = IPAllocator(pod_cidr)
         self.workers: dict[str, PodWorker] = {}
         self.node_ips: dict[str, str] = {}
@@ -102,6 +104,8 @@ class Agent:
         pod_ip = self.ips.claim(uid, status.get("podIP"))
         worker = PodWorker(pod, pod_ip, self._node_ip(spec["nodeName"]), self.cfg, self.kube)
         self.workers[uid] = worker
+        if self.dns is not None:
+            self.dns.add(uid, pod_ip, pod)
         log.info("%s/%s: bound to %s, pod IP %s", meta["namespace"], meta["name"], spec["nodeName"], pod_ip)
         worker.start()
 
@@ -111,6 +115,8 @@ class Agent:
         if worker is not None:
             log.info("%s: %s; stopping its worker", worker.key, why)
             worker.shutdown()
+        if self.dns is not None:
+            self.dns.remove(uid)
         self.ips.release(uid)
 
     def _relist(self) -> str:

@@ -44,6 +44,10 @@ class ImageMissing(Exception):
     """The image is not in the local store (the kubelet's ErrImageNeverPull under pullPolicy Never)."""
 
 
+# Pods of a LeaderWorkerSet (multi-node engines) always run as local processes.
+MULTINODE_LABEL = "leaderworkerset.sigs.k8s.io/name"
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Settings shared by every worker."""
@@ -314,6 +318,8 @@ class PodWorker(threading.Thread):
         """Whether this container runs from its image under podman (else as a local process)."""
         if not self.cfg.podman:
             return False
+        if MULTINODE_LABEL in (self.pod["metadata"].get("labels") or {}):
+            return False  # MPI over SSH: the sshd/mpirun stand-ins are process-runner shims (docs/testenv.md)
         image = container.get("image", "")
         if image and image_present(self.cfg.podman, image):
             return True

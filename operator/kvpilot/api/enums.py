@@ -20,6 +20,7 @@ SIMULATION_PROFILES = (
     "llama-3.1-70b-fp8-h100-tp4",
     "llama-3.1-70b-bf16-h100-tp4",
     "llama-3.1-70b-fp8-h200",
+    "llama-3.1-405b-bf16-h100-tp8-pp2",
 )
 TOKENS_PER_BLOCK_CHOICES = (2, 4, 8, 16, 32, 64, 128)
 MAX_BATCH = 16384

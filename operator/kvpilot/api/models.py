@@ -140,6 +140,7 @@ class ServingSpec:
     resources: Resources
     startup_timeout_seconds: int
     rollout: RolloutSpec
+    gpus_per_node: int = 8
     gpu_product: Optional[str] = None
     node_selector: Optional[dict[str, str]] = None
     tolerations: tuple[Toleration, ...] = ()
@@ -210,6 +211,24 @@ class InferenceEngineSpec:
         """A Job makes what serves, and serving waits for it: a TensorRT engine (tensorrt, simulated) or a prepared
         checkpoint (pytorch with an engine cache). Only pytorch without a cache serves the checkpoint directly."""
         return self.runtime.backend != "pytorch" or self.engine_cache is not None
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one replica spans: 1, or (TP x PP) / serving.gpusPerNode when its ranks exceed one node
+        (admission makes the division exact)."""
+        gpus, per_node = self.build.gpus, self.serving.gpus_per_node
+        return 1 if gpus <= per_node else gpus // per_node
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs one pod holds: every rank's, or one node's worth for a multi-node engine (its serving pods and its
+        build, which trtllm-build --workers runs over the node's GPUs for all ranks)."""
+        return min(self.build.gpus, self.serving.gpus_per_node)
+
+    @property
+    def multinode(self) -> bool:
+        """Served by a LeaderWorkerSet (a group of pods per replica) instead of a Deployment."""
+        return self.nodes_per_replica > 1
 
 
 @dataclass(frozen=True)

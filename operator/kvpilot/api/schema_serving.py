@@ -102,8 +102,9 @@ def serving_schema() -> Schema:
         "The pods that serve the engine with trtllm-serve's OpenAI-compatible API.",
         {
             "replicas": integer(
-                "Serving pods; each takes tensorParallelSize x pipelineParallelSize GPUs. Also reachable through "
-                "the scale subresource (kubectl scale, HPA, KEDA).",
+                "Serving replicas; each takes tensorParallelSize x pipelineParallelSize GPUs: one pod, or for a "
+                "multi-node engine one group of pods (see gpusPerNode). Also reachable through the scale "
+                "subresource (kubectl scale, HPA, KEDA).",
                 0,
                 1000,
                 default=1,
@@ -113,6 +114,14 @@ def serving_schema() -> Schema:
                 "on it too, because engines are GPU-specific; it is part of the fingerprint.",
                 max_length=P.LABEL_VALUE_MAX,
                 rules=(P.label_value_rule(),),
+            ),
+            "gpusPerNode": integer(
+                "GPUs one node gives the engine. An engine with more ranks (build.tensorParallelSize x "
+                "build.pipelineParallelSize) than this spans several nodes: each replica becomes a group of "
+                "ranks/gpusPerNode pods, one per node, served by a LeaderWorkerSet (docs/multinode.md).",
+                1,
+                MAX_GPUS_PER_NODE,
+                default=8,
             ),
             "port": integer("Port of the OpenAI-compatible HTTP API.", 1, 65535, default=8000),
             "resources": resources("CPU and memory of each serving pod (GPUs follow the parallel sizes)."),
@@ -152,6 +161,40 @@ def serving_schema() -> Schema:
         },
         default={},
     )
+
+
+MAX_GPUS_PER_NODE = 64
+MAX_NODES_PER_GROUP = 64  # pod names <name>-lws-<group>-<worker> must stay DNS labels (63 characters)
+_RANKS = "(self.build.tensorParallelSize * self.build.pipelineParallelSize)"
+# Spec-level rules (they read build and serving), added to SPEC_RULES in spec_schema.py.
+MULTINODE_RULES = (
+    Rule(
+        f"{_RANKS} <= self.serving.gpusPerNode || {_RANKS} % self.serving.gpusPerNode == 0",
+        "build.tensorParallelSize x build.pipelineParallelSize must be at most serving.gpusPerNode (one node) or "
+        "a multiple of it: a multi-node engine spans whole nodes, each pod holding serving.gpusPerNode ranks",
+        ".serving.gpusPerNode",
+    ),
+    Rule(
+        f"{_RANKS} <= self.serving.gpusPerNode * {MAX_NODES_PER_GROUP}",
+        f"build.tensorParallelSize x build.pipelineParallelSize must be at most {MAX_NODES_PER_GROUP} x "
+        "serving.gpusPerNode: a multi-node engine spans at most "
+        f"{MAX_NODES_PER_GROUP} nodes",
+        ".serving.gpusPerNode",
+    ),
+    Rule(
+        f"{_RANKS} <= self.serving.gpusPerNode || has(self.engineCache)",
+        "engineCache must be set for a multi-node engine (build.tensorParallelSize x build.pipelineParallelSize "
+        "above serving.gpusPerNode): the ranks on every node read the engine, or the prepared checkpoint, from "
+        "one shared volume",
+    ),
+    Rule(
+        f"{_RANKS} <= self.serving.gpusPerNode || !has(self.engineCache) || !has(self.engineCache.size) || "
+        "self.engineCache.accessMode == 'ReadWriteMany'",
+        "engineCache.accessMode must be ReadWriteMany for a multi-node engine: its pods on several nodes mount the "
+        "same cache",
+        ".engineCache.accessMode",
+    ),
+)
 
 
 def engine_cache_schema() -> Schema:

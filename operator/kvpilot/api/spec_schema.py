@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from kvpilot.api.openapi import Rule, Schema, expand_object_defaults, obj
 from kvpilot.api.schema_build import BACKEND_RULES, build_schema, model_schema, runtime_schema
-from kvpilot.api.schema_serving import autotune_schema, batching_schema, engine_cache_schema, serving_schema
+from kvpilot.api.schema_serving import (
+    MULTINODE_RULES,
+    autotune_schema,
+    batching_schema,
+    engine_cache_schema,
+    serving_schema,
+)
 
 
 SPEC_RULES = (
@@ -72,6 +78,6 @@ def spec_schema() -> Schema:
             "autotune": autotune_schema(),
         },
         required=("model",),
-        rules=SPEC_RULES,
+        rules=SPEC_RULES + MULTINODE_RULES,
     )
     return expand_object_defaults(schema)

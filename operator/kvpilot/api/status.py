@@ -167,6 +167,28 @@ class AutotuneStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupRecreation:
+    """``status.groups.lastRecreation``."""
+
+    group: int | None = None
+    at: str | None = None
+    message: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupsStatus:
+    """``status.groups``: a multi-node engine's LeaderWorkerSet groups (desired/groups.py)."""
+
+    replicas: int | None = None
+    ready: int | None = None
+    pods_per_group: int | None = None
+    ready_pods: int | None = None
+    summary: str | None = None
+    leaders: tuple[str, ...] | None = None
+    last_recreation: GroupRecreation | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineStatus:
     """The whole ``status``. Absent sections are None (an empty section is an instance with no fields set)."""
 
@@ -179,6 +201,7 @@ class EngineStatus:
     autotune: AutotuneStatus | None = None
     replicas: int | None = None
     ready_replicas: int | None = None
+    groups: GroupsStatus | None = None
     selector: str | None = None
     endpoint: str | None = None
 

@@ -154,6 +154,29 @@ def _autotune() -> Schema:
     )
 
 
+def _groups() -> Schema:
+    return obj(
+        "A multi-node engine's groups (one per replica), each a LeaderWorkerSet group of pods, one per node.",
+        {
+            "replicas": integer("Groups that exist.", 0),
+            "ready": integer("Groups whose every pod is Ready (they serve).", 0),
+            "podsPerGroup": integer("Pods (nodes) in one group: the ranks over serving.gpusPerNode.", 0),
+            "readyPods": integer("Ready pods over all groups, leaders and workers.", 0),
+            "summary": string("Ready groups / groups, for kubectl get.", 64),
+            "leaders": array("Each group's leader pod as <uid>:<template revision>, by group index (a new UID "
+                             "under the same revision: the group was recreated).", string("uid:revision.", 128), 1000),
+            "lastRecreation": obj(
+                "The last time a group was recreated as one (LeaderWorkerSet RecreateGroupOnPodRestart).",
+                {
+                    "group": integer("The group's index.", 0),
+                    "at": string("When the operator saw its new leader.", 64, fmt="date-time"),
+                    "message": string("What happened, for a person.", 1024),
+                },
+            ),
+        },
+    )
+
+
 def status_schema() -> Schema:
     """The full ``status`` schema."""
     return obj(
@@ -168,8 +191,9 @@ def status_schema() -> Schema:
             "batching": _batching(),
             "kvCache": _kv_cache(),
             "autotune": _autotune(),
-            "replicas": integer("Serving pods that exist.", 0),
-            "readyReplicas": integer("Serving pods that are ready.", 0),
+            "replicas": integer("Serving replicas that exist: pods, or groups for a multi-node engine.", 0),
+            "readyReplicas": integer("Serving replicas that are ready: pods, or groups for a multi-node engine.", 0),
+            "groups": _groups(),
             "selector": string("Label selector of the serving pods (for the scale subresource).", 1024),
             "endpoint": string("In-cluster URL of the OpenAI-compatible API.", 1024),
         },

@@ -67,7 +67,7 @@ def build_job(
         "command": ["bash", "-c"],
         "args": [script],
         "env": (P.env(spec) + P.credentials_env(spec)) or None,
-        "resources": P.resources(b.resources, b.gpus),
+        "resources": P.resources(b.resources, spec.gpus_per_pod),  # a multi-node engine builds on one node
         "volumeMounts": mounts,
         "securityContext": P.container_security_context(),
         # On failure the last log lines become the termination message: the operator copies it into the

@@ -123,7 +123,7 @@ def _degraded(ready: Condition, available: Condition, observed: Observed) -> Con
     """Something needs a person: a failed build, a missing claim, pods (or the build pod) that cannot be
     scheduled, pods that crash."""
     job = observed.job
-    pods = [p for p in observed.pods if not p.deleting]
+    pods = [p for p in (*observed.pods, *observed.workers) if not p.deleting]  # a multi-node group's workers too
     unschedulable = [p for p in pods if p.unschedulable_message]
     crashing = [p for p in pods if p.waiting_reason in CRASH_REASONS]
     waiting_pod = unschedulable[0] if unschedulable else None

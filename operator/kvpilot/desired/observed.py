@@ -12,6 +12,7 @@ from typing import Any
 
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.desired import labels as L
+from kvpilot.desired.lws_pods import GroupPod
 from kvpilot.api.status import EngineStatus
 from kvpilot.autotune.window import KvWindow
 
@@ -87,6 +88,10 @@ class Observed:
     claim_uid: str = ""  # the cache claim's UID once observed: names its build Job, validates index entries
     kv: KvWindow | None = None
     startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
+    # A multi-node engine's worker pods (its leaders are ``pods``, the ones scraped): what they wait on (GPUs, a
+    # crash) surfaces in the conditions like a serving pod's. And every pod of its groups, for status.groups.
+    workers: tuple[PodState, ...] = ()
+    group_pods: tuple[GroupPod, ...] = ()
     # How many more serving pods the free GPUs of their product would place, at most the replicas (None: not
     # observed). Read by desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
     surge_room: int | None = None

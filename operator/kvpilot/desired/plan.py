@@ -28,12 +28,14 @@ from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.desired.rollout import rolling_update
 from kvpilot.desired.tuning import tune
 from kvpilot.desired import labels as L
-from kvpilot.desired import serving
+from kvpilot.desired import multinode, serving
 from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
 from kvpilot.desired.build_job import build_job
 from kvpilot.desired.conditions import compute_conditions
 from kvpilot.desired.build import BuildDecision, decide_build, served_engine
 from kvpilot.desired.events import Event, events_between
+from kvpilot.desired.groups import groups_status
+from kvpilot.desired.once import CreateOnce
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.settings import Settings
@@ -55,6 +57,8 @@ class Plan:
     # The status dict reconcile wrote (status_dict of ``status``, stamped), which the operator's loop keeps as the
     # stored status; None from plan() itself, which writes nothing.
     written: dict[str, Any] | None = None
+    # Created when absent and never read back: a multi-node engine's SSH Secret (desired/multinode.py).
+    create_once: tuple[CreateOnce, ...] = ()
 
 
 def _deployment(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch: int,
@@ -64,13 +68,33 @@ def _deployment(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batc
     limits = rolling_update(rollout, observed.surge_room, engine.spec.serving.replicas)
     dep = serving.deployment(engine.meta, engine.spec, what.served, image=what.image, claim=what.claim,
                              max_batch_size=batch, config_map=cm, rolling_update=limits)
-    kept = _limits_between_rollouts(rollout.strategy, dep, observed.deployment)
+    kept = _limits_between_rollouts(rollout.strategy, dep["spec"]["template"], observed.deployment)
     if kept is not None:
         dep["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": kept[0], "maxUnavailable": kept[1]}
     return dep
 
 
-def _limits_between_rollouts(strategy: str, dep: dict[str, Any],
+def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch: int,
+              observed: Observed) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
+    """What serves the engine, with its Service and PodDisruptionBudget: a Deployment, or for a multi-node engine
+    a LeaderWorkerSet of groups with its scripts, and its SSH Secret to create once (desired/multinode.py)."""
+    meta, spec = engine.meta, engine.spec
+    if not spec.multinode:
+        pdb = serving.pod_disruption_budget(meta, spec)
+        return [_deployment(engine, what, cm, batch, observed), serving.service(meta, spec), *([pdb] if pdb else [])], ()
+    rollout = spec.serving.rollout
+    limits = rolling_update(rollout, observed.surge_room, spec.serving.replicas)  # in groups (observe/cluster.py)
+    dep = serving.deployment(meta, spec, what.served, image=what.image, claim=what.claim, max_batch_size=batch,
+                             config_map=cm)
+    lws = multinode.leader_worker_set(meta, spec, dep, limits)
+    kept = _limits_between_rollouts(rollout.strategy, lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
+                                    observed.deployment)
+    if kept is not None:
+        lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"].update(maxSurge=kept[0], maxUnavailable=kept[1])
+    return multinode.serving_children(meta, spec, lws)
+
+
+def _limits_between_rollouts(strategy: str, template: dict[str, Any],
                              written: DeploymentState | None) -> tuple[int, int] | None:
     """The limits to keep when ``Auto`` would only resize maxSurge (None: write the fresh ones).
 
@@ -84,8 +108,8 @@ def _limits_between_rollouts(strategy: str, dep: dict[str, Any],
         return None
     if written.rolling_update[0] < 1 or written.rolling_update[1] != 0:
         return None
-    annotations = dep["spec"]["template"]["metadata"]["annotations"]
-    containers = dep["spec"]["template"]["spec"]["containers"]
+    annotations = template["metadata"]["annotations"]  # the pod template (a multi-node group's leader's)
+    containers = template["spec"]["containers"]
     same = (written.config_hash == annotations.get(L.CONFIG_HASH_ANNOTATION)
             and written.max_batch_size == annotations.get(L.BATCH_ANNOTATION)
             and written.fingerprint == annotations.get(L.FINGERPRINT_ANNOTATION)
@@ -207,10 +231,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     if after.moved:
         cm = config_map(after.batch)
         conds, _ = conditions(after.batch, cm)
-    dep = _deployment(engine, what, cm, after.batch, observed) if what.can_serve else {}
-
-    pdb = serving.pod_disruption_budget(meta, spec) if dep else None
-    apply = [c for c in (claim_obj, cm, dep) if c] + [serving.service(meta, spec)] + ([pdb] if pdb else [])
+    workload, once = _workload(engine, what, cm, after.batch, observed) if what.can_serve else ([], ())
+    apply = [c for c in (claim_obj, cm) if c] + (workload or [serving.service(meta, spec)])
     job = None
     if build.create_job and claim is not None:
         job = build_job(meta, spec, build.fingerprint, image=image, claim=claim, ceiling=build.ceiling,
@@ -222,7 +244,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         conds.append(metrics)
     status = _status(engine, observed, now, conds, build, what, previous_batching, before, after)
     return Plan(apply, job, index, status, events_between(observed.status, status), after.decision,
-                build.fingerprint)
+                build.fingerprint, create_once=once)
 
 
 def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: list[Condition],
@@ -240,6 +262,8 @@ def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: l
                                  applied=after.applied, now=now, spec_ceiling=spec.build.max_batch_size),
         replicas=dep_state.pods if dep_state else 0,
         ready_replicas=dep_state.ready_replicas if dep_state else 0,
+        groups=groups_status(dep_state, list(observed.group_pods), spec.nodes_per_replica, observed.status.groups, now)
+        if spec.multinode else None,
         selector=L.selector_string(meta.name),
         endpoint=serving.endpoint(meta, spec),
         engine=what.info,

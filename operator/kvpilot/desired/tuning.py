@@ -22,6 +22,15 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.rollout import surge_pods_in_force
 
 DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
+# A multi-node engine restarts a whole group: every pod starts, the leader waits for its workers, every rank loads
+# its shard. An assumption (no real multi-node start could be measured): twice a pod's, until a group is measured.
+DEFAULT_GROUP_RESTART_SECONDS = 2 * DEFAULT_RESTART_SECONDS
+
+
+def restart_seconds(spec: InferenceEngineSpec, observed: Observed) -> float:
+    """What one restart costs: the measured start-to-Ready of a serving pod (a multi-node group's leader, which
+    is Ready only when its whole group serves), else the assumption for the engine's shape."""
+    return observed.startup_seconds or (DEFAULT_GROUP_RESTART_SECONDS if spec.multinode else DEFAULT_RESTART_SECONDS)
 DEFAULT_BUILD_SECONDS = 1200.0  # until a build has been measured
 
 
@@ -65,7 +74,7 @@ def tune(
             expected_pods=replicas,
             cost=ChangeCost(
                 replicas=replicas,
-                restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+                restart_seconds=restart_seconds(spec, observed),
                 build_seconds=last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
                 surge=surge > 0,
             ),
@@ -82,7 +91,7 @@ def tune(
 def what_if_model(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
     """The kvsim model of the served engine at ``ceiling``, with the restart cost and rollout observed."""
     surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
-    return engine_model(spec, ceiling, restart_seconds=observed.startup_seconds or DEFAULT_RESTART_SECONDS,
+    return engine_model(spec, ceiling, restart_seconds=restart_seconds(spec, observed),
                         surge_pods=surge)
 
 

@@ -52,6 +52,9 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("v1", "Service", "services", keep_spec=True),
     ChildKind("v1", "ConfigMap", "configmaps", keep_spec=True),
     ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", keep_spec=True),
+    # Multi-node engines (desired/multinode.py). Where the LWS CRD is not installed its watch lists as empty
+    # (k8s/informer.py), so the cache still syncs.
+    ChildKind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", keep_spec=True),
     # Claims named by the user carry no kvpilot label: watch them all (a namespace holds few).
     ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", keep_spec=True, managed_only=False),
 )

@@ -12,7 +12,8 @@ It is a conservative estimate, not the scheduler: it checks the node's labels ag
 free GPUs; it does not model node affinity, CPU or memory, or topology, nor pods still Pending (unbound), nor
 other engines that read the same free GPUs for rollouts at the same moment. A wrong "yes" costs Pending surge
 pods until GPUs free up or the rollout's deadline (maxUnavailable is 0, so the last good pods keep serving);
-a wrong "no" costs capacity during a restart, as a cluster without a spare GPU would.
+a wrong "no" costs capacity during a restart, as a cluster without a spare GPU would. A multi-node engine asks
+``group_room``: a surge group needs ``size`` such pods at once, node by node.
 """
 
 from __future__ import annotations
@@ -164,3 +165,12 @@ class GpuCapacity:
             if all(tolerates(tolerations, taint) for taint in node.taints):
                 placed += most if want <= 0 else self.free(name) // want
         return min(placed, most)
+
+    def group_room(self, template_spec: dict[str, Any], size: int, most: int) -> int | None:
+        """How many more groups of ``size`` pods of this template (at most ``most``) the free GPUs would place:
+        a multi-node engine's surge is sized in groups, each needing ``size`` pods with their GPUs on one node
+        each (one node per pod when a pod takes a node's GPUs, as gpusPerNode makes it). None: not known yet."""
+        if size < 1:
+            return 0
+        slots = self.room(template_spec, most * size)
+        return None if slots is None else slots // size

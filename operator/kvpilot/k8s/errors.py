@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic.exceptions import DynamicApiError
+from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
 
@@ -47,6 +47,8 @@ def convert(exc: BaseException) -> BaseException:
         message = _reason(exc)
         mapping: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 403: Forbidden, 422: Invalid}
         return mapping.get(int(status), Transient)(f"HTTP {status}: {message}")
+    if isinstance(exc, ResourceNotFoundError):  # discovery: a kind this cluster does not serve (a CRD missing)
+        return NotFound(f"the API server does not serve it (is its CRD installed?): {exc}")
     if isinstance(exc, (HTTPError, ConnectionError, TimeoutError)):
         return Transient(str(exc))
     return exc

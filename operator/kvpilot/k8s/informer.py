@@ -49,6 +49,7 @@ READ_IDLE_S = WATCH_TIMEOUT_S + 10
 CONNECT_TIMEOUT_S = 10
 LIST_READ_TIMEOUT_S = 120
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=kvpilot"
+ABSENT_RECHECK_SECONDS = 60.0  # how often a kind whose API is not served (a missing CRD) is listed again
 
 # (kind, items) after a list; (kind, event type, object) for a watch event.
 OnList = Callable[[str, list[dict[str, Any]]], None]
@@ -156,6 +157,8 @@ class Informer:
             "GET", self.path, query_params=query, header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"])
         resp = self.api_client.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        if resp.status == 404:  # the kind's API is not served: its CRD (LeaderWorkerSet) is not installed
+            raise _Absent(f"GET {self.path}: HTTP 404")
         if resp.status == 410:
             raise _Relist(f"GET {self.path}: HTTP 410 Gone")
         if resp.status != 200:
@@ -219,14 +222,26 @@ class Informer:
             log.info("Watch of %s is back", self.kind.plural)
 
     def _run(self) -> None:
+        absent = False
         while not self.stopped.is_set():
             try:
                 if not self.rv:
                     self.rv = self._list()
                     self._connected()
+                absent = False
                 self._watch()  # the server ended it (timeout): resume from the last resourceVersion
             except _Relist:
                 self.rv = ""
+            except _Absent as exc:
+                # Listed as empty, so the cache syncs and engines of the other kinds reconcile; a multi-node engine
+                # then has no LeaderWorkerSet to observe. Listed again later, in case the CRD gets installed.
+                if not absent:
+                    log.warning("%s are not served (%s): treated as none; checking again every %.0fs",
+                                self.kind.plural, exc, ABSENT_RECHECK_SECONDS)
+                    self.loop.call_soon_threadsafe(self.on_list, self.kind.kind, [])
+                absent = True
+                self.rv = ""
+                self.stopped.wait(ABSENT_RECHECK_SECONDS)
             except Exception as exc:  # noqa: BLE001 — a watch must outlive any one failure
                 if isinstance(exc, ServerRefused) and exc.relist:
                     self.rv = ""
@@ -239,4 +254,8 @@ class Informer:
 
 
 class _Relist(Exception):
+    pass
+
+
+class _Absent(Exception):
     pass

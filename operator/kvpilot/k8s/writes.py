@@ -29,6 +29,7 @@ from typing import Any
 from kvpilot import telemetry
 from kvpilot.api.models import ObjectRef
 from kvpilot.desired import labels as L
+from kvpilot.desired.once import CreateOnce
 from kvpilot.k8s.api import Api
 from kvpilot.k8s.drift import needs_apply, with_applied_hash
 from kvpilot.k8s.errors import ApiError, Conflict
@@ -62,6 +63,9 @@ class ChildWriter:
         self.wait_seconds = wait_seconds
         # Build Jobs being created right now, by (namespace, name): the engines sharing one join this create.
         self._creating: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # Objects created once and never read back (a multi-node engine's SSH Secret): (namespace, kind, name, owner
+        # uid) of those created or found to exist by this operator process.
+        self._created_once: set[tuple[str, str, str, str]] = set()
         # Writes still in flight after their pass moved on, and the failures they ended in.
         self._in_flight: dict[WriteKey, asyncio.Task[None]] = {}
         self._late_failures: dict[WriteKey, ApiError] = {}
@@ -119,6 +123,24 @@ class ChildWriter:
         out = await self.api.strategic_patch("batch/v1", "Job", name, owner.namespace,
                                              {"metadata": {"ownerReferences": [ref]}})
         self.api.cache.upsert("Job", out)
+
+    async def create_once(self, owner: ObjectRef, once: CreateOnce) -> bool:
+        """Create ``once``'s object unless this process already created it or found it there (409); True when
+        created. Rendered only then (a fresh SSH key pair costs milliseconds: not every pass).
+
+        For an object the operator must not read (a Secret: its RBAC is ``create`` only), so neither the watch
+        cache nor a GET can say whether it exists: one create per engine and operator start answers it. The
+        response is not cached (the cache holds no Secret)."""
+        key = (once.namespace, once.kind, once.name, owner.uid)
+        if key in self._created_once:
+            return False
+        try:
+            await self.api.create(once.render())
+            created = True
+        except Conflict:
+            created = False
+        self._created_once.add(key)
+        return created
 
     async def write_all(self, namespace: str, writes: list[Write]) -> list[tuple[str, ApiError]]:
         """Send a pass's writes at once; return the failures among those that ended within ``wait_seconds``, and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.api.models import InferenceEngine
@@ -10,8 +11,13 @@ from kvpilot.api.status import EngineStatus
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import labels as L
 from kvpilot.desired.build import target_fingerprint
+from kvpilot.desired.groups import lws_state
+from kvpilot.desired.lws_pods import GroupPod, group_pod
+from kvpilot.desired.multinode import WORKER_COMPONENT, lws_name
 from kvpilot.desired.observed import (
+    DeploymentState,
     Observed,
+    PodState,
     deployment_state,
     job_state,
     pod_state,
@@ -83,23 +89,68 @@ def observe_engine(
             pods = cache.pods_of_job(ns, job_obj["metadata"]["name"])
             waiting = [m for p in pods if (m := pod_state(p).unschedulable_message)]
             job = job_state(job_obj, termination_message(pods), waiting[0] if waiting else None)
-    dep = cache.get("Deployment", ns, L.deployment_name(meta.name))
-    selector = L.server_selector(meta.name)
-    pods = [p for p in cache.owned("Pod", ns, meta.name)
-            if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
-    pod_states = tuple(pod_state(p) for p in pods)
+    owned = cache.owned("Pod", ns, meta.name)
+    pod_states = tuple(pod_state(p) for p in owned if _component(p) == "server")  # the ones that serve
+    serving = _multinode(cache, engine, owned, gpus) if spec.multinode else _single(cache, engine, gpus)
     return Observed(
         status=typed_status,
         engine_index=index,
         job=job,
-        deployment=deployment_state(dep) if dep else None,
+        deployment=serving.deployment,
         pods=pod_states,
         claim_phase=claim_phase,
         claim_uid=claim_uid,
         kv=kv,
         startup_seconds=startup_seconds(pod_states),
-        surge_room=surge_room(dep, gpus),
+        surge_room=serving.surge_room,
+        workers=serving.workers,
+        group_pods=serving.group_pods,
     )
+
+
+def _component(pod: dict[str, Any]) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(L.COMPONENT_LABEL)
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """What serves the engine: its Deployment, or its LeaderWorkerSet counted in groups, and their pods."""
+
+    deployment: DeploymentState | None
+    surge_room: int | None
+    workers: tuple[PodState, ...] = ()
+    group_pods: tuple[GroupPod, ...] = ()
+
+
+def _single(cache: ChildCache, engine: InferenceEngine, gpus: GpuCapacity | None) -> _Serving:
+    dep = cache.get("Deployment", engine.meta.namespace, L.deployment_name(engine.meta.name))
+    return _Serving(deployment_state(dep) if dep else None, surge_room(dep, gpus))
+
+
+def _multinode(cache: ChildCache, engine: InferenceEngine, owned: list[dict[str, Any]],
+               gpus: GpuCapacity | None) -> _Serving:
+    """A multi-node engine: the LeaderWorkerSet as a DeploymentState of groups, its workers, its group pods."""
+    lws = cache.get("LeaderWorkerSet", engine.meta.namespace, lws_name(engine.meta.name))
+    workers = tuple(pod_state(p) for p in owned if _component(p) == WORKER_COMPONENT)
+    group_pods = tuple(g for p in owned if (g := group_pod(p)) is not None)
+    return _Serving(lws_state(lws) if lws else None, group_surge_room(lws, gpus, engine.spec.nodes_per_replica),
+                    workers, group_pods)
+
+
+def group_surge_room(lws: dict[str, Any] | None, gpus: GpuCapacity | None, size: int) -> int | None:
+    """``surge_room`` in groups, for a LeaderWorkerSet: how many more groups of ``size`` pods the free GPUs would
+    place (each pod on a node with its GPUs free), at most its replicas; the surge in force while it rolls."""
+    if lws is None or gpus is None:
+        return None
+    spec = lws.get("spec") or {}
+    replicas = int(spec.get("replicas", 1) or 0)
+    limits = ((spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration")) or {}
+    in_force = _surge_in_force({"strategy": {"rollingUpdate": limits}}, replicas)
+    if _rolling(lws, replicas, "readyReplicas"):  # an LWS counts ready groups (it has no availableReplicas)
+        return in_force
+    worker = (((spec.get("leaderWorkerTemplate") or {}).get("workerTemplate") or {}).get("spec")) or {}
+    room = gpus.group_room(worker, size, max(1, replicas))
+    return in_force if room is None else room
 
 
 def surge_room(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> int | None:
@@ -114,16 +165,22 @@ def surge_room(dep: dict[str, Any] | None, gpus: GpuCapacity | None) -> int | No
     then does not surge."""
     if dep is None or gpus is None:
         return None
-    spec, st = dep.get("spec") or {}, dep.get("status") or {}
+    spec = dep.get("spec") or {}
     replicas = int(spec.get("replicas", 1) or 0)
-    rolling = (int(st.get("observedGeneration") or 0) < int((dep.get("metadata") or {}).get("generation") or 0)
-               or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
-               or int(st.get("availableReplicas") or 0) < replicas)
     in_force = _surge_in_force(spec, replicas)
-    if rolling:
+    if _rolling(dep, replicas, "availableReplicas"):
         return in_force
     room = gpus.room(((spec.get("template") or {}).get("spec")) or {}, max(1, replicas))
     return in_force if room is None else room
+
+
+def _rolling(obj: dict[str, Any], replicas: int, serving_field: str) -> bool:
+    """Whether a Deployment (or LeaderWorkerSet) still rolls: its status lags its spec, it has replicas beyond
+    the spec's (surge), or fewer than the spec's serve (``serving_field``)."""
+    st = obj.get("status") or {}
+    return (int(st.get("observedGeneration") or 0) < int((obj.get("metadata") or {}).get("generation") or 0)
+            or int(st.get("updatedReplicas") or 0) < replicas or int(st.get("replicas") or 0) > replicas
+            or int(st.get(serving_field) or 0) < replicas)
 
 
 def _surge_in_force(spec: dict[str, Any], replicas: int) -> int:
