@@ -130,7 +130,9 @@ def test_refusal_exits_one_and_startup_refuses_connections(engine_dir):
     port = free_port()
     slow = subprocess.Popen([KVSIM, "trtllm-serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1",
                              "--port", str(port), "--max_batch_size", "16"],
-                            env={**os.environ, "KVSIM_PROFILE": "llama-3.1-8b-fp8-h100", "KVSIM_STARTUP_SECONDS": "2"},
+                            # x100: the simulated download and autotuning of an HF id take well under a second
+                            env={**os.environ, "KVSIM_PROFILE": "llama-3.1-8b-fp8-h100", "KVSIM_STARTUP_SECONDS": "2",
+                                 "KVSIM_SPEEDUP": "100"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.8)
