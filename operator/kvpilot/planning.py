@@ -39,7 +39,9 @@ def model_reproduces(engine: InferenceEngine, observed: Observed) -> bool:
     ceiling = observed.status.engine.max_batch_size if observed.status.engine is not None else None
     model = what_if_model(engine.spec, ceiling if isinstance(ceiling, int) and ceiling > 0
                           else engine.spec.build.max_batch_size, observed)
-    why = model_check(model, w) if model is not None else None
+    rendered = observed.status.batching.max_batch_size if observed.status.batching is not None else None
+    why = model_check(model, w, rendered=rendered if isinstance(rendered, int) and rendered > 0 else 0,
+                      pipeline_parallel=engine.spec.build.pipeline_parallel_size) if model is not None else None
     if why is None:
         return True
     log.info("InferenceEngine %s/%s: staying put, %s: the tuner's rules decide alone",

@@ -78,20 +78,39 @@ def _ready_seconds(pod: dict) -> float | None:
     return (parse(ready["lastTransitionTime"]) - parse(started)).total_seconds()
 
 
+def _raised(ns: str, name: str, start: int) -> dict | None:
+    """The first applied Raise in status.autotune.history, once the value in force is above ``start``."""
+    status = ie(ns, name).get("status") or {}
+    if (status.get("batching") or {}).get("maxBatchSize", 0) <= start:
+        return None
+    return next((h for h in reversed((status.get("autotune") or {}).get("history") or [])
+                 if h.get("applied") and h.get("action") == "Raise"), None)
+
+
 @pytest.mark.xfail(not _kvsim_plays(PYTORCH_RELEASE), run=False, reason="kvsim does not play 1.4 yet (kvsim branch)")
-def test_a_simulated_pytorch_engine_prepares_once_then_serves_read_only(ns: str) -> None:
+def test_a_simulated_pytorch_engine_prepares_once_serves_read_only_and_retunes(ns: str) -> None:
     """kvsim playing 1.4's PyTorch backend: the prepare Job (kvsim prepare, then a real warm-up of kvsim's
-    trtllm-serve on the staged checkpoint) publishes once; the pods serve it from a read-only mount with the
-    warm-up cache copied beside them; re-applying, or a second engine with the same inputs, prepares nothing."""
+    trtllm-serve on the staged checkpoint, which fills the autotuner cache) publishes once; the pods serve it from
+    a read-only mount with the warm-up cache copied beside them; under load the tuner (mode Auto, no latency
+    objective) raises on PyTorch's own signals -- numActiveRequests at the limit, numQueuedRequests waiting, the
+    maxBatchSize* fields 0 -- and the pods roll without a second prepare; re-applying, or a second engine with the
+    same inputs, prepares nothing."""
+    import asyncio
     import time
 
+    from hack import closedloop
     from hack.testenv import cluster
     from tests.e2e.test_simulated import jobs
 
     started = time.monotonic()
-    simulation = {"profile": "llama-3.1-8b-fp8-h100", "speedupRatio": 10, "backend": "pytorch"}
+    start = 4
+    # Real time (speedup 1): the load below overloads 4 slots ~2x with few requests a second (a light client).
+    simulation = {"profile": "llama-3.1-8b-fp8-h100", "speedupRatio": 1, "backend": "pytorch"}
     env = [{"name": "KVSIM_TRTLLM_RELEASE", "value": PYTORCH_RELEASE}]
-    doc = sim_engine(ns, "pt", runtime__simulation=simulation, runtime__env=env)
+    tuning = {"mode": "Auto", "minBatchSize": start, "maxBatchSize": 64, "intervalSeconds": 5, "cooldownSeconds": 15,
+              "warmupSeconds": 0}
+    doc = sim_engine(ns, "pt", runtime__simulation=simulation, runtime__env=env, batching={"maxBatchSize": start},
+                     autotune=tuning)
     apply(doc)
     kubectl("wait", "--for=condition=Available", "ie/pt", "-n", ns, "--timeout=180s")
     engine = ie(ns, "pt")["status"]
@@ -107,12 +126,13 @@ def test_a_simulated_pytorch_engine_prepares_once_then_serves_read_only(ns: str)
     assert "kvsim prepare: wrote" in log and "warm-up served /health after" in log, log[-2000:]
     published = cluster.testenv_dir() / "volumes" / ns / "engines" / fp
     assert json.loads((published / "kvpilot-engine.json").read_text())["kind"] == "prepared"
-    assert json.loads((published / "warmup" / "autotuner.json").read_text())["rank_0"] == {}
+    tuned = json.loads((published / "warmup" / "autotuner.json").read_text())["rank_0"]  # filled by the warm-up
+    assert tuned and all("kvsim::warmup" in key for key in tuned)
     assert not list((published.parent / ".staging").iterdir())
 
     options = yaml.safe_load((get("configmap", "pt-llm-api", ns) or {})["data"]["llm-api.yaml"])
     assert "dynamic_batch_config" not in options["scheduler_config"]
-    assert options["cuda_graph_config"] == {"max_batch_size": options["max_batch_size"], "enable_padding": True}
+    assert options["cuda_graph_config"] == {"max_batch_size": start, "enable_padding": True}
     pods = json.loads(kubectl("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=server", "-o", "json"))
     (pod,) = pods["items"]
     server = pod["spec"]["containers"][0]
@@ -123,8 +143,37 @@ def test_a_simulated_pytorch_engine_prepares_once_then_serves_read_only(ns: str)
     (ip,) = ready_pod_ips(ns)
     status, body = http(f"http://{ip}:8000/v1/completions", {"model": "pt", "prompt": "Hello", "max_tokens": 8})
     assert status == 200, body
+    status, body = http(f"http://{ip}:8000/metrics")  # PyTorch's shape: the cap, no batch size (drains a sample)
+    assert status == 200 and all(s["maxBatchSizeRuntime"] == 0 and s["maxNumActiveRequests"] == start
+                                 for s in json.loads(body))
+    served_log = cluster.testenv_dir() / "logs" / "pods" / ns / pod["metadata"]["name"] / f"{server['name']}.log"
+    assert "0 token buckets tuned" in served_log.read_text()  # the pod loaded the prepared cache: nothing to tune
     print(f"pytorch e2e: prepare Job + first pod Ready after {time.monotonic() - started:.1f} s; pod start to "
           f"Ready {_ready_seconds(pod)} s")
+
+    # Retune: more requests than 4 slots hold. No objective is set, so the evidence is the queue beside a full
+    # batch, read from numActiveRequests / numQueuedRequests (maxBatchSizeRuntime reads 0 on PyTorch).
+    loaded = time.monotonic()
+    stats = closedloop.LoadStats()
+
+    async def drive() -> None:
+        with closedloop.service_gateway(ns, "pt") as gateway:
+            await closedloop.generate_load(gateway.endpoints, rate=12, seconds=120, prompt_words=100,
+                                           max_tokens=100, stats=stats,
+                                           stop=lambda: _raised(ns, "pt", start) is not None)
+
+    asyncio.run(drive())
+    raise_ = wait_for(lambda: _raised(ns, "pt", start), 30, "an applied Raise")
+    assert raise_["reason"] == "QueueWithHeadroom" and raise_["fromBatchSize"] == start, raise_
+    assert f"the batch is full ({start}/{start})" in raise_["message"] and "requests wait on average" in raise_["message"]
+    assert "CUDA graphs +" in raise_["message"]  # the change's cost counts the graphs the raise captures
+    kubectl("wait", "--for=condition=Progressing=False", "ie/pt", "-n", ns, "--timeout=120s")
+    target = ie(ns, "pt")["status"]["batching"]["maxBatchSize"]
+    options = yaml.safe_load((get("configmap", "pt-llm-api", ns) or {})["data"]["llm-api.yaml"])
+    assert options["max_batch_size"] == target and options["cuda_graph_config"]["max_batch_size"] == target
+    assert [j["metadata"]["name"] for j in jobs(ns)] == [job["metadata"]["name"]]  # a retune prepares nothing
+    print(f"pytorch e2e: raised {start} -> {target} and rolled out {time.monotonic() - loaded:.1f} s after the load "
+          f"began ({stats.sent} requests sent, {stats.errors} failed): {raise_['message']}")
 
     apply(doc)  # the same manifest again: nothing prepares again
     second = sim_engine(ns, "pt2", runtime__simulation=simulation, runtime__env=env)

@@ -43,6 +43,10 @@ def args(engine_dir, tmp_path, yaml_text: str | None = None, *extra: str):
 def test_default_release_is_what_the_image_stands_for() -> None:
     assert release(None).name == "1.2.0"
     assert release("1.2.0rc2").name == "1.2.0" and release("1.3.0rc7").name == "1.3" and release("1.2").name == "1.2.0"
+    # 1.3 is the row name (rc5-rc20); the version 1.3.0 is the final release, after rc20: no TensorRT backend
+    assert release("1.3").version == "1.3.0rc20" and release("1.3.0rc20").name == "1.3"
+    for later in ("1.3.0", "1.3.1", "1.3.1rc0", "1.3.0rc21"):
+        assert release(later).name == "1.3.0rc21" and not release(later).tensorrt_backend and release(later).version == later
     for bad in ("", "two", "9.9.9", "1.2.0; rm -rf /"):
         with pytest.raises(ValueError, match="KVSIM_TRTLLM_RELEASE"):
             release(bad or "x")
@@ -112,6 +116,6 @@ def test_the_engine_records_the_release_kvsim_plays(tmp_path, monkeypatch) -> No
     checkpoint_main(["--profile", "llama-3.1-8b-fp8-h100", "--output_dir", str(tmp_path / "ckpt")])
     monkeypatch.setenv("KVSIM_TRTLLM_RELEASE", "1.3")
     assert build_main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "e")]) == 0
-    assert json.loads((tmp_path / "e" / "config.json").read_text())["version"] == "1.3.0"
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["version"] == "1.3.0rc20"  # the 1.3 row (rc5-rc20) reports its last rc
     monkeypatch.setenv("KVSIM_TRTLLM_RELEASE", "nope")
     assert build_main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "f")]) == 1

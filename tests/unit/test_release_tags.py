@@ -63,7 +63,7 @@ def _kvsim_cases() -> list:
     them (kvsim's release table grows on the kvsim branch)."""
     from kvsim.trtllm.releases import RELEASES
 
-    names = ["1.2.0", "1.2.0rc2", "1.2.1", "1.3", "1.3.0", "1.3.1", "1.3.0rc7", "1.3.0rc20", "1.3.0rc21",
+    names = ["1.2.0", "1.2.0rc2", "1.2.1", "1.3", "1.3.0", "1.3.1", "1.3.1rc0", "1.3.0rc7", "1.3.0rc20", "1.3.0rc21",
              "1.3.0rc22", "1.3.0rc29", "1.4", "1.4.0rc1"]
     out = []
     for name in names:

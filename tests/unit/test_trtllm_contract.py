@@ -180,3 +180,38 @@ def test_the_contract_check_expects_no_trtllm_build_where_the_row_removed_it() -
     assert not backend.ok and "removed" in backend.message
     assert "TrtLlmArgs" not in {f.topic for f in findings}  # gone with the backend: not a difference
     assert {f.topic: f for f in compare({**probe, "trtllmBuild": False})[1]}["TensorRT backend"].ok
+
+
+def test_the_probe_s_refusal_is_a_release_contract_condition_naming_the_image(fake_tensorrt_llm: Path) -> None:
+    """Where only the image can tell, the build Job refuses (exit 42); its message, read back from the failed
+    Job, makes EngineReady/Degraded BuildFailed and ReleaseContract BackendRemoved, each naming the image."""
+    from datetime import datetime, timezone
+
+    from kvpilot.api.status import status_dict
+    from kvpilot.desired.observed import JobState, Observed
+    from kvpilot.desired.plan import Settings, plan
+    from kvpilot.trtllm.probe import refusal_in
+
+    refused = _refuse(fake_tensorrt_llm, "1.4.0rc1", "/nonexistent")
+    ie = engine("tensorrt", runtime__image=f"{IMAGE}:custom")
+    now, settings = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc), Settings()
+    started = plan(ie, Observed(claim_phase="Bound"), settings, now)
+    assert started.build_job is not None  # the tag says nothing: the Job runs and its probe decides
+    # The pod's termination message (the refusal, then whatever the log tail adds) as the Job reports it.
+    job = JobState(name=started.build_job["metadata"]["name"], active=False, succeeded=False, failed=True,
+                   message=f"+ check that the image has the TensorRT backend\n{refused.stderr}")
+    failed = plan(ie, Observed(claim_phase="Bound", job=job, status=started.status), settings, now)
+    conds = {c["type"]: c for c in status_dict(failed.status)["conditions"]}
+    contract = conds["ReleaseContract"]
+    assert (contract["status"], contract["reason"]) == ("False", "BackendRemoved")
+    assert contract["message"].startswith(f"kvpilot: refused before anything ran: image {IMAGE}:custom is "
+                                          "TensorRT-LLM 1.4.0rc1") and "set runtime.backend: pytorch" in contract["message"]
+    for kind in ("EngineReady", "Degraded"):
+        assert conds[kind]["reason"] == "BuildFailed" and f"{IMAGE}:custom" in conds[kind]["message"]
+    # Any other failure is not a refusal: the contract says what the tag says.
+    other = plan(ie, Observed(claim_phase="Bound", job=JobState(job.name, False, False, True, message="OOM"),
+                              status=started.status), settings, now)
+    assert {c["type"]: c for c in status_dict(other.status)["conditions"]}["ReleaseContract"]["reason"] == \
+        "UnknownRelease"
+    assert refusal_in(None) is None and refusal_in("kvpilot: refused before anything ran: x\ny") == \
+        "kvpilot: refused before anything ran: x"

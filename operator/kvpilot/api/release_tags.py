@@ -11,14 +11,15 @@ over every canonical version form. No backslashes: they sit inside CEL string li
 from __future__ import annotations
 
 _RC21 = "1[.]3[.]0[.]?rc(2[1-9]|[3-9][0-9]|[1-9][0-9][0-9]+)"  # 1.3.0rc21 and later rcs
-_13_FINAL = "1[.]3([.]0)?|1[.]3[.][1-9][0-9]*([.]?rc[0-9]+)?"  # 1.3, 1.3.0, 1.3.1, 1.3.1rc0: after rc21
+_13_LATER = "1[.]3[.][1-9][0-9]*([.]?rc[0-9]+)?"  # 1.3.1, 1.3.1rc0
+_13_FINAL = f"1[.]3([.]0)?|{_13_LATER}"  # 1.3, 1.3.0, 1.3.1, 1.3.1rc0 as tags: after rc20
 _LATER = "1[.]([4-9]|[1-9][0-9]+)([.][0-9]+)?([.]?rc[0-9]+)?|([2-9]|[1-9][0-9]+)[.][0-9]+([.][0-9]+)?([.]?rc[0-9]+)?"
 _PT_VERSION = f"({_RC21}|{_13_FINAL}|{_LATER})"
 # A whole image reference whose tag (after the last ':' of the last path segment, before any '@digest') is one.
 PYTORCH_ONLY_TAG_REGEX = f"^[^@]*:v?{_PT_VERSION}([.]post[0-9]+)?([-+][^/:@]*)?(@.*)?$"
 # A bare version, as the image itself reports it (the build Job's probe reads tensorrt_llm.__version__).
 PYTORCH_ONLY_VERSION_REGEX = f"^v?{_PT_VERSION}([.]post[0-9]+)?([-+].*)?$"
-# KVSIM_TRTLLM_RELEASE: the release kvsim plays, by kvsim's names. kvsim plays a 1.3 version without an rc
-# (1.3, 1.3.0, 1.3.1) as its 1.3 row (rc5-rc20, TensorRT still there), and nothing past 1.4 is playable; so only
-# 1.3.0rc21 and later rcs, and 1.4 on, are PyTorch-only there (simulator/kvsim/trtllm/releases.py).
-PYTORCH_ONLY_KVSIM_REGEX = f"^({_RC21}|{_LATER})$"
+# KVSIM_TRTLLM_RELEASE: the release kvsim plays, by kvsim's names. Its row names are rows: ``1.3`` is kvsim's
+# rc5-rc20 row (TensorRT still there); a version is read as the tag reads it (1.3.0, 1.3.1: after rc20, PyTorch
+# only); nothing with a v, .postN or -suffix is playable (simulator/kvsim/trtllm/releases.py).
+PYTORCH_ONLY_KVSIM_REGEX = f"^({_RC21}|1[.]3[.]0|{_13_LATER}|{_LATER})$"

@@ -6,34 +6,97 @@ simulation; the what-if in ``whatif.py`` checks their verdict where a kvsim mode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvpilot.autotune.constants import LOWER_MARGIN, MAX_RAISE_FACTOR, PLANNING_HORIZON_SECONDS, SEVERE_MISSES
 from kvpilot.autotune.inputs import ChangeCost
 from kvpilot.autotune.signals import load as load_of
 from kvpilot.autotune.window import KvWindow
+from kvpilot.trtllm.cuda_graphs import captured_batch_sizes
+
+# What capturing CUDA graphs costs a PyTorch pod at start, before its KV pool is carved. Stated assumptions, not
+# measurements: kvsim's (simulator/kvsim/cuda_graphs.py: 0.1 s and 2 MiB per captured size, and a pool holding the
+# largest captured batch's decode activations and FP32 logits), expressed in KV-cache tokens of Llama-3.1-8B with
+# an FP8 cache (64 KiB a token: ~9.4 tokens of activations and logits per sequence, 32 per graph's 2 MiB) so the
+# tuner needs no model figures; a model with more KV per token pays fewer tokens. tests/unit/test_graph_costs.py
+# holds them to kvsim's figures.
+CAPTURE_SECONDS_PER_GRAPH = 0.1
+GRAPH_KV_TOKENS = 32.0
+GRAPH_POOL_KV_TOKENS_PER_SEQUENCE = 10.0
+
+
+@dataclass(frozen=True)
+class GraphDelta:
+    """What moving the limit changes in the CUDA graphs a pod captures (the PyTorch backend; zero elsewhere):
+    graphs added (negative: dropped), the start-up seconds they add, and the KV-cache tokens the graph memory
+    takes from the pool."""
+
+    graphs: int = 0
+    seconds: float = 0.0
+    kv_tokens: float = 0.0
+
+    def note(self) -> str:
+        """The delta as a decision message reads it ('' when nothing changes)."""
+        if not self.graphs and not self.kv_tokens:
+            return ""
+        return (f"; CUDA graphs {self.graphs:+d} ({self.seconds:+.1f}s start-up, {self.kv_tokens:+.0f} KV tokens "
+                f"of graph memory)")
+
+
+def _graph_footprint(sizes: tuple[int, ...]) -> tuple[float, float]:
+    """(capture seconds, KV tokens of graph memory) of capturing ``sizes``."""
+    if not sizes:
+        return 0.0, 0.0
+    return (len(sizes) * CAPTURE_SECONDS_PER_GRAPH,
+            len(sizes) * GRAPH_KV_TOKENS + max(sizes) * GRAPH_POOL_KV_TOKENS_PER_SEQUENCE)
+
+
+def graph_delta(cost: ChangeCost, current: int, target: int) -> GraphDelta:
+    """The CUDA graphs a pod captures at ``target`` against those at ``current``, as kvpilot renders them."""
+    if cost.graph_max_num_tokens <= 0 or current <= 0 or target <= 0:
+        return GraphDelta()
+    before = captured_batch_sizes(current, cost.graph_max_num_tokens)
+    after = captured_batch_sizes(target, cost.graph_max_num_tokens)
+    (s0, t0), (s1, t1) = _graph_footprint(before), _graph_footprint(after)
+    return GraphDelta(len(after) - len(before), s1 - s0, t1 - t0)
+
+
+def change_restart_seconds(cost: ChangeCost, current: int, target: int) -> float:
+    """A pod's start-to-Ready after the change: the measured one (which includes capturing today's graphs) plus
+    the capture time of the graphs ``target`` adds (less, of those it drops)."""
+    return max(0.0, cost.restart_seconds + graph_delta(cost, current, target).seconds)
 
 
 def worth_a_restart(cost: ChangeCost, current: int, w: KvWindow, misses: float, target: int,
                     horizon: float = PLANNING_HORIZON_SECONDS) -> tuple[bool, str]:
     """Misses avoided over the planning horizon against the misses a rolling restart adds (a fluid model).
 
-    Restarting one of N pods takes 1/N of the capacity away for ``restart_seconds``, one pod after another.
+    Restarting one of N pods takes 1/N of the capacity away for the restart, one pod after another.
     Traffic the others cannot absorb piles up as a backlog, which the new, larger capacity must then drain;
     requests arriving until it has drained wait too long. Capacity is assumed to grow at most in proportion
-    to the limit (decode is memory-bound), so the estimate of the drain is optimistic only within x2."""
+    to the limit (decode is memory-bound), so the estimate of the drain is optimistic only within x2.
+
+    On the PyTorch backend the raise also captures more CUDA graphs (``graph_delta``): the restart takes their
+    capture time longer, and the capacity gained shrinks by the share of the KV pool their memory takes (read
+    as if the pool bound, the prudent side)."""
     if misses >= SEVERE_MISSES:
         return True, f"{misses:.0%} of requests already miss: a restart cannot make it worse for long"
     n = max(1, cost.replicas)
+    graphs = graph_delta(cost, current, target)
+    restart = change_restart_seconds(cost, current, target)
+    pool_tokens = w.max_blocks * w.tokens_per_block
+    pool_left = max(0.0, 1.0 - graphs.kv_tokens / pool_tokens) if pool_tokens > 0 and graphs.kv_tokens > 0 else 1.0
     load = 1.0 + misses if w.mean_queued >= 1 else load_of(current, w)
     growth = max(0.0, n * load - (n - 1))  # backlog growth while one pod restarts, in pod-capacities
     spent = 0.0
     if growth > 0:
-        spare = n * min(target / current, MAX_RAISE_FACTOR) - n * load
+        spare = n * min(target / current, MAX_RAISE_FACTOR) * pool_left - n * load
         if spare <= 0:
-            return False, "the new limit could not drain the backlog a restart leaves"
-        backlog = n * cost.restart_seconds * growth
-        spent = (n * cost.restart_seconds + backlog / spare) * (1.0 - misses)
+            return False, "the new limit could not drain the backlog a restart leaves" + graphs.note()
+        backlog = n * restart * growth
+        spent = (n * restart + backlog / spare) * (1.0 - misses)
     benefit = max(0.0, horizon) * misses
-    return benefit > spent, f"expected misses avoided {benefit:.0f}s vs caused {spent:.0f}s of traffic"
+    return benefit > spent, f"expected misses avoided {benefit:.0f}s vs caused {spent:.0f}s of traffic{graphs.note()}"
 
 
 def restart_cost_seconds(cost: ChangeCost, load: float) -> float:

@@ -32,6 +32,7 @@ from kvpilot.autotune.constants import SEVERE_MISSES
 from kvpilot.api.status import Action
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
+from kvpilot.autotune.signals import limit_in_force, waiting_beside_full_batch
 from kvpilot.autotune.whatif import SHED_SHARE, Engine, fit_traffic, quantized, steady_goodput
 from kvpilot.autotune.window import KvWindow
 
@@ -73,27 +74,30 @@ def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None) -> bool:
                 and w is not None and w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0)
 
 
-def model_check(model: Engine, w: KvWindow) -> str | None:
+def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_parallel: int = 1) -> str | None:
     """Why the model does not reproduce what the pods show (None: it does, or there is nothing to check).
 
     The what-if trusts the model to rank the candidates; where the pods miss their objectives while the model,
     staying put, serves nearly all the traffic within them (pods slower than their profile: another GPU clock,
     a starved host for simulated pods), its "nothing to gain" is wrong, so the rules decide alone. In a true
-    overload the model misses too and stays in charge. Runs one simulation (memoized)."""
+    overload the model misses too and stays in charge. Runs one simulation (memoized). ``rendered`` and
+    ``pipeline_parallel``: the limit kvpilot rendered (status.batching) and the engine's PP, against which the
+    limit in force and "batch full" are read where the pods report no batch size (the PyTorch backend:
+    signals.limit_in_force, signals.waiting_beside_full_batch)."""
+    limit = limit_in_force(w, rendered, pipeline_parallel)
     if w.ttft_miss_fraction is None and w.tpot_miss_fraction is None:
         # No latency histograms (1.2's TensorRT backend serves no Prometheus page): requests waiting beside a full
         # batch are the evidence the rules act on.
-        waiting = w.mean_queued >= 1 and w.runtime_batch_size > 0 and w.peak_active >= w.runtime_batch_size
-        misses = 1.0 if waiting else 0.0
+        misses = 1.0 if waiting_beside_full_batch(w, rendered, pipeline_parallel) else 0.0
     else:
         misses = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
-    if misses < MODEL_CHECK_MISSES or w.completion_rate <= 0 or w.runtime_batch_size <= 0:
+    if misses < MODEL_CHECK_MISSES or w.completion_rate <= 0 or limit <= 0:
         return None
     fit = fit_traffic(w)
     if fit is None:
         return None
     fit = quantized(fit)
-    simulated = steady_goodput(model, fit, min(w.runtime_batch_size, model.ceiling))
+    simulated = steady_goodput(model, fit, min(limit, model.ceiling))
     if simulated < MODEL_ALL_SERVED * fit.rate_per_s:
         return None  # the model sees the misses too (overload): it can rank the candidates
     return (f"the what-if model serves {simulated:.2f} of {fit.rate_per_s:.2f} req/s within the objectives where "

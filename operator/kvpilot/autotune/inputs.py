@@ -40,6 +40,10 @@ class ChangeCost:
     build_seconds: float = 1200.0  # how long an engine build takes (the last one, when known)
     # The rollout strategy in force: with surge (maxSurge >= 1, maxUnavailable 0) capacity never drops.
     surge: bool = False
+    # The PyTorch backend's max_num_tokens, which caps the CUDA graphs kvpilot renders up to the limit
+    # (trtllm/cuda_graphs.py): a change of the limit changes what a pod captures at start (autotune/costs.py
+    # graph_delta). 0: no CUDA graphs follow the limit (the TensorRT backend).
+    graph_max_num_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -113,3 +113,40 @@ def capacity_gain(w: KvWindow, cur: int, new: int) -> float:
     if a is None or b is None or a <= 0 or b <= 0:
         return new / max(1, cur)
     return (new / (a + b * new)) / (cur / (a + b * cur))
+
+
+def limit_in_force(w: KvWindow, rendered: int = 0, pipeline_parallel: int = 1) -> int:
+    """The runtime max_batch_size the pods run with, per executor; 0 when unknown.
+
+    * Where the release reports it (``maxBatchSizeRuntime``, the TensorRT backend's executor; with its in-engine
+      tuner that is the tuner's value): that.
+    * The PyTorch backend leaves the maxBatchSize* fields at 0 and reports only its cap on active requests,
+      ``maxNumActiveRequests`` = max_batch_size x PP. The limit in force is then the one kvpilot rendered
+      (``rendered``, status.batching), which that cap confirms or says nothing against; a cap that contradicts it
+      (another engine's pod, a hostile reply) is not believed over what kvpilot wrote into the pods' config.
+    * Nothing rendered known (the benchmark, a hand-made window): the cap over PP, when it divides evenly."""
+    if w.runtime_batch_size > 0:
+        return w.runtime_batch_size
+    if rendered > 0:
+        return rendered
+    pp = max(1, pipeline_parallel)
+    return w.active_limit // pp if w.active_limit > 0 and w.active_limit % pp == 0 else 0
+
+
+def waiting_beside_full_batch(w: KvWindow, rendered: int = 0, pipeline_parallel: int = 1) -> bool:
+    """Requests waited (a mean queue of one or more) while the batch was full: the evidence that the limit, not
+    the pool or the traffic, kept them waiting.
+
+    Full is judged against the pods' own limit where they report one: ``maxBatchSizeRuntime`` (TensorRT), else
+    PyTorch's ``maxNumActiveRequests`` sample by sample (requests queued in the same sample that had the batch at
+    the cap: ``full_waiting_share``), provided that cap is what kvpilot rendered (``rendered`` x PP) or nothing
+    was rendered. A cap that contradicts the rendered limit (0, a foreign pod, an absurd value) is not evidence:
+    the batch is then judged against the rendered limit, as if the pods had said nothing."""
+    if w.mean_queued < 1:
+        return False
+    if w.runtime_batch_size > 0:
+        return w.peak_active >= w.runtime_batch_size
+    pp = max(1, pipeline_parallel)
+    if w.active_limit > 0 and (rendered <= 0 or w.active_limit == rendered * pp):
+        return w.full_waiting_share > 0
+    return rendered > 0 and w.peak_active >= rendered * pp

@@ -72,6 +72,7 @@ def _iterations(samples: list[IterationSample], pods: dict[str, list[IterationSa
     peak = max(samples, key=lambda s: s.kv_utilization)
     n = len(samples)
     intercept, slope = _step_fit(samples)
+    limit = agreed_active_limit(samples)
     return KvWindow(
         samples=n,
         pods=len(pods),
@@ -95,7 +96,17 @@ def _iterations(samples: list[IterationSample], pods: dict[str, list[IterationSa
         blocks_per_request=max((s.used_blocks / s.active_requests for s in samples if s.active_requests), default=0.0),
         mean_unscheduled=sum(max(0, s.active_requests - s.scheduled_requests) for s in samples
                              if s.scheduled_requests is not None) / n,
+        active_limit=limit,
+        full_waiting_share=sum(1 for s in samples if limit and s.queued_requests > 0 and s.active_requests >= limit) / n,
     )
+
+
+def agreed_active_limit(samples: Sequence[IterationSample]) -> int:
+    """The cap on active requests the samples report (maxNumActiveRequests), when all that report one agree; 0
+    when none does (an older payload, Prometheus) or they disagree (pods on different limits, or one that is not
+    what it claims), so no single cap is in force to call a batch full against."""
+    reported = {s.max_num_active_requests for s in samples if s.max_num_active_requests > 0}
+    return reported.pop() if len(reported) == 1 else 0
 
 
 MIN_TRAFFIC_REQUESTS = 5  # fewer finished requests in a window say nothing about the traffic's lengths

@@ -42,6 +42,11 @@ class KvWindow:
     mean_generation: float = 0.0
     mean_unscheduled: float = 0.0  # active requests the capacity scheduler held back for lack of KV blocks
     blocks_per_request: float = 0.0  # the most KV blocks one active request held on average, in one sample
+    # The pods' own cap on active requests (maxNumActiveRequests: max_batch_size x PP; the PyTorch backend's only
+    # report of its limit, its maxBatchSize* fields read 0) when every sample that reports one agrees, else 0; and
+    # the share of samples in which requests were queued while the batch stood at that cap (autotune/summarize.py).
+    active_limit: int = 0
+    full_waiting_share: float = 0.0
     # Metrics payloads rejected (malformed) or samples ignored (inconsistent with the engine) in the window, and
     # the latest reason: reported in a condition so a hostile or foreign pod is visible, never a crash.
     rejected_samples: int = 0

@@ -17,6 +17,7 @@ from kvpilot.api.status import (
     Action,
     AutotuneStatus,
     BatchingStatus,
+    BuildState,
     EngineInfo,
     EngineStatus,
     KvCacheStatus,
@@ -41,6 +42,7 @@ from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.desired.contract import METRICS_VALID, metrics_condition, release_condition
+from kvpilot.trtllm.probe import refusal_in
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import Surface
 
@@ -238,7 +240,9 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         job = build_job(meta, spec, build.fingerprint, image=image, claim=claim, ceiling=build.ceiling,
                         claim_uid=observed.claim_uid)
     index = (claim, build.fingerprint, build.record_in_index) if build.record_in_index and claim else None
-    conds = [*conds, release_condition(what.image, what.surface, what.known_by, what.mismatch)]
+    refused = refusal_in(build.status.message) if build.status and build.status.state == BuildState.FAILED else None
+    conds = [*conds, release_condition(what.image, what.surface, "refused" if refused else what.known_by,
+                                       refused or what.mismatch)]
     metrics = metrics_condition(observed.kv) if spec.autotune.enabled else None
     if metrics is not None:
         conds.append(metrics)

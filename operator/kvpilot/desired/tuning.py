@@ -20,6 +20,7 @@ from kvpilot.autotune.policy import decide
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.rollout import surge_pods_in_force
+from kvpilot.trtllm.cuda_graphs import graph_token_cap
 
 DEFAULT_RESTART_SECONDS = 120.0  # until a pod restart has been measured
 # A multi-node engine restarts a whole group: every pod starts, the leader waits for its workers, every rank loads
@@ -77,6 +78,7 @@ def tune(
                 restart_seconds=restart_seconds(spec, observed),
                 build_seconds=last_build_seconds(observed.status, now) or DEFAULT_BUILD_SECONDS,
                 surge=surge > 0,
+                graph_max_num_tokens=graph_token_cap(spec),
             ),
             history=TunerHistory(
                 last_applied_at=when((observed.status.autotune or AutotuneStatus()).last_applied_at, now),

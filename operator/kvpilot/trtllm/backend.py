@@ -11,7 +11,7 @@ and in the build Job itself, whose probe reads the version inside the image (``p
 from __future__ import annotations
 
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.trtllm.surface import FINAL, NEWER, Surface, release_of_version, releases, version_key
+from kvpilot.trtllm.surface import NEWER, Surface, release_of_version, releases
 
 MIGRATION_DOC = "docs/migration-pytorch.md"
 # kvsim plays a named release: KVSIM_TRTLLM_RELEASE in the engine's runtime env, else the release the kvsim image
@@ -28,13 +28,10 @@ def kvsim_release(spec: InferenceEngineSpec) -> str:
 
 def kvsim_row(name: str) -> str:
     """The release-table row kvsim plays for ``name``, by kvsim's own rules (simulator/kvsim/trtllm/releases.py,
-    held equal by tests/unit/test_release_tags.py): a row's name is that row; a 1.3 version without an rc is kvsim's
-    1.3 row (rc5-rc20); any other version is the row its version falls in."""
+    held equal by tests/unit/test_release_tags.py): a row's name is that row (``1.3``: rc5-rc20); any version is the
+    row its version falls in, as for an image tag (``1.3.0``, the final release after rc20: PyTorch only)."""
     if name in releases():
         return name
-    key = version_key(name)
-    if key is not None and key[:2] == (1, 3) and key[3] == FINAL:
-        return "1.3"
     return release_of_version(name)
 
 

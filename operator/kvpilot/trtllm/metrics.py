@@ -49,6 +49,13 @@ class IterationSample:
     # KV blocks found in the reuse cache so far (kvCacheStats.reusedBlocks, a cumulative counter): their prompt
     # tokens were not computed, so numCtxTokens alone would read shared prompts as short ones.
     reused_blocks: int = 0
+    # The executor's cap on active requests (maxNumActiveRequests): what the PyTorch backend reports of its limit,
+    # since PyExecutor never sets the maxBatchSize* fields (they read 0). It is max_batch_size x PP
+    # (PyExecutor.max_num_active_requests = model_engine.get_max_num_sequences() = pp_size * batch_size), and the
+    # executor fetches queued requests only while numActiveRequests is below it (``_fetch_new_requests``):
+    # tensorrt_llm/_torch/pyexecutor/py_executor.py and model_engine.py, index ids 4553249729, 3542389387,
+    # 54965565749, 707893322 (no release tag confirmed). 0: not reported.
+    max_num_active_requests: int = 0
 
     @property
     def kv_utilization(self) -> float:
@@ -172,6 +179,7 @@ def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
                 ctx_tokens=_count(ifb, "numCtxTokens", ifw),
                 iteration=_count(item, "iter", where),
                 reused_blocks=_count(kv, "reusedBlocks", kvw),
+                max_num_active_requests=_count(item, "maxNumActiveRequests", where),
             )
         )
     return samples

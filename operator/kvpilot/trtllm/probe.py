@@ -17,8 +17,10 @@ from kvpilot.trtllm.backend import way_forward
 from kvpilot.trtllm.surface import metric_spellings
 
 # The build Job's exit status when the image has no TensorRT backend: the Job's podFailurePolicy fails the Job at
-# once on it (no retry can help), and the termination message says why.
+# once on it (no retry can help), and the termination message says why, starting with REFUSED_MARKER.
 REFUSED_EXIT_CODE = 42
+REFUSED_MARKER = "kvpilot: refused before anything ran: "
+MAX_REFUSAL_CHARS = 1000
 
 # Runs inside the image with its python3: standard library and tensorrt_llm only. Each fact is read on its own,
 # so one failure (an import that needs a driver) leaves the others.
@@ -107,7 +109,7 @@ removed = version is not None and re.match(regex, version) is not None
 if removed or shutil.which("trtllm-build") is None:
     why = ("is TensorRT-LLM %s, a release without the TensorRT backend" % version if removed else
            "has no trtllm-build on its PATH (TensorRT-LLM %s)" % (version or "of unknown version"))
-    message = ("kvpilot: refused before anything ran: image %s %s (TensorRT-LLM removed trtllm-build and "
+    message = ("MARKERimage %s %s (TensorRT-LLM removed trtllm-build and "
                "--backend tensorrt after 1.3.0rc20): %s" % (image, why, forward))
     sys.stderr.write(message + "\n")
     try:
@@ -123,4 +125,14 @@ def refuse_lines(image: str, spec: InferenceEngineSpec) -> list[str]:
     """Bash lines that stop a TensorRT build on an image without the TensorRT backend (exit REFUSED_EXIT_CODE)."""
     args = " ".join(shlex.quote(a) for a in (PYTORCH_ONLY_VERSION_REGEX, image, way_forward(spec),
                                                str(REFUSED_EXIT_CODE)))
-    return ["echo '+ check that the image has the TensorRT backend'", f"python3 -c {shlex.quote(REFUSE_PY)} {args}"]
+    script = REFUSE_PY.replace("MARKER", REFUSED_MARKER)
+    return ["echo '+ check that the image has the TensorRT backend'", f"python3 -c {shlex.quote(script)} {args}"]
+
+
+def refusal_in(message: str | None) -> str | None:
+    """The build Job's refusal (REFUSE_PY's line, from the failed pod's termination message) in a failed build's
+    message, None when the build failed for another reason. The message comes from a pod: bounded, first line only."""
+    if not message or REFUSED_MARKER not in message:
+        return None
+    line = message[message.index(REFUSED_MARKER):].splitlines()[0]
+    return line[:MAX_REFUSAL_CHARS]

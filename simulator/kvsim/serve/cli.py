@@ -8,6 +8,7 @@ import sys
 import time
 
 from ..perturb import PerturbationError
+from . import warmup
 from .args import parse
 from .settings import ServeError, ServeUsageError, resolve
 
@@ -64,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
          f"speedup x{settings.speedup:g}")
     if not settings.perturbation.is_identity:
         _log(f"kvsim perturbed engine (KVSIM_PERTURB): {settings.perturbation.to_text()}")
-    _log(f"Loading model {settings.model} (simulated, {settings.startup_s:g} s)")
-    time.sleep(settings.startup_s)  # bound but not listening: connections are refused, as during a real load
+    try:  # an HF id is downloaded, the model loaded, the PyTorch kernels autotuned (serve/warmup.py)
+        warmup.start(settings, os.environ, _log)
+    except warmup.AutotuneCacheError as exc:
+        print(f"[TensorRT-LLM][ERROR] {exc}", file=sys.stderr, flush=True)
+        return 1
     if graphs is not None:  # the PyTorch warm-up captures the graphs before the pool is carved (simulated time)
         _log(f"kvsim CUDA graphs for batch sizes {list(graphs.sizes)} (padding {graphs.enable_padding}): "
              f"{graphs.memory_bytes(cfg.resolved_profile) / 2**30:.2f} GiB, {graphs.capture_s:g} s to capture "

@@ -89,6 +89,7 @@ class ServeSettings:
     release: Release | None = None
     perturbation: Perturbation = Perturbation()  # KVSIM_PERTURB, already applied to engine's profile
     warnings: tuple[str, ...] = ()  # logged at startup, as TensorRT-LLM's logger.warning would
+    enable_autotuner: bool = True  # TorchLlmArgs.enable_autotuner: the kernel autotuner's warm-up (serve/warmup.py)
 
 
 def cli_llm_args(args) -> dict[str, Any]:
@@ -257,7 +258,16 @@ def resolve(args, environ: dict[str, str] | None = None) -> ServeSettings:
         startup_s=_positive_float(env, "KVSIM_STARTUP_SECONDS", 0.0, allow_zero=True),
         iter_perf_stats=bool(llm_args.get("enable_iter_perf_stats", backend == "tensorrt")),
         return_perf_metrics=bool(llm_args.get("return_perf_metrics", False)),
-        version=release.version, release=release, perturbation=perturbation, warnings=tuple(warnings))
+        version=release.version, release=release, perturbation=perturbation, warnings=tuple(warnings),
+        enable_autotuner=torch and _flag(llm_args, "enable_autotuner", True))
+
+
+def _flag(llm_args: dict[str, Any], key: str, default: bool) -> bool:
+    """A boolean LLM-API option (pydantic refuses anything else)."""
+    value = llm_args.get(key, default)
+    if not isinstance(value, bool):
+        raise ServeError(f"{key}: Input should be a valid boolean, got {str(value)[:40]!r}")
+    return value
 
 
 def _check_backend(backend: Any, cli_backend: str, release: Release) -> None:

@@ -10,7 +10,8 @@ leaves behind:
   ``export_hf_checkpoint`` writes beside a quantized checkpoint;
 - ``WARMUP_DIR/autotuner.json``: a cache in the layout of TensorRT-LLM's ``AutoTunerProfilingCache.save_cache``
   (a ``metadata`` object with ``lib_version``, ``device_name``, ``device_capability``, then one ``rank_<N>`` object
-  per rank). kvsim models no kernel tactics, so each rank's entries are empty.
+  per rank). kvsim models no kernel tactics, so each rank's entries start empty; the warm-up (kvsim's
+  trtllm-serve on the staged checkpoint, serve/warmup.py) then records the token buckets it tuned.
 
 ``KVSIM_BUILD_SECONDS`` (default 0) sleeps to mimic the prepare's time, as for kvsim's trtllm-build; failure
 injection for the operator's tests: ``KVSIM_FAIL_BUILD=<message>`` prints the message to stderr and exits 1 before
