@@ -54,7 +54,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # operator's modules still load without them. kvpilot's own benchmark (`kvpilot bench`, kvpilot/bench) goes
 # too: it runs from a source checkout or `pip install 'kvpilot[bench]'`, never in the cluster (the CLI then says
 # so; tests/unit/test_operator_image.py).
-ARG KVSIM_NOT_IN_OPERATOR="serve trtllm cli.py bench.py calibration.py claims.py plots.py perturb.py multinode.py"
+ARG KVSIM_NOT_IN_OPERATOR="serve trtllm cli.py bench.py calibration.py claims.py plots.py perturb.py multinode.py sshd.py"
 ARG KVPILOT_NOT_IN_OPERATOR="bench"
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/kvpilot \

@@ -36,13 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BANNER = b"SSH-2.0-kvsim_sshd (a kvsim stand-in, not SSH)\r\n"
+from .sshd import err, sshd
+
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 MPI_ENV_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "MPI_", "UCX_")
-
-
-def _err(prog: str, message: str) -> None:
-    print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
 
 def resolve(host: str) -> str:
@@ -54,110 +51,6 @@ def resolve(host: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return socket.gethostbyname(host)
-
-
-# ---------------------------------------------------------------- sshd
-@dataclass
-class SshdOptions:
-    port: int = 22
-    listen: str = "0.0.0.0"
-    host_keys: list[str] = field(default_factory=list)
-    authorized_keys: str = ".ssh/authorized_keys"
-
-
-SSHD_FLAGS, SSHD_WITH_ARG = set("DedqtT46"), set("pohfEcguCk")
-
-
-def parse_sshd(argv: list[str]) -> SshdOptions:
-    opts, i = SshdOptions(), 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-") or len(arg) < 2 or (arg[1] not in SSHD_FLAGS | SSHD_WITH_ARG):
-            raise ValueError(f"unknown option or argument {arg!r}")
-        if arg[1] in SSHD_FLAGS:
-            i += 1
-            continue
-        value = arg[2:] or (argv[i + 1] if i + 1 < len(argv) else None)
-        if value is None:
-            raise ValueError(f"option {arg} needs an argument")
-        i += 1 if arg[2:] else 2
-        if arg[1] == "p":
-            opts.port = int(value)
-        elif arg[1] == "h":
-            opts.host_keys.append(value)
-        elif arg[1] == "o":
-            key, _, val = value.replace("=", " ", 1).partition(" ")
-            key, val = key.lower(), val.strip()
-            if key == "listenaddress":
-                opts.listen = val
-            elif key == "port":
-                opts.port = int(val)
-            elif key == "hostkey":
-                opts.host_keys.append(val)
-            elif key == "authorizedkeysfile":
-                opts.authorized_keys = val
-    return opts
-
-
-def key_lines(path: str) -> set[str]:
-    """The ``type base64`` part of each public key line (options and comments ignored)."""
-    keys = set()
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        words = line.split()
-        for i, word in enumerate(words[:-1]):
-            if word.startswith(("ssh-", "ecdsa-", "sk-")):
-                keys.add(f"{word} {words[i + 1]}")
-                break
-    return keys
-
-
-def _serve_launch(conn: socket.socket, peer: str, authorized: set[str]) -> None:
-    """One connection: a probe (closes at once) or a launch (key, ranks) held until the job ends."""
-    try:
-        _launch(conn, peer, authorized)
-    except OSError:  # a probe that resets, a leader gone: nothing to serve
-        pass
-
-
-def _launch(conn: socket.socket, peer: str, authorized: set[str]) -> None:
-    with conn:
-        conn.sendall(BANNER)
-        stream = conn.makefile("rb")
-        first = stream.readline().decode(errors="replace").split()
-        if not first:
-            return  # a TCP probe
-        if first[0] != "KVSIM-MPI" or " ".join(first[1:3]) not in authorized:
-            conn.sendall(b"DENIED Permission denied (publickey).\n")
-            print(f"kvsim sshd: refused a launch from {peer}: key not in the authorized keys", flush=True)
-            return
-        ranks = stream.readline().decode(errors="replace").strip()
-        conn.sendall(b"OK\n")
-        print(f"kvsim sshd: {ranks} started for the launch from {peer}", flush=True)
-        while stream.read(1):
-            pass
-        print(f"kvsim sshd: {ranks} ended (the launch from {peer} closed)", flush=True)
-
-
-def sshd(argv: list[str]) -> int:
-    try:
-        opts = parse_sshd(argv)
-    except ValueError as exc:
-        _err("sshd", str(exc))
-        return 255
-    if not opts.host_keys or not all(os.access(k, os.R_OK) for k in opts.host_keys):
-        _err("sshd", f"no hostkeys available -- exiting. (looked for {opts.host_keys or 'none given'})")
-        return 1
-    try:
-        authorized = key_lines(opts.authorized_keys)
-    except OSError as exc:
-        _err("sshd", f"cannot read authorized keys {opts.authorized_keys}: {exc}")
-        return 1
-    server = socket.create_server((opts.listen, opts.port), reuse_port=False)
-    print(f"kvsim sshd: listening on {opts.listen} port {opts.port} ({len(authorized)} authorized key(s))", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    while True:
-        conn, addr = server.accept()
-        threading.Thread(target=_serve_launch, args=(conn, f"{addr[0]}:{addr[1]}", authorized), daemon=True).start()
 
 
 # ---------------------------------------------------------------- mpirun
@@ -337,10 +230,10 @@ def mpirun(argv: list[str]) -> int:
         remote = [(h, f, n) for h, f, n in placement if h not in LOCAL_NAMES]
         pubkey = _public_key(rsh.identity) if remote else ""
     except (ValueError, OSError) as exc:
-        _err("mpirun", str(exc))
+        err("mpirun", str(exc))
         return 1
     if placement[0][0] not in LOCAL_NAMES:
-        _err("mpirun", f"rank 0 must run on this node (the first host is {placement[0][0]!r}, not localhost)")
+        err("mpirun", f"rank 0 must run on this node (the first host is {placement[0][0]!r}, not localhost)")
         return 1
     lost, who, socks = threading.Event(), list[str](), list[socket.socket]()
     try:
@@ -348,7 +241,7 @@ def mpirun(argv: list[str]) -> int:
             socks.append(connect_worker(host, first, count, opts.ranks, rsh, pubkey))
             threading.Thread(target=_watch, args=(socks[-1], host, lost, who), daemon=True).start()
     except (OSError, ValueError) as exc:
-        _err("mpirun", f"{exc}\nORTE was unable to reliably start one or more daemons.")
+        err("mpirun", f"{exc}\nORTE was unable to reliably start one or more daemons.")
         return 1
     print(f"kvsim mpirun: {opts.ranks} ranks on {len(placement)} node(s): "
           + ", ".join(f"{h} {f}-{f + n - 1}" for h, f, n in placement), flush=True)
@@ -359,7 +252,7 @@ def mpirun(argv: list[str]) -> int:
     while child.poll() is None and not lost.wait(0.2):
         pass
     if child.poll() is None:
-        _err("mpirun", f"ORTE has lost communication with a remote daemon on {who[0]}: the job aborts")
+        err("mpirun", f"ORTE has lost communication with a remote daemon on {who[0]}: the job aborts")
         _stop(child)
         return 1
     for sock in socks:
@@ -380,7 +273,7 @@ def _flag(argv: list[str], names: tuple[str, ...], default: int) -> int:
 
 def llmapi_launch(argv: list[str]) -> int:
     if not argv:
-        _err("trtllm-llmapi-launch", "no command given")
+        err("trtllm-llmapi-launch", "no command given")
         return 1
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
     world = int(os.environ.get("SLURM_NTASKS") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
@@ -390,7 +283,7 @@ def llmapi_launch(argv: list[str]) -> int:
     tp = _flag(argv, ("--tp_size", "--tensor_parallel_size"), 1)
     pp = _flag(argv, ("--pp_size", "--pipeline_parallel_size"), 1)
     if tp * pp != world:
-        _err("trtllm-llmapi-launch", f"MPI world size {world} != tp_size {tp} x pp_size {pp}: the engine's mapping "
+        err("trtllm-llmapi-launch", f"MPI world size {world} != tp_size {tp} x pp_size {pp}: the engine's mapping "
              "needs one rank per GPU (mpirun -n must be tp_size x pp_size)")
         return 1
     env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_ENV_PREFIXES)}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsim import multinode as mn
+from kvsim import sshd as sshd_standin
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKvsimTestKeyOnly kvpilot@test"
 
@@ -41,12 +42,12 @@ def test_mpirun_refuses_more_ranks_than_slots_and_unknown_options() -> None:
 
 
 def test_sshd_options() -> None:
-    opts = mn.parse_sshd(["-D", "-e", "-p", "2222", "-o", "ListenAddress=127.18.0.9", "-h", "/k/host",
+    opts = sshd_standin.parse_sshd(["-D", "-e", "-p", "2222", "-o", "ListenAddress=127.18.0.9", "-h", "/k/host",
                           "-o", "AuthorizedKeysFile=/k/authorized_keys", "-o", "StrictModes=no"])
     assert (opts.port, opts.listen, opts.host_keys, opts.authorized_keys) == (
         2222, "127.18.0.9", ["/k/host"], "/k/authorized_keys")
     with pytest.raises(ValueError):
-        mn.parse_sshd(["-Z"])
+        sshd_standin.parse_sshd(["-Z"])
 
 
 def free_ip_port() -> tuple[str, int]:

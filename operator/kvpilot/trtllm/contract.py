@@ -46,6 +46,18 @@ def compare(probe: dict[str, Any], image: str = "") -> tuple[str, list[Finding]]
     version = probe.get("version") if isinstance(probe.get("version"), str) else None
     release = surfaces.release_of_version(version) if version else surfaces.release_of_image(image)
     row = surfaces.get(release)
+    out = _version_findings(probe, image, version, release)
+    out += _tensorrt_findings(probe, row)
+    out += _perf_metrics_findings(probe, row)
+    out += _args_findings(probe, row)
+    out += _scheduler_findings(probe, row)
+    out += _serve_findings(probe)
+    out += _collector_findings(probe, row)
+    return release, out
+
+
+def _version_findings(probe: dict[str, Any], image: str, version: str | None, release: str) -> list[Finding]:
+    """The version the image reports, the row it maps to, and whether its tag names the same release."""
     out: list[Finding] = []
     tag = surfaces.release_of_image(image) if image else None
     if version is None:
@@ -59,21 +71,27 @@ def compare(probe: dict[str, Any], image: str = "") -> tuple[str, list[Finding]]
         out.append(Finding(True, "version", f"{version} -> row {release}"))
     if tag is not None and version is not None and tag != release:
         out.append(Finding(False, "image tag", f"{image} names release {tag}, the image reports {version}"))
+    return out
 
-    out += _tensorrt_findings(probe, row)
+
+def _perf_metrics_findings(probe: dict[str, Any], row: surfaces.Surface) -> list[Finding]:
+    """Whether TrtLlmArgs has perf_metrics_max_requests (return_perf_metrics is safe on TensorRT only then)."""
     has = probe.get("trtLlmArgsHasPerfMetricsMaxRequests")
     if row.tensorrt_removed:
-        pass  # TrtLlmArgs is gone with the TensorRT backend (docs/source/legacy/tensorrt-backend-removal.md)
-    elif not isinstance(has, bool):
-        out.append(Finding(False, "TrtLlmArgs.perf_metrics_max_requests", "not read by the probe"))
-    else:
-        agree = has == row.trt_has_perf_metrics_max_requests
-        effect = "return_perf_metrics is safe on TensorRT" if has else \
-            "return_perf_metrics crash-loops the TensorRT backend (NVIDIA/TensorRT-LLM#9678)"
-        out.append(Finding(agree, "TrtLlmArgs.perf_metrics_max_requests",
-                           f"{'present' if has else 'absent'} ({effect}); the table says "
-                           f"{'present' if row.trt_has_perf_metrics_max_requests else 'absent'}"))
+        return []  # TrtLlmArgs is gone with the TensorRT backend (docs/source/legacy/tensorrt-backend-removal.md)
+    if not isinstance(has, bool):
+        return [Finding(False, "TrtLlmArgs.perf_metrics_max_requests", "not read by the probe")]
+    agree = has == row.trt_has_perf_metrics_max_requests
+    effect = "return_perf_metrics is safe on TensorRT" if has else \
+        "return_perf_metrics crash-loops the TensorRT backend (NVIDIA/TensorRT-LLM#9678)"
+    return [Finding(agree, "TrtLlmArgs.perf_metrics_max_requests",
+                    f"{'present' if has else 'absent'} ({effect}); the table says "
+                    f"{'present' if row.trt_has_perf_metrics_max_requests else 'absent'}")]
 
+
+def _args_findings(probe: dict[str, Any], row: surfaces.Surface) -> list[Finding]:
+    """Each backend's LLM-API args class has every key kvpilot renders for it."""
+    out: list[Finding] = []
     for key, rendered, cls in (("trtLlmArgsFields", RENDERED_TRT, "TrtLlmArgs"),
                                ("torchLlmArgsFields", RENDERED_TORCH, "TorchLlmArgs")):
         if cls == "TrtLlmArgs" and row.tensorrt_removed:
@@ -89,40 +107,49 @@ def compare(probe: dict[str, Any], image: str = "") -> tuple[str, list[Finding]]
             torch_only = sorted((row.pytorch_only_keys - {"perf_metrics_max_requests"}) & fields)
             if torch_only:
                 out.append(Finding(False, cls, f"has keys the table lists as PyTorch-only: {torch_only}"))
+    return out
 
+
+def _scheduler_findings(probe: dict[str, Any], row: surfaces.Surface) -> list[Finding]:
+    """SchedulerConfig's fields against the table's (a field the table lacks is one kvpilot never renders)."""
     sched = _strings(probe, "schedulerConfigFields")
-    if sched is not None:
-        extra, missing = sorted(sched - row.scheduler_config_keys), sorted(row.scheduler_config_keys - sched)
-        same = not extra and not missing
-        out.append(Finding(same, "SchedulerConfig", "as in the table" if same else
-                           f"image has {extra} beyond the table, lacks {missing}"))
+    if sched is None:
+        return []
+    extra, missing = sorted(sched - row.scheduler_config_keys), sorted(row.scheduler_config_keys - sched)
+    same = not extra and not missing
+    return [Finding(same, "SchedulerConfig", "as in the table" if same else
+                    f"image has {extra} beyond the table, lacks {missing}")]
 
+
+def _serve_findings(probe: dict[str, Any]) -> list[Finding]:
+    """trtllm-serve has every flag kvpilot renders; options beyond the recorded list are reported, not failed."""
     serve = _strings(probe, "serveOptions")
     if serve is None:
-        out.append(Finding(False, "trtllm-serve", "options not read by the probe"))
-    else:
-        missing = sorted(f for f in RENDERED_SERVE_FLAGS if f not in serve)
-        spec = option_lists.load("trtllm-serve")
-        known = set(spec.options) | set(spec.aliases)
-        new = sorted(serve - known - {"--help"})
-        out.append(Finding(not missing, "trtllm-serve", f"lacks rendered flags {missing}" if missing else
-                           "has every flag kvpilot renders"))
-        if new:
-            out.append(Finding(True, "trtllm-serve", f"options not in options/trtllm_serve.yaml: {new}"))
+        return [Finding(False, "trtllm-serve", "options not read by the probe")]
+    missing = sorted(f for f in RENDERED_SERVE_FLAGS if f not in serve)
+    spec = option_lists.load("trtllm-serve")
+    known = set(spec.options) | set(spec.aliases)
+    new = sorted(serve - known - {"--help"})
+    out = [Finding(not missing, "trtllm-serve", f"lacks rendered flags {missing}" if missing else
+                   "has every flag kvpilot renders")]
+    if new:
+        out.append(Finding(True, "trtllm-serve", f"options not in options/trtllm_serve.yaml: {new}"))
+    return out
 
+
+def _collector_findings(probe: dict[str, Any], row: surfaces.Surface) -> list[Finding]:
+    """The Prometheus collector's metric names against the row's."""
     names = _strings(probe, "collectorNames")
     prefix = probe.get("collectorPrefix")
     if names is None or not isinstance(prefix, str):
-        out.append(Finding(False, "collector", "metric names not read by the probe"))
-    else:
-        expected = {**row.prometheus_names, **row.prometheus_gauges}
-        absent = sorted(n for n in expected.values() if n not in names)
-        beyond = sorted(names - set(expected.values()))
-        out.append(Finding(not absent and not beyond, "collector",
-                           f"prefix {prefix!r}; " + ("as in the table" if not absent and not beyond else
-                                                     f"table names absent {absent}, image names beyond the table "
-                                                     f"{beyond}")))
-    return release, out
+        return [Finding(False, "collector", "metric names not read by the probe")]
+    expected = {**row.prometheus_names, **row.prometheus_gauges}
+    absent = sorted(n for n in expected.values() if n not in names)
+    beyond = sorted(names - set(expected.values()))
+    same = not absent and not beyond
+    return [Finding(same, "collector", f"prefix {prefix!r}; " + ("as in the table" if same else
+                                                                 f"table names absent {absent}, image names beyond "
+                                                                 f"the table {beyond}"))]
 
 
 def _tensorrt_findings(probe: dict[str, Any], row: surfaces.Surface) -> list[Finding]:
