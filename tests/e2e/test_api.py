@@ -32,6 +32,9 @@ def test_printer_columns(chart: str, ns: str) -> None:
     apply({**base("columns"), "metadata": {"name": "columns", "namespace": ns}})
     header = kubectl("get", "ie", "-n", ns).splitlines()[0].split()
     assert header == ["NAME", "READY", "BACKEND", "BATCH", "KV%", "REPLICAS", "AGE"]
+    wide = kubectl("get", "ie", "-n", ns, "-o", "wide").splitlines()[0].split()
+    assert wide == ["NAME", "READY", "BACKEND", "BATCH", "KV%", "REPLICAS", "GROUPS", "PODS/GROUP", "ENGINE", "REASON",
+                    "AGE"]
 
 
 @pytest.mark.parametrize("case", INVALID, ids=[c[0] for c in INVALID])

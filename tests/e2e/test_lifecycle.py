@@ -106,7 +106,8 @@ def test_scale_subresource(ns: str) -> None:
 
 
 def test_too_many_gpus_leave_pods_pending_with_a_reason(ns: str) -> None:
-    apply(engine(ns, build__tensorParallelSize=16))
+    # One pod asking for 16 GPUs (gpusPerNode 16 keeps it on one node): no node of the cluster has that many.
+    apply(engine(ns, build__tensorParallelSize=16, serving__gpusPerNode=16))
     def says_why() -> dict[str, Any] | None:
         degraded = condition(ie(ns), "Degraded")
         return degraded if degraded.get("reason") == "InsufficientGPU" else None

@@ -166,7 +166,8 @@ def test_a_simulated_pytorch_engine_prepares_once_serves_read_only_and_retunes(n
     raise_ = wait_for(lambda: _raised(ns, "pt", start), 30, "an applied Raise")
     assert raise_["reason"] == "QueueWithHeadroom" and raise_["fromBatchSize"] == start, raise_
     assert f"the batch is full ({start}/{start})" in raise_["message"] and "requests wait on average" in raise_["message"]
-    assert "CUDA graphs +" in raise_["message"]  # the change's cost counts the graphs the raise captures
+    if "a restart cannot make it worse" not in raise_["message"]:  # severe misses skip the pricing (load-bound)
+        assert "CUDA graphs +" in raise_["message"]  # the change's cost counts the graphs the raise captures
     kubectl("wait", "--for=condition=Progressing=False", "ie/pt", "-n", ns, "--timeout=120s")
     target = ie(ns, "pt")["status"]["batching"]["maxBatchSize"]
     options = yaml.safe_load((get("configmap", "pt-llm-api", ns) or {})["data"]["llm-api.yaml"])

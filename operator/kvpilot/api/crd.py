@@ -34,9 +34,10 @@ PRINTER_COLUMNS = [
      "description": "KV-cache pool utilization."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas",
      "description": "Ready replicas: pods, or groups of a multi-node engine."},
-    {"name": "Groups", "type": "string", "jsonPath": ".status.groups.summary",
+    # Multi-node only, so shown with -o wide: most engines are one pod, and two empty columns would crowd them.
+    {"name": "Groups", "type": "string", "jsonPath": ".status.groups.summary", "priority": 1,
      "description": "Multi-node engines: ready groups / groups."},
-    {"name": "Pods/Group", "type": "integer", "jsonPath": ".status.groups.podsPerGroup",
+    {"name": "Pods/Group", "type": "integer", "jsonPath": ".status.groups.podsPerGroup", "priority": 1,
      "description": "Multi-node engines: pods (nodes) per group."},
     {"name": "Engine", "type": "string", "jsonPath": ".status.engine.fingerprint", "priority": 1,
      "description": "Fingerprint of the engine in service."},
