@@ -15,6 +15,7 @@ import pytest
 from kvsim import Engine, Profile, Request, get_profile
 
 from kvpilot.autotune.calibrate import MAX_PODS, MAX_POOLS, EngineFit, PromptWork, WindowCheck
+from kvpilot.autotune.trust import ModelMonitor
 from kvpilot.autotune.whatif import sim_config
 from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
 
@@ -34,7 +35,7 @@ def traffic(rate: float, seconds: float, seed: int = 3) -> list[Request]:
                            arrival_s=t, request_id=len(out)))
 
 
-def serve(profile: Profile, fit: EngineFit, seconds: float = 240.0, limit: int = 64, pytorch: bool = False,
+def serve(profile: Profile, fit: EngineFit | ModelMonitor, seconds: float = 240.0, limit: int = 64, pytorch: bool = False,
           rate: float = 15.0, start: float = 0.0) -> list[WindowCheck]:
     """One kvsim pod at ``limit`` under Poisson traffic; its /metrics drained into the fit every 15 s."""
     engine = Engine(sim_config(profile, 1024, limit, "GuaranteedNoEvict"))
