@@ -110,9 +110,9 @@ def test_the_choice_within_the_simulations_noise() -> None:
     assert choose(results, stay, gains, 500.0, 64, A100) == 96  # the most TPOT margin among equals, not 512
     assert choose(results, stay, gains, 500.0, 64, A100, margin=0.06) is None  # +3.9% does not clear 6%
     assert choose(results, stay, {c: 100.0 for c in results}, 500.0, 64, A100) is None  # the restart costs more
-    # Equal margins (to the percent): the mildest step.
-    assert choose({256: run(30.0, 30.0), 512: run(30.1, 30.2)}, stay, {256: 900.0, 512: 900.0}, 500.0, 64,
-                  A100) == 256
+    # Equal margins (within 1 point): the largest, capacity to spare (the fit under-counts long outputs).
+    assert choose({128: run(30.0, 30.0), 256: run(30.1, 30.3), 512: run(30.1, 33.0)}, stay,
+                  {128: 900.0, 256: 900.0, 512: 900.0}, 500.0, 64, A100) == 256
     lowers = {32: run(10.5, 40.0), 48: run(10.4, 40.0)}
     assert choose(lowers, run(10.0, 40.0), {32: 900.0, 48: 700.0}, 500.0, 64, A100) == 48  # a lower: the mildest
 
@@ -123,7 +123,8 @@ def test_the_models_error_widens_what_counts_as_equal_and_what_must_be_beaten() 
     results = {128: Outcome(30.0, 900.0, 40.0), 256: Outcome(31.2, 900.0, 52.0)}
     stay, gains = Outcome(25.0, 900.0, 30.0), {128: 900.0, 256: 900.0}
     assert choose(results, stay, gains, 100.0, 64, A100) == 256  # an exact model: 256 is 4% better
-    assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=0.05)) == 128  # equals within 5%
+    # Equals within a 5% error: 128 leaves 33% of the TPOT objective, 256 only 13%.
+    assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=0.05)) == 128
     assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=0.3)) is None  # +25% is within 30%
     assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=float("nan"))) is None
 

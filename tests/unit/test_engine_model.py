@@ -86,9 +86,13 @@ def test_the_calibrated_profile_carries_the_fit_and_the_pods_pool() -> None:
     assert Engine(sim_config(p, 1024, 64, "GuaranteedNoEvict")).memory.kv_tokens == pytest.approx(300_000, abs=32)
     # A larger limit carves more per-slot buffers first: a smaller pool.
     assert Engine(sim_config(p, 1024, 1024, "GuaranteedNoEvict")).memory.kv_tokens < 300_000
-    # On the 1% grid: a fit that barely moved is the same profile (the what-if's memo hits).
-    nudged = fit(calibration=Calibration(0.7203, 0.5001, 3.0005e-4, 2.0003e-6))
-    assert calibrated_profile(base, nudged, 1024, "GuaranteedNoEvict") == p
+    # On the grid: a fit that barely moved is the same profile (the what-if's memo hits), one that moved is not.
+    cal = p.calibration  # values on the grid: a nudge of 0.03% stays within their cell (half a cell is 0.1%)
+    def moved(factor: float) -> FitResult:
+        return fit(calibration=Calibration(cal.hbm_efficiency * factor, cal.prefill_mfu * factor,
+                                           cal.step_overhead_s * factor, cal.per_sequence_s * factor))
+    assert calibrated_profile(base, moved(1.0003), 1024, "GuaranteedNoEvict") == p
+    assert calibrated_profile(base, moved(1.01), 1024, "GuaranteedNoEvict") != p
 
 
 def test_a_template_gets_the_fitted_weight_stream() -> None:

@@ -39,6 +39,9 @@ def test_a_slower_engine_is_calibrated_then_trusted() -> None:
     assert "datasheet" in cond.message  # the figures: the fit's error and the datasheet's
     profile = monitor.profile(1024, "GuaranteedNoEvict")
     assert profile is not None and profile.calibration.hbm_efficiency == pytest.approx(0.72, rel=0.02)
+    # A steady fit keeps handing the same profile object (the what-if's memo hits).
+    serve(SLOW, monitor, seconds=60.0, start=240.0)
+    assert monitor.profile(1024, "GuaranteedNoEvict") is profile
 
 
 def test_status_carries_the_fit_and_reads_back() -> None:

@@ -58,6 +58,8 @@ ERROR_SMOOTHING = 0.3  # weight of the newest window in the model's running erro
 BOUNDS = {"w": (0.2, 5.0), "k": (0.2, 5.0), "l": (0.2, 5.0), "c0": (0.0, 100.0), "c1": (0.0, 100.0)}
 MIN_C0_S = 1e-5  # a template with no fixed cost still gets a column to fit one
 MIN_C1_S = 1e-8
+CHUNK_SMOOTHING = 0.01
+MAX_CHUNK_SPREAD = 4.0
 PREFILL_EXCESS = 3.0  # PyTorch stats: an iteration this many residual scales above the decode model ran prompts
 
 
@@ -87,6 +89,8 @@ class IterationSample(Protocol):
     def ctx_tokens(self) -> int: ...
     @property
     def iteration(self) -> int: ...
+    @property
+    def completed_requests(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -197,12 +201,14 @@ class EngineFit:
         self._at: float | None = None
         self._physics: dict[int, Physics] = {}
         self._last_iter: OrderedDict[str, int] = OrderedDict()
+        self._carry: OrderedDict[str, float] = OrderedDict()  # per pod: prompt tokens a chunked prompt computed
         self._pools: OrderedDict[int, int] = OrderedDict()
         self._tpb = 0
         self._windows = 0
         self._error: float | None = None
         self._nominal_error: float | None = None
         self._per_token = True
+        self._chunks = [0.0, 0.0]  # running mean of single context chunks and of their squares
 
     # -- input -------------------------------------------------------------------------------------------
     def observe(self, samples_by_pod: Mapping[str, Sequence[IterationSample]], now_s: float, limit: int = 0,
@@ -262,7 +268,14 @@ class EngineFit:
                 self._last_iter.popitem(last=False)
         shaped = any(s.generation_requests + s.context_requests > 0 for s, _ in good)
         if shaped:
-            return [self._row_trt(s, k) for s, k in good], bad, True
+            rows, carry = [], self._carry.pop(pod, 0.0)
+            for s, k in good:
+                row, carry = self._row_trt(s, k, carry)
+                rows.append(row)
+            self._carry[pod] = carry
+            while len(self._carry) > MAX_PODS:
+                self._carry.popitem(last=False)
+            return rows, bad, True
         return self._rows_pytorch(good, context), bad, not good
 
     def _note_pool(self, s: IterationSample, limit: int) -> None:
@@ -282,15 +295,36 @@ class EngineFit:
             self._physics[tpb] = Physics.of(self.profile, tpb)
         return self._physics[tpb]
 
-    def _row_trt(self, s: IterationSample, k: float) -> Row:
-        """TensorRT backend: the iteration's own generation and context counts."""
+    def _row_trt(self, s: IterationSample, k: float, carry: float) -> tuple[Row, float]:
+        """TensorRT backend: the iteration's own generation and context counts. ``carry``: the prompt tokens a
+        chunked prompt already computed in the pod's previous iterations; also returns the next one's."""
         ph = self._phys(s.tokens_per_block)
         n_gen, n_ctx, ctx = s.generation_requests, s.context_requests, s.ctx_tokens
         n = s.scheduled_requests if s.scheduled_requests is not None and s.scheduled_requests > 0 else n_gen + n_ctx
         tokens = n_gen + ctx
-        # Chunks of equal size from empty caches: the attention of a chunk of c tokens is c^2.
-        attention = ctx * ctx / max(1, n_ctx) if ctx else 0.0
-        return self._row(ph, s, k, n, n_gen, tokens, attention)
+        attention, carry = self._attention(n_gen, n_ctx, ctx, carry, s.tokens_per_block or 32)
+        return self._row(ph, s, k, n, n_gen, tokens, attention), carry
+
+    def _attention(self, n_gen: int, n_ctx: int, ctx: int, carry: float, tpb: int) -> tuple[float, float]:
+        """The causal attention work of an iteration's context chunks, (p + c)^2 - p^2 summed, and the prompt
+        tokens carried into the next iteration. Chunks are served in admission order within the token budget
+        (max_num_tokens less the generation tokens), so a prompt that did not fit continues first in the next
+        iteration with p = what it computed so far; the last chunk of a budget-full iteration is such a prompt.
+        An iteration with one context request shows its chunk; with several, only their sum T, whose squares add
+        up to T^2 / n x the spread E[c^2] / E[c]^2 of the chunks, which the single-chunk iterations tell."""
+        if not ctx or not n_ctx:
+            return 0.0, 0.0
+        full = ctx >= self.max_num_tokens - n_gen - tpb + 1
+        if n_ctx == 1:
+            self._chunks = [(1 - CHUNK_SMOOTHING) * m + CHUNK_SMOOTHING * x
+                            for m, x in zip(self._chunks, (float(ctx), float(ctx) * ctx))]
+            return (carry + ctx) ** 2 - carry * carry, carry + ctx if full else 0.0
+        chunk = ctx / n_ctx
+        return ctx * chunk * self._spread() + 2 * carry * chunk, chunk if full else 0.0
+
+    def _spread(self) -> float:
+        mean, square = self._chunks
+        return min(MAX_CHUNK_SPREAD, max(1.0, square / (mean * mean))) if mean > 0 else 1.0
 
     def _rows_pytorch(self, good: list[tuple[IterationSample, float]], context: PromptWork | None) -> list[Row]:
         """PyTorch backend: no per-iteration counts. The active requests decode; an iteration clearly slower than
@@ -337,9 +371,14 @@ class EngineFit:
     def _row(self, ph: Physics, s: IterationSample, k: float, n: int, n_gen: int, tokens: float,
              attention: float) -> Row:
         tpb = s.tokens_per_block if s.tokens_per_block > 0 else 32
-        # Blocks are whole: a sequence's last block is half empty on average. A sample standing for a run of k
-        # decode iterations reports the end of the run, when every sequence had grown by k - 1 tokens.
-        kv = max(0.0, s.used_blocks * tpb - n * tpb / 2 - n_gen * (k - 1) / 2)
+        # Blocks are whole: a sequence's last block is half empty on average. The pool is read once the
+        # iteration's finished requests gave their blocks back, while they were read in it: each is counted
+        # as an average one of those left. A sample standing for a run of k decode iterations reports the end
+        # of the run, when every sequence had grown by k tokens, k + 1 halves of them past the run's mean.
+        live = max(0, n - min(s.completed_requests, n))
+        kv = max(0.0, s.used_blocks * tpb - live * tpb / 2)
+        kv = kv * n / live if live else kv
+        kv = max(0.0, kv - n_gen * (k + 1) / 2 if k > 1 else kv)
         return Row(ph.weights_s, ph.kv_s_per_token * kv, ph.linear_s_per_token * tokens,
                    ph.attn_s_per_token2 * attention, float(n),
                    ph.allreduce_fixed_s + ph.allreduce_s_per_token * tokens, s.iter_latency_ms / 1e3, k)

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, replace
 
 from kvsim import Calibration, Profile, get_profile
-from kvsim.memory import activation_bytes, runtime_buffer_bytes
+from kvsim.memory import plan_memory
 from kvsim.specs import DTYPES, GPUS, MODELS, GpuSpec, ModelSpec, dtype_key
 
 from kvpilot.api.models import InferenceEngineSpec
@@ -39,7 +39,8 @@ TEMPLATE_GPU = "h100"
 # Families whose shapes kvsim's Llama-3.1 models share closely enough to be "known" (llama-3.3-70b has the
 # shapes of llama-3.1-70b: kvsim.calibration's held-out rows).
 KNOWN_FAMILIES = ("llama-3.1", "llama-3.3", "meta-llama-3.1", "meta-llama-3.3")
-GRID = 0.01  # fitted values rounded to a 1% log grid: a fit that barely moved replays the memoized simulation
+AMPLE_MEMORY_BYTES = 1 << 50  # more than any GPU: the plan then always fits, and says what is held besides the pool
+GRID = 0.002  # fitted values rounded to a 0.2% log grid: a fit that barely moved replays the memoized simulation
 
 
 @dataclass(frozen=True)
@@ -134,18 +135,23 @@ def _with_weight_stream(profile: Profile, scale: float) -> Profile:
 
 def memory_for_pool(profile: Profile, ceiling: int, limit: int, pool_tokens: int, scheduler_policy: str) -> int | None:
     """GPU memory (bytes) for which kvsim's memory plan of the what-if's configuration at ``limit`` carves a pool
-    of ``pool_tokens`` KV tokens (kvsim.memory.plan_memory, inverted); None when that is not possible."""
+    of ``pool_tokens`` KV tokens; None when that is not possible. kvsim's own plan (``plan_memory``, numbers
+    only) on ample memory gives what is held besides the pool (weights, activations, runtime buffers), whatever
+    formula kvsim uses for them; the pool fraction applies to what is left."""
     if pool_tokens <= 0 or limit <= 0 or ceiling <= 0:
         return None
-    cfg = sim_config(profile, ceiling, limit, scheduler_policy).resolved()
-    tpb = cfg.tokens_per_block
-    bytes_per_block = profile.kv_bytes_per_token * tpb
-    blocks = max(1, round(pool_tokens / tpb))
-    pool = (blocks + 0.5) * bytes_per_block / cfg.free_gpu_memory_fraction
-    used = (profile.weights_resident_bytes + activation_bytes(profile, ceiling, cfg.build_max_num_tokens)
-            + runtime_buffer_bytes(profile, limit * profile.pp, cfg.max_seq_len or profile.model.max_position_embeddings))
-    memory = pool + used
-    return int(memory) if math.isfinite(memory) and memory > used else None
+    ample = replace(profile, gpu=replace(profile.gpu, memory_bytes=AMPLE_MEMORY_BYTES))
+    try:
+        cfg = sim_config(ample, ceiling, limit, scheduler_policy).resolved()
+        plan = plan_memory(ample, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
+                           cfg.free_gpu_memory_fraction, None, runtime_max_batch_size=cfg.max_batch_size,
+                           max_seq_len=cfg.max_seq_len)
+    except ValueError:
+        return None
+    fraction = cfg.free_gpu_memory_fraction
+    blocks = max(1, round(pool_tokens / plan.tokens_per_block))
+    memory = plan.weights_bytes + plan.activation_bytes + (blocks + 0.5) * plan.bytes_per_block / fraction
+    return int(memory) if math.isfinite(memory) and memory > plan.weights_bytes + plan.activation_bytes else None
 
 
 def _q(x: float) -> float:

@@ -47,6 +47,7 @@ MODEL_TRUSTED = "ModelTrusted"
 MODEL_ERROR_BOUND = 0.10
 REGAIN_SHARE = 0.7
 GOODPUT_SMOOTHING = 0.3  # weight of the newest window in the running goodput error
+PROFILE_HYSTERESIS = 0.01  # a fitted value must move by 1% before the what-if simulates a new profile
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class ModelMonitor:
         self._goodput_error: float | None = None
         self._state = ModelTrust.CALIBRATING
         self._fitted_at: float | None = None
+        self._profile: Profile | None = None
+        self._profile_key: tuple[int, str] | None = None
 
     def observe(self, samples_by_pod: Mapping[str, Sequence[IterationSample]], now_s: float, limit: int = 0,
                 context_by_pod: Mapping[str, PromptWork] | None = None) -> WindowCheck:
@@ -115,11 +118,18 @@ class ModelMonitor:
 
     def profile(self, ceiling: int, scheduler_policy: str) -> Profile | None:
         """The profile the what-if simulates: the calibrated one once the fit is ready; before that the datasheet
-        of a known engine, and nothing for a template (the rules decide alone, as before)."""
+        of a known engine, and nothing for a template (the rules decide alone, as before). The profile last
+        given is kept while no fitted value moved by more than PROFILE_HYSTERESIS from it, so a steady fit
+        replays the what-if's memoized simulations instead of new ones every window."""
         result = self.fit.result()
-        if result.ready:
-            return calibrated_profile(self.base, result, ceiling, scheduler_policy)
-        return self.base.profile if self.base.known else None
+        if not result.ready:
+            return self.base.profile if self.base.known else None
+        fresh = calibrated_profile(self.base, result, ceiling, scheduler_policy)
+        kept = self._profile
+        if kept is not None and self._profile_key == (ceiling, scheduler_policy) and _close(kept, fresh):
+            return kept
+        self._profile, self._profile_key = fresh, (ceiling, scheduler_policy)
+        return fresh
 
     def trust(self) -> Trust:
         result = self.fit.result()
@@ -174,6 +184,14 @@ def model_condition(trust: Trust | None) -> Condition:
         ModelTrust.CALIBRATING: ("Unknown", "ModelCalibrating")}
     status, reason = reasons[trust.state]
     return Condition(MODEL_TRUSTED, status, reason, trust.message)
+
+
+def _close(a: Profile, b: Profile) -> bool:
+    """Every fitted value of ``b`` within PROFILE_HYSTERESIS of ``a``'s (and the same model and GPU otherwise)."""
+    pairs = [(getattr(a.calibration, f), getattr(b.calibration, f))
+             for f in ("hbm_efficiency", "prefill_mfu", "step_overhead_s", "per_sequence_s")]
+    pairs += [(a.gpu.memory_bytes, b.gpu.memory_bytes), (a.model.intermediate_size, b.model.intermediate_size)]
+    return all(abs(y - x) <= PROFILE_HYSTERESIS * abs(x) for x, y in pairs) and a.name == b.name
 
 
 def _figures(result: FitResult, goodput: float | None) -> str:

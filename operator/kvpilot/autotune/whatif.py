@@ -247,17 +247,22 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
 
     The model is only as good as its error (``e.model_error``, at least the simulation's NOISE): a candidate
     must beat staying put by the larger of ``margin`` and that error, and among those within that error of the
-    best, the one with the most margin on the objectives wins (p95 TTFT and TPOT against their objectives, to
-    the percent), then the mildest step. Not the largest: on an engine slower than its model, the largest of
-    equals sits on the TPOT cliff's edge (issue 18: 113, 128, 256 and 512 scored alike; 512 broke TPOT)."""
+    best, the one with the most margin on the objectives wins (p95 TTFT and TPOT against their objectives,
+    margins within the same error counting as equal). Not the largest: on an engine slower than its model, the
+    largest of equals sits on the TPOT cliff's edge (issue 18: 113, 128, 256 and 512 scored alike; 512 broke
+    TPOT). Among equal margins the largest candidate wins: a raise then keeps capacity to spare, which is the
+    safer error because the traffic fit under-counts long outputs still in flight, and a lower is then the
+    mildest."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
     ok = [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9
           and gains[c] > lost]
     if not ok:
         return None
+    tolerance = max(NOISE, error)
     top = max(results[c].goodput for c in ok)
-    near = [c for c in ok if results[c].goodput >= (1 - max(NOISE, error)) * top]
-    return max(near, key=lambda c: (round(results[c].margin(e), 2), -abs(math.log(c / current))))
+    near = [c for c in ok if results[c].goodput >= (1 - tolerance) * top]
+    widest = max(results[c].margin(e) for c in near)
+    return max(c for c in near if results[c].margin(e) >= widest - tolerance)
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
