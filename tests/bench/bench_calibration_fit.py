@@ -10,8 +10,8 @@ the mean iteration latency and on goodput, before fitting (nominal) and after; a
 what-if's extrapolation), the fit's own live error (what status shows) and its CPU per window.
 
 ``--template``: the engine has no kvsim profile; the fit starts from the template kvsim would use (nearest
-model size on the template GPU). ``--pytorch``: the pods report what the PyTorch backend does (no
-``inflightBatchingStats``; the window's prompt tokens from the request counters).
+model size on the template GPU). ``--pytorch``: the pods run kvsim's PyTorch backend (its memory plan) and
+report no ``inflightBatchingStats`` (the fit's fallback: the window's prompt tokens from the request counters).
 
 Run: nice python -m tests.bench.bench_calibration_fit [--case NAME ...] [--all] [--template] [--pytorch] [--json]
 """
@@ -33,6 +33,7 @@ from kvsim.specs import GPUS
 from kvpilot.autotune.calibrate import EngineFit, PromptWork
 from kvpilot.autotune.engine_model import TEMPLATE_GPU, calibrated_profile, BaseModel
 from kvpilot.autotune.fleet import Fleet
+from kvpilot.autotune.trust import MODEL_ERROR_BOUND
 from kvpilot.autotune.whatif import sim_config
 from kvpilot.bench.suite import CASES, CEILING, START, Case
 from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
@@ -65,12 +66,17 @@ PERTURBATIONS: dict[str, Perturbation] = {
 }
 
 
+BACKEND = {"value": "tensorrt"}  # --pytorch: the pods run kvsim's PyTorch backend
+
+
 def _config(case: Case, profile: Profile, limit: int) -> Any:
-    return sim_config(profile, CEILING, limit, case.policy)
+    return sim_config(profile, CEILING, limit, case.policy, BACKEND["value"])
 
 
 def _pytorch_shaped(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the PyTorch backend reports: an empty inflightBatchingStats, batch-size fields 0."""
+    """The PyTorch backend's stats as shared/reference/trtllm-forward.md section 2 reads PyExecutor: an empty
+    inflightBatchingStats (kvsim's PyTorch backend fills it, from a later reading; the fit's fallback is for
+    the empty one), batch-size fields 0."""
     return [{**s, "inflightBatchingStats": {}, "maxBatchSizeRuntime": 0, "maxBatchSizeStatic": 0} for s in stats]
 
 
@@ -148,7 +154,7 @@ def run(case: Case, name: str, template: bool, pytorch: bool) -> dict[str, Any]:
     cpu = feed_fit(case, engine, fit, [r for r in requests if r.arrival_s < FIT_SECONDS], pytorch)
     result = fit.result()
     started = time.process_time()
-    fitted = calibrated_profile(base, result, CEILING, case.policy)
+    fitted = calibrated_profile(base, result, CEILING, case.policy, BACKEND["value"])
     profile_cpu = time.process_time() - started
     rest = [r for r in requests if r.arrival_s >= FIT_SECONDS]
     rate = len(rest) / max(1.0, case.duration_s - FIT_SECONDS)
@@ -178,16 +184,24 @@ def _pct(x: float | None) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| case | engine | goodput / offered | iter ms | latency before | latency after | goodput before | "
-            "goodput after (of offered) | 4x: latency after | 4x: goodput after | live error | fit CPU ms/window |")
-    lines = [head, "|" + "---|" * 12]
+            "goodput after (of offered) | 4x: latency after | 4x: goodput after | live error | trust | "
+            "fit CPU ms/window |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         a, b = r["limit"], r["x4"]
         lines.append(f"| {r['case']} | {r['engine']} | {a['goodput']:.2f} / {a['offered']:.2f} | {a['latencyMs']:.2f} | "
                      f"{_pct(a['before']['latency'])} | {_pct(a['after']['latency'])} | {_pct(a['before']['goodput'])} | "
                      f"{_pct(a['after']['goodput'])} ({_pct(a['after']['goodputOfOffered'])}) | "
                      f"{_pct(b['after']['latency'])} | {_pct(b['after']['goodput'])} | "
-                     f"{_pct(r['liveError'])} | {r['fitCpuMsMean']:.1f} (max {r['fitCpuMsMax']:.1f}) |")
+                     f"{_pct(r['liveError'])} | {_trust(r)} | {r['fitCpuMsMean']:.1f} (max {r['fitCpuMsMax']:.1f}) |")
     return "\n".join(lines)
+
+
+def _trust(row: dict[str, Any]) -> str:
+    """What the tuner's model check would say (autotune/trust.py): the fit's live latency error and the goodput
+    error at the limit, as a share of the offered traffic, against the bound."""
+    worst = max(row["liveError"] or 0.0, abs(row["limit"]["after"]["goodputOfOffered"]))
+    return "Trusted" if worst <= MODEL_ERROR_BOUND else "Distrusted"
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -197,11 +211,15 @@ def summary(rows: list[dict[str, Any]]) -> str:
     within = sum(1 for r in rows if abs(r["limit"]["after"]["latency"]) <= 0.05 and abs(r["limit"]["after"]["goodput"]) <= 0.05)
     offered = max(abs(r["limit"]["after"]["goodputOfOffered"]) for r in rows)
     cpu = sum(r["fitCpuMsMean"] for r in rows) / len(rows)
+    distrusted = [r for r in rows if _trust(r) == "Distrusted"]
+    missed = sum(1 for r in rows if _trust(r) == "Trusted" and max(abs(r["limit"]["after"]["latency"]),
+                                                                   abs(r["limit"]["after"]["goodputOfOffered"])) > 0.05)
     return (f"{len(rows)} engines: worst |error| at the limit before fitting {100 * before['latency']:.1f}% latency, "
             f"{100 * before['goodput']:.1f}% goodput; after {100 * worst['latency']:.1f}% latency, "
             f"{100 * worst['goodput']:.1f}% goodput, {100 * offered:.1f}% of the offered traffic ({within}/{len(rows)} "
             f"within 5% on both); at 4x the limit after "
-            f"{100 * x4['latency']:.1f}% latency, {100 * x4['goodput']:.1f}% goodput; fit CPU {cpu:.1f} ms per window (mean)")
+            f"{100 * x4['latency']:.1f}% latency, {100 * x4['goodput']:.1f}% goodput; {len(distrusted)} distrusted by the "
+            f"model check, {missed} trusted while more than 5% off; fit CPU {cpu:.1f} ms per window (mean)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pytorch", action="store_true", help="the pods report what the PyTorch backend does")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON after the table")
     args = parser.parse_args(argv if argv is not None else [])
+    BACKEND["value"] = "pytorch" if args.pytorch else "tensorrt"
     names = [c.name for c in CASES] if args.all else (args.case or list(DEFAULT_CASES))
     cases = [c for c in CASES if c.name in names]
     unknown = sorted(set(args.engine or ()) - set(PERTURBATIONS))

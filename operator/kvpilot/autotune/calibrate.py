@@ -209,6 +209,7 @@ class EngineFit:
         self._nominal_error: float | None = None
         self._per_token = True
         self._chunks = [0.0, 0.0]  # running mean of single context chunks and of their squares
+        self._prompt_work = [0.0, 0.0]  # PyTorch: prompt tokens the latencies implied, and those the counters saw
 
     # -- input -------------------------------------------------------------------------------------------
     def observe(self, samples_by_pod: Mapping[str, Sequence[IterationSample]], now_s: float, limit: int = 0,
@@ -244,6 +245,7 @@ class EngineFit:
             self._ata = [[v * factor for v in row] for row in self._ata]
             self._atb = [v * factor for v in self._atb]
             self._weight *= factor
+            self._prompt_work = [v * factor for v in self._prompt_work]
         if self._at is None or now_s > self._at:
             self._at = now_s
 
@@ -329,8 +331,9 @@ class EngineFit:
     def _rows_pytorch(self, good: list[tuple[IterationSample, float]], context: PromptWork | None) -> list[Row]:
         """PyTorch backend: no per-iteration counts. The active requests decode; an iteration clearly slower than
         the decode model (PREFILL_EXCESS residual scales above the window's median residual) also ran prompts. Its prompt tokens are
-        what its latency implies under the fit as it stands (``_implied_tokens``), scaled so that the window's
-        add up to the prompt tokens the pod computed (``context``, from the request counters): a fit whose
+        what its latency implies under the fit as it stands (``_implied_tokens``), scaled so that they add up
+        to the prompt tokens the pods computed (``context``, from the request counters, summed with the same
+        half-life as the fit): a fit whose
         prefill rate is off implies too many or too few, the scaling corrects them, and the next solve moves
         the rate. Without ``context`` such iterations are left out (the prefill rate keeps its prior)."""
         theta = self._theta()
@@ -346,9 +349,13 @@ class EngineFit:
         implied = [self._implied_tokens(r, theta) if res > bulk + PREFILL_EXCESS * self._scale else 0.0
                    for r, res in zip(decode, residuals)]
         total = sum(r.iterations * c for r, c in zip(decode, implied))
-        if context is None or not (context.tokens > 0 and math.isfinite(context.tokens)) or total <= 0:
+        if context is None or not (context.tokens >= 0 and math.isfinite(context.tokens)) or total <= 0:
             return [r for r, c in zip(decode, implied) if not c]
-        scale = min(4.0, max(0.25, context.tokens / total))
+        # Over the fit's memory, not one window: a long prompt spans windows, and the counters count prompts
+        # when their request finishes.
+        self._prompt_work = [self._prompt_work[0] + total, self._prompt_work[1] + context.tokens]
+        implied_sum, counted = self._prompt_work
+        scale = min(4.0, max(0.25, counted / implied_sum)) if implied_sum > 0 and counted > 0 else 1.0
         out = []
         for (s, k), row, c in zip(good, decode, implied):
             tokens = c * scale

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, replace
 
 from kvsim import Calibration, Profile, get_profile
-from kvsim.memory import plan_memory
+from kvsim.memory import plan_for
 from kvsim.specs import DTYPES, GPUS, MODELS, GpuSpec, ModelSpec, dtype_key
 
 from kvpilot.api.models import InferenceEngineSpec
@@ -101,7 +101,8 @@ def _gpu(product: str | None) -> tuple[GpuSpec, bool]:
     return GPUS[TEMPLATE_GPU], False
 
 
-def calibrated_profile(base: BaseModel, fit: FitResult, ceiling: int, scheduler_policy: str) -> Profile:
+def calibrated_profile(base: BaseModel, fit: FitResult, ceiling: int, scheduler_policy: str,
+                       backend: str = "tensorrt") -> Profile:
     """The base profile with the fitted calibration (and, for a template, the fitted weight stream), its GPU
     memory sized to the pool the pods report at the limit in force. Values on a 1% grid (see GRID)."""
     cal = fit.calibration
@@ -112,7 +113,7 @@ def calibrated_profile(base: BaseModel, fit: FitResult, ceiling: int, scheduler_
         profile = _with_weight_stream(profile, _q(fit.weights_scale))
     if fit.pool_tokens:
         limit, tokens = fit.pool_tokens[-1]
-        memory = memory_for_pool(profile, ceiling, min(limit, ceiling), tokens, scheduler_policy)
+        memory = memory_for_pool(profile, ceiling, min(limit, ceiling), tokens, scheduler_policy, backend)
         if memory is not None:
             profile = replace(profile, gpu=replace(profile.gpu, memory_bytes=memory))
     return profile
@@ -133,19 +134,18 @@ def _with_weight_stream(profile: Profile, scale: float) -> Profile:
     return replace(profile, model=model, calibration=replace(profile.calibration, prefill_mfu=mfu))
 
 
-def memory_for_pool(profile: Profile, ceiling: int, limit: int, pool_tokens: int, scheduler_policy: str) -> int | None:
+def memory_for_pool(profile: Profile, ceiling: int, limit: int, pool_tokens: int, scheduler_policy: str,
+                    backend: str = "tensorrt") -> int | None:
     """GPU memory (bytes) for which kvsim's memory plan of the what-if's configuration at ``limit`` carves a pool
-    of ``pool_tokens`` KV tokens; None when that is not possible. kvsim's own plan (``plan_memory``, numbers
+    of ``pool_tokens`` KV tokens; None when that is not possible. kvsim's own plan (``plan_for``, numbers
     only) on ample memory gives what is held besides the pool (weights, activations, runtime buffers), whatever
     formula kvsim uses for them; the pool fraction applies to what is left."""
     if pool_tokens <= 0 or limit <= 0 or ceiling <= 0:
         return None
     ample = replace(profile, gpu=replace(profile.gpu, memory_bytes=AMPLE_MEMORY_BYTES))
     try:
-        cfg = sim_config(ample, ceiling, limit, scheduler_policy).resolved()
-        plan = plan_memory(ample, cfg.build_max_batch_size, cfg.build_max_num_tokens, cfg.tokens_per_block,
-                           cfg.free_gpu_memory_fraction, None, runtime_max_batch_size=cfg.max_batch_size,
-                           max_seq_len=cfg.max_seq_len)
+        cfg = sim_config(ample, ceiling, limit, scheduler_policy, backend).resolved()
+        plan = plan_for(cfg)
     except ValueError:
         return None
     fraction = cfg.free_gpu_memory_fraction

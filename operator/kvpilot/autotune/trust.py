@@ -96,7 +96,7 @@ class ModelMonitor:
         self._state = ModelTrust.CALIBRATING
         self._fitted_at: float | None = None
         self._profile: Profile | None = None
-        self._profile_key: tuple[int, str] | None = None
+        self._profile_key: tuple[int, str, str] | None = None
 
     def observe(self, samples_by_pod: Mapping[str, Sequence[IterationSample]], now_s: float, limit: int = 0,
                 context_by_pod: Mapping[str, PromptWork] | None = None) -> WindowCheck:
@@ -116,7 +116,7 @@ class ModelMonitor:
         self._goodput_error = e if previous is None else (1 - GOODPUT_SMOOTHING) * previous + GOODPUT_SMOOTHING * e
         self._judge()
 
-    def profile(self, ceiling: int, scheduler_policy: str) -> Profile | None:
+    def profile(self, ceiling: int, scheduler_policy: str, backend: str = "tensorrt") -> Profile | None:
         """The profile the what-if simulates: the calibrated one once the fit is ready; before that the datasheet
         of a known engine, and nothing for a template (the rules decide alone, as before). The profile last
         given is kept while no fitted value moved by more than PROFILE_HYSTERESIS from it, so a steady fit
@@ -124,11 +124,11 @@ class ModelMonitor:
         result = self.fit.result()
         if not result.ready:
             return self.base.profile if self.base.known else None
-        fresh = calibrated_profile(self.base, result, ceiling, scheduler_policy)
-        kept = self._profile
-        if kept is not None and self._profile_key == (ceiling, scheduler_policy) and _close(kept, fresh):
+        fresh = calibrated_profile(self.base, result, ceiling, scheduler_policy, backend)
+        kept, key = self._profile, (ceiling, scheduler_policy, backend)
+        if kept is not None and self._profile_key == key and _close(kept, fresh):
             return kept
-        self._profile, self._profile_key = fresh, (ceiling, scheduler_policy)
+        self._profile, self._profile_key = fresh, key
         return fresh
 
     def trust(self) -> Trust:

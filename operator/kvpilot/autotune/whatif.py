@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kvsim import EngineConfig, Profile, Request, RequestRecord
-from kvsim.config import CapacityPolicy
+from kvsim.config import Backend, CapacityPolicy
 from kvsim.workload import Phase
 
 from kvpilot.autotune.fleet import Fleet
@@ -74,6 +74,7 @@ class Engine:
     queue_timeout_s: float | None = None
     max_surge: int = 1  # with surge: pods started at once (the spare GPUs; the whole rollout when all fit)
     model_error: float = 0.0
+    backend: str = "tensorrt"  # the pods' execution backend (pytorch or tensorrt; the simulated backend plays tensorrt)
 
 
 def fit_traffic(w: KvWindow) -> TrafficFit | None:
@@ -125,17 +126,20 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
                            max_tokens=fit.max_tokens, arrival_s=t, request_id=len(out)))
 
 
-def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str) -> EngineConfig:
+def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str,
+               backend: str = "tensorrt") -> EngineConfig:
     """The kvsim configuration the what-if simulates a pod with (engine_model.py inverts its memory plan to
-    give the simulated pool the pods' own size)."""
+    give the simulated pool the pods' own size). ``backend``: the pods' (pytorch: no engine build, CUDA-graph
+    memory instead of the C++ runtime's per-slot buffers, kvsim.memory)."""
     policy = CapacityPolicy.MAX_UTILIZATION if scheduler_policy == "MaxUtilization" \
         else CapacityPolicy.GUARANTEED_NO_EVICT
     return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=limit,
-                        enable_chunked_context=True, capacity_policy=policy)
+                        enable_chunked_context=True, capacity_policy=policy,
+                        backend=Backend.PYTORCH if backend == "pytorch" else Backend.TENSORRT)
 
 
 def _config(e: Engine, limit: int) -> EngineConfig:
-    return sim_config(e.profile, e.ceiling, limit, e.scheduler_policy)
+    return sim_config(e.profile, e.ceiling, limit, e.scheduler_policy, e.backend)
 
 
 def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, horizon_s: float) -> float:
