@@ -37,11 +37,14 @@ def test_a_slower_engine_is_calibrated_then_trusted() -> None:
     cond = model_condition(trust)
     assert (cond.type, cond.status, cond.reason) == ("ModelTrusted", "True", "ModelCalibrated")
     assert "datasheet" in cond.message  # the figures: the fit's error and the datasheet's
-    profile = monitor.profile(1024, "GuaranteedNoEvict")
+    view = monitor.view()
+    assert view.fit is not None and not view.measured_only and view.status.trust == ModelTrust.TRUSTED
+    profile = view.profile(1024, "GuaranteedNoEvict")
     assert profile is not None and profile.calibration.hbm_efficiency == pytest.approx(0.72, rel=0.02)
-    # A steady fit keeps handing the same profile object (the what-if's memo hits).
+    # A steady fit keeps handing the same fit (so the same profile: the what-if's memo hits).
     serve(SLOW, monitor, seconds=60.0, start=240.0)
-    assert monitor.profile(1024, "GuaranteedNoEvict") is profile
+    assert monitor.held() is view.fit
+    assert monitor.view().profile(1024, "GuaranteedNoEvict") == profile
 
 
 def test_status_carries_the_fit_and_reads_back() -> None:
@@ -94,9 +97,9 @@ def test_an_engine_the_model_cannot_describe_is_distrusted_by_its_latency() -> N
 def test_an_engine_without_a_profile_gets_one_once_fitted() -> None:
     template = BaseModel(replace(A100, name="template", gpu=get_profile("llama-3.1-8b-bf16-h100").gpu), False, "t")
     monitor = ModelMonitor(template)
-    assert monitor.profile(1024, "GuaranteedNoEvict") is None  # before the fit: the rules alone, as before
+    assert monitor.view().profile(1024, "GuaranteedNoEvict") is None  # before the fit: the rules alone, as before
     serve(SLOW, monitor)
-    profile = monitor.profile(1024, "GuaranteedNoEvict")
+    profile = monitor.view().profile(1024, "GuaranteedNoEvict")
     assert profile is not None and profile.name.endswith("-calibrated")
     assert monitor.status(None).weight_stream_scale is not None and monitor.status(None).known is False
 

@@ -169,7 +169,8 @@ def _model() -> Schema:
                                            "the offered traffic."),
             "boundPercent": integer("The error beyond which the tuner does not trust its model, percent.", 0, 100),
             "message": string("Why the tuner trusts its model or not, with the figures.", 1024),
-            "fittedAt": string("When the fit last took in metrics.", 64, fmt="date-time"),
+            "fittedAt": string("When the fit had last taken in metrics as these figures were written (they are "
+                               "rewritten only when they move).", 64, fmt="date-time"),
         },
     )
 

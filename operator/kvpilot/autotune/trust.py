@@ -32,11 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from kvpilot.api.conditions import Condition, ConditionReason
 from kvpilot.api.status import ConditionStatus, ModelStatus, ModelTrust
-from kvpilot.autotune.calibrate import MIN_ITERATIONS, EngineFit, FitResult, IterationSample, PromptWork, WindowCheck
+from kvpilot.api.timestamps import rfc3339
+from kvpilot.autotune.calibrate import MIN_ITERATIONS, MIN_WINDOWS, EngineFit, FitResult, IterationSample, PromptWork, WindowCheck
 from kvpilot.autotune.engine_model import BaseModel, calibrated_profile
 from kvpilot.autotune.window import KvWindow
 
@@ -86,6 +88,32 @@ def goodput_error(simulated_goodput: float, w: KvWindow) -> float | None:
     return (simulated_goodput - measured) / offered
 
 
+@dataclass(frozen=True)
+class ModelView:
+    """What one plan knows of the engine's model: the base profile, the fit the what-if simulates (None until
+    it is ready), the verdict and the status section."""
+
+    base: BaseModel
+    fit: FitResult | None
+    trust: Trust
+    status: ModelStatus
+
+    def profile(self, ceiling: int, scheduler_policy: str, backend: str = "tensorrt") -> Profile | None:
+        """The profile the what-if simulates: the calibrated one once the fit is ready; before that the
+        datasheet of a known engine, and nothing for a template (the rules decide alone, as before)."""
+        if self.fit is not None:
+            return calibrated_profile(self.base, self.fit, ceiling, scheduler_policy, backend)
+        return self.base.profile if self.base.known else None
+
+    @property
+    def measured_only(self) -> bool:
+        return self.trust.measured_only
+
+    @property
+    def model_error(self) -> float:
+        return self.trust.model_error
+
+
 class ModelMonitor:
     """One engine's model: the fit, the profile the what-if simulates, and whether the tuner trusts it."""
 
@@ -95,8 +123,7 @@ class ModelMonitor:
         self._goodput_error: float | None = None
         self._state = ModelTrust.CALIBRATING
         self._fitted_at: float | None = None
-        self._profile: Profile | None = None
-        self._profile_key: tuple[int, str, str] | None = None
+        self._held: FitResult | None = None
 
     def observe(self, samples_by_pod: Mapping[str, Sequence[IterationSample]], now_s: float, limit: int = 0,
                 context_by_pod: Mapping[str, PromptWork] | None = None) -> WindowCheck:
@@ -116,27 +143,37 @@ class ModelMonitor:
         self._goodput_error = e if previous is None else (1 - GOODPUT_SMOOTHING) * previous + GOODPUT_SMOOTHING * e
         self._judge()
 
-    def profile(self, ceiling: int, scheduler_policy: str, backend: str = "tensorrt") -> Profile | None:
-        """The profile the what-if simulates: the calibrated one once the fit is ready; before that the datasheet
-        of a known engine, and nothing for a template (the rules decide alone, as before). The profile last
-        given is kept while no fitted value moved by more than PROFILE_HYSTERESIS from it, so a steady fit
-        replays the what-if's memoized simulations instead of new ones every window."""
+    @property
+    def fitted_at(self) -> str | None:
+        """When the fit last took in iterations (RFC 3339; the ``now_s`` of ``observe``, seconds since the epoch)."""
+        if self._fitted_at is None or not math.isfinite(self._fitted_at):
+            return None
+        try:
+            return rfc3339(datetime.fromtimestamp(self._fitted_at, timezone.utc))
+        except (OverflowError, OSError, ValueError):
+            return None
+
+    def held(self) -> FitResult | None:
+        """The fit the what-if simulates: None until it is ready; then the one last given while no fitted value
+        (nor the pool) moved by more than PROFILE_HYSTERESIS from it, so a steady fit replays the what-if's
+        memoized simulations instead of new ones every window."""
         result = self.fit.result()
         if not result.ready:
-            return self.base.profile if self.base.known else None
-        fresh = calibrated_profile(self.base, result, ceiling, scheduler_policy, backend)
-        kept, key = self._profile, (ceiling, scheduler_policy, backend)
-        if kept is not None and self._profile_key == key and _close(kept, fresh):
-            return kept
-        self._profile, self._profile_key = fresh, key
-        return fresh
+            return None
+        if self._held is None or not _close(self._held, result):
+            self._held = result
+        return self._held
+
+    def view(self, fitted_at: str | None = None) -> ModelView:
+        """This engine's model as one plan sees it (a value: the monitor stays with its owner)."""
+        return ModelView(self.base, self.held(), self.trust(), self.status(fitted_at))
 
     def trust(self) -> Trust:
         result = self.fit.result()
         latency, goodput = result.latency_error, self._goodput_error
         figures = _figures(result, goodput)
         if self._state == ModelTrust.CALIBRATING:
-            need = f"{result.iterations:.0f} of {MIN_ITERATIONS:.0f} iterations so far, {result.windows} windows"
+            need = f"it needs {MIN_ITERATIONS:.0f} iterations over {MIN_WINDOWS} windows"
             return Trust(self._state, f"Calibrating the what-if's model to the pods ({need})", latency, goodput)
         if self._state == ModelTrust.DISTRUSTED:
             return Trust(self._state, f"The calibrated model disagrees with the pods by more than "
@@ -174,24 +211,60 @@ class ModelMonitor:
             message=trust.message[:1024], fitted_at=fitted_at if self._fitted_at is not None else None)
 
 
-def model_condition(trust: Trust | None) -> Condition:
+def model_condition(trust: Trust | ModelStatus | None) -> Condition:
     """The ``ModelTrusted`` condition: True (the what-if ranks changes), False (measured-only decisions) or
-    Unknown (calibrating, or no model at all)."""
-    if trust is None:
+    Unknown (calibrating, or no model at all), from a verdict or the status record (whose message is kept
+    while the figures barely move, ``model_status``)."""
+    state = trust.state if isinstance(trust, Trust) else trust.trust if trust is not None else None
+    if trust is None or state is None:
         return Condition(MODEL_TRUSTED, "Unknown", "ModelCalibrating", "No engine model yet (no iterations seen)")
     reasons: dict[ModelTrust, tuple[ConditionStatus, ConditionReason]] = {
         ModelTrust.TRUSTED: ("True", "ModelCalibrated"), ModelTrust.DISTRUSTED: ("False", "ModelDisagrees"),
         ModelTrust.CALIBRATING: ("Unknown", "ModelCalibrating")}
-    status, reason = reasons[trust.state]
-    return Condition(MODEL_TRUSTED, status, reason, trust.message)
+    status, reason = reasons[state]
+    return Condition(MODEL_TRUSTED, status, reason, trust.message or "")
 
 
-def _close(a: Profile, b: Profile) -> bool:
-    """Every fitted value of ``b`` within PROFILE_HYSTERESIS of ``a``'s (and the same model and GPU otherwise)."""
+STATUS_ERROR_STEP = 1.0  # percentage points an error must move before status shows the new figure
+
+
+def model_status(previous: ModelStatus | None, fresh: ModelStatus) -> ModelStatus:
+    """``status.autotune.model`` to write: ``fresh`` where it says something new (the verdict, a fitted value,
+    the pool, or an error moved by STATUS_ERROR_STEP points), else ``previous`` unchanged, so an engine's status
+    is not rewritten every window for figures that only jitter."""
+    if previous is None or previous.trust != fresh.trust or previous.profile != fresh.profile:
+        return fresh
+    fitted = ("hbm_efficiency", "prefill_mfu", "step_overhead_millis", "per_sequence_micros", "weight_stream_scale")
+    if any(not _near(getattr(previous, f), getattr(fresh, f), PROFILE_HYSTERESIS, relative=True) for f in fitted):
+        return fresh
+    if not _near(previous.kv_pool_tokens, fresh.kv_pool_tokens, PROFILE_HYSTERESIS, relative=True):
+        return fresh
+    errors = ("latency_error_percent", "datasheet_error_percent", "goodput_error_percent")
+    if any(not _near(getattr(previous, f), getattr(fresh, f), STATUS_ERROR_STEP) for f in errors):
+        return fresh
+    return previous
+
+
+def _near(a: str | int | None, b: str | int | None, tolerance: float, relative: bool = False) -> bool:
+    """Two status figures (decimal strings or integers) within ``tolerance`` (of ``a`` when ``relative``)."""
+    if a is None or b is None:
+        return a is None and b is None
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False  # a hand-edited value: replaced
+    return abs(y - x) <= (tolerance * abs(x) if relative else tolerance)
+
+
+def _close(a: FitResult, b: FitResult) -> bool:
+    """Every fitted value of ``b``, and its latest pool, within PROFILE_HYSTERESIS of ``a``'s."""
     pairs = [(getattr(a.calibration, f), getattr(b.calibration, f))
              for f in ("hbm_efficiency", "prefill_mfu", "step_overhead_s", "per_sequence_s")]
-    pairs += [(a.gpu.memory_bytes, b.gpu.memory_bytes), (a.model.intermediate_size, b.model.intermediate_size)]
-    return all(abs(y - x) <= PROFILE_HYSTERESIS * abs(x) for x, y in pairs) and a.name == b.name
+    pairs.append((a.weights_scale, b.weights_scale))
+    if a.pool_tokens and b.pool_tokens:
+        pairs.append((a.pool_tokens[-1][1], b.pool_tokens[-1][1]))
+    same_limit = (a.pool_tokens[-1][0] if a.pool_tokens else None) == (b.pool_tokens[-1][0] if b.pool_tokens else None)
+    return same_limit and all(abs(y - x) <= PROFILE_HYSTERESIS * abs(x) for x, y in pairs)
 
 
 def _figures(result: FitResult, goodput: float | None) -> str:
