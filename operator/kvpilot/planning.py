@@ -120,8 +120,9 @@ class Planner:
 
     def plan_checked(self, engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
         """The plan with the model checked first (the worker's job; the bench calls it inline): its goodput at
-        the limit in force against the pods' (the trust verdict, autotune/trust.py), then whether it reproduces
-        the misses the pods show (``model_reproduces``)."""
+        the limit in force against the pods' (shown in status, autotune/trust.py); a calibrated model is then
+        judged by its trust verdict, the datasheet by whether it reproduces the misses the pods show
+        (``model_reproduces``)."""
         monitor = self.models.get(_key(engine))
         if monitor is not None and observed.kv is not None:
             model = what_if_model(engine.spec, _ceiling(engine, observed), observed)
@@ -129,8 +130,12 @@ class Planner:
             if model is not None:
                 monitor.note_goodput_error(goodput_check(model, observed.kv, limit))
                 observed = replace(observed, model=monitor.view(monitor.fitted_at))
+        # A calibrated model is judged by its trust verdict (measured_only); the datasheet (no fit yet, or none
+        # possible) still by whether it reproduces the pods' misses.
         measured_only = _measured_only(observed)
-        gate = WhatIfGate(model_valid=measured_only or model_reproduces(engine, observed), measured_only=measured_only)
+        calibrated = observed.model is not None and observed.model.fit is not None
+        gate = WhatIfGate(model_valid=measured_only or calibrated or model_reproduces(engine, observed),
+                          measured_only=measured_only)
         return plan(engine, observed, settings, now, what_if=gate)
 
     def close(self) -> None:

@@ -149,7 +149,7 @@ def _model() -> Schema:
                               "no profile of).", 128),
             "known": boolean("Whether kvsim knows this model, precision and GPU (false: a template fitted from "
                              "the engine's own metrics)."),
-            "trust": string("Trusted: the calibrated model is within the bound of what the pods show and the "
+            "trust": string("Trusted: the calibrated model predicts the pods' iteration latency within the bound and the "
                             "what-if ranks changes. Distrusted: it is off by more, and the tuner decides from "
                             "measurements alone, with conservative steps. Calibrating: not enough evidence yet.",
                             enum=("Trusted", "Distrusted", "Calibrating")),
@@ -165,9 +165,11 @@ def _model() -> Schema:
             "latencyErrorPercent": decimal("The fit's error on each window's mean iteration latency, predicted "
                                            "before the window, percent (running mean of its magnitude)."),
             "datasheetErrorPercent": decimal("The same error for the uncalibrated profile, percent."),
-            "goodputErrorPercent": decimal("Simulated minus measured goodput at the limit in force, in percent of "
-                                           "the offered traffic."),
-            "boundPercent": integer("The error beyond which the tuner does not trust its model, percent.", 0, 100),
+            "goodputErrorPercent": decimal("The what-if's simulated minus the pods' measured goodput at the limit "
+                                           "in force, in percent of the offered traffic (its traffic fit included: "
+                                           "shown, not part of the bound)."),
+            "boundPercent": integer("The latency error beyond which the tuner does not trust its model, percent.",
+                                    0, 100),
             "message": string("Why the tuner trusts its model or not, with the figures.", 1024),
             "fittedAt": string("When the fit had last taken in metrics as these figures were written (they are "
                                "rewritten only when they move).", 64, fmt="date-time"),

@@ -50,6 +50,7 @@ MAX_STEP_WEIGHT = 64  # a sample stands for at most this many iterations (its ``
 MAX_LATENCY_MS = 1e6
 MAX_PODS = 64
 MAX_POOLS = 8
+MAX_ROWS_PER_WINDOW = 96  # per pod: the fit's CPU is bounded whatever the pod reports (about 1 ms a window)
 MIN_ITERATIONS = 300.0  # effective iterations before the fit is reported ready
 MIN_WINDOWS = 3
 ERROR_SMOOTHING = 0.3  # weight of the newest window in the model's running error
@@ -255,30 +256,51 @@ class EngineFit:
         good: list[tuple[IterationSample, float]] = []
         bad = 0
         prev = self._last_iter.pop(pod, None)
+        last: dict[int, IterationSample] = {}  # the latest sample at each runtime limit: the pool it reports
         for s in samples:
             if not _sane(s):
                 bad += 1
                 continue
             step = s.iteration - prev if prev is not None and s.iteration > prev else 1
             prev = s.iteration
-            self._note_pool(s, limit)
+            last[s.max_batch_size_runtime] = s
             if s.iter_latency_ms > 0 and (s.active_requests > 0 or s.generation_requests + s.context_requests > 0):
                 good.append((s, float(min(step, MAX_STEP_WEIGHT))))
+        for s in last.values():
+            self._note_pool(s, limit)
         if prev is not None:
             self._last_iter[pod] = prev
             while len(self._last_iter) > MAX_PODS:
                 self._last_iter.popitem(last=False)
         shaped = any(s.generation_requests + s.context_requests > 0 for s, _ in good)
         if shaped:
-            rows, carry = [], self._carry.pop(pod, 0.0)
-            for s, k in good:
-                row, carry = self._row_trt(s, k, carry)
+            return self._rows_sampled(pod, good), bad, True
+        return self._rows_pytorch(_thinned(good, MAX_ROWS_PER_WINDOW), context), bad, not good
+
+    def _rows_sampled(self, pod: str, good: list[tuple[IterationSample, float]]) -> list[Row]:
+        """TensorRT rows, at most MAX_ROWS_PER_WINDOW per pod and window (CPU: a busy pod reports a thousand
+        iterations a scrape): decode and context iterations thinned apart, each kept one standing for those
+        left out, while every context iteration still carries its chunked prompt into the next."""
+        ctx = [i for i, (s, _) in enumerate(good) if s.ctx_tokens]
+        keep = set(_spaced(ctx, MAX_ROWS_PER_WINDOW // 2))
+        decode = [i for i, (s, _) in enumerate(good) if not s.ctx_tokens]
+        keep.update(_spaced(decode, MAX_ROWS_PER_WINDOW - len(keep)))
+        weight_ctx = len(ctx) / max(1, sum(1 for i in ctx if i in keep))
+        weight_decode = len(decode) / max(1, sum(1 for i in decode if i in keep))
+        rows, carry = [], self._carry.pop(pod, 0.0)
+        for i, (s, k) in enumerate(good):
+            if i in keep:
+                row, carry = self._row_trt(s, k * (weight_ctx if s.ctx_tokens else weight_decode), carry)
                 rows.append(row)
-            self._carry[pod] = carry
-            while len(self._carry) > MAX_PODS:
-                self._carry.popitem(last=False)
-            return rows, bad, True
-        return self._rows_pytorch(good, context), bad, not good
+            elif s.ctx_tokens:
+                carry = self._attention(s.generation_requests, s.context_requests, s.ctx_tokens, carry,
+                                        s.tokens_per_block or 32)[1]
+            else:
+                carry = 0.0
+        self._carry[pod] = carry
+        while len(self._carry) > MAX_PODS:
+            self._carry.popitem(last=False)
+        return rows
 
     def _note_pool(self, s: IterationSample, limit: int) -> None:
         at = s.max_batch_size_runtime or limit
@@ -495,10 +517,32 @@ def _sane(s: IterationSample) -> bool:
     this module is also fed by other code)."""
     counts = (s.used_blocks, s.max_blocks, s.tokens_per_block, s.active_requests, s.generation_requests,
               s.context_requests, s.ctx_tokens, s.iteration)
-    if any(not isinstance(c, int) or c < 0 for c in counts):
+    try:  # the sum of whole numbers is whole: a float (NaN among them), a string or None among them is not
+        if type(sum(counts)) is not int or min(counts) < 0:
+            return False
+    except TypeError:
         return False
     latency = s.iter_latency_ms
     return isinstance(latency, (int, float)) and math.isfinite(latency) and 0 <= latency <= MAX_LATENCY_MS
+
+
+def _spaced(indices: list[int], most: int) -> list[int]:
+    """At most ``most`` of ``indices``, evenly spaced."""
+    if len(indices) <= most:
+        return indices
+    if most <= 0:
+        return []
+    step = len(indices) / most
+    return [indices[int(j * step)] for j in range(most)]
+
+
+def _thinned(good: list[tuple[IterationSample, float]], most: int) -> list[tuple[IterationSample, float]]:
+    """At most ``most`` samples, evenly spaced, each weighing for those left out."""
+    if len(good) <= most:
+        return good
+    kept = [good[i] for i in _spaced(list(range(len(good))), most)]
+    scale = len(good) / len(kept)
+    return [(s, k * scale) for s, k in kept]
 
 
 def _weighted_median(values: list[float], weights: list[float]) -> float:

@@ -1,21 +1,23 @@
 """Whether the tuner trusts its engine model, and what status says about it (issue 18, section 4).
 
 ``ModelMonitor`` owns one engine's model: the running fit (``calibrate.EngineFit``), the profile it puts into
-the what-if (``engine_model.calibrated_profile``), and the model's error against what the pods show, on two
-figures:
+the what-if (``engine_model.calibrated_profile``), and the model's error against what the pods show:
 
-* **latency**: each window's mean iteration latency, predicted by the fit before it sees the window, against
-  the measured one (``FitResult.latency_error``, a running mean of the magnitude);
-* **goodput**: kvsim fed the window's traffic at the limit in force, against the good requests the pods served
-  in the window, in percent of the offered traffic (``goodput_error``; a share of the offer, not of the
-  goodput, so a limit that serves little is not a large error for a small miss). Smoothed over windows like
-  the latency. Absent where the pods export no latency histograms.
+* **the bound's figure, latency**: each window's mean iteration latency, predicted by the fit before it sees
+  the window, against the measured one (``FitResult.latency_error``, a running mean of the magnitude). This is
+  the engine model alone, against the quantity the pods report most directly.
+* **shown, not judged, goodput**: kvsim fed the window's traffic fit at the limit in force, against the good
+  requests the pods served, in percent of the offered traffic (``goodput_error``, smoothed like the latency).
+  It also carries the traffic fit's own error (lognormal lengths around the window's means, which under-count
+  long outputs still in flight): on the suite's nominal long-output-a100 case, where the engine model is exact,
+  it reads 30-50% at limit 64 while the what-if still ranks 512 over 64 correctly (it gained 1.27x). So it is
+  reported, and it does not decide trust.
 
-**The bound: 10% on either** (``MODEL_ERROR_BOUND``), stated and why:
+**The bound: 10% on the latency figure** (``MODEL_ERROR_BOUND``), stated and why:
 
-1. it is twice the calibration's target (5%), which the fit meets on every perturbed engine of the benchmark
-   (tests/bench/bench_calibration_fit.py; docs/live-tuner.md has the table), so a calibrated engine does not
-   cross it by noise;
+1. it is twice the calibration's target (5%); the fit's error on mean iteration latency is at most 3% on every
+   perturbed engine of the benchmark (tests/bench/bench_calibration_fit.py; docs/model-calibration.md), so a
+   calibrated engine does not cross it by noise, while the datasheet is 13-57% off on them;
 2. below it the what-if still ranks the changes that matter: it treats candidates within the model's error as
    equals and asks a gain above it (``whatif.choose``), and the raises the suite makes gain 20% to 90%;
 3. above it the cliffs the decisions hinge on lie inside the error: in issue 18, 512 broke a 60 ms TPOT
@@ -68,8 +70,8 @@ class Trust:
 
     @property
     def model_error(self) -> float:
-        """The error the what-if's robust choice allows for (``whatif.Engine.model_error``)."""
-        return max(self.latency_error or 0.0, abs(self.goodput_error or 0.0))
+        """The error the what-if's robust choice allows for (``whatif.Engine.model_error``): the engine model's."""
+        return self.latency_error or 0.0
 
 
 def goodput_error(simulated_goodput: float, w: KvWindow) -> float | None:
@@ -135,7 +137,8 @@ class ModelMonitor:
         return check
 
     def note_goodput_error(self, error: float | None) -> None:
-        """The model check of a window (``goodput_error``); None: nothing to compare this window."""
+        """The what-if's goodput check of a window (``goodput_error``, shown in status; it does not decide
+        trust, see the module docstring); None: nothing to compare this window."""
         if error is None or not math.isfinite(error):
             return
         e = max(-1.0, min(1.0, error))
@@ -187,7 +190,7 @@ class ModelMonitor:
         if not result.ready:
             self._state = ModelTrust.CALIBRATING
             return
-        worst = max(result.latency_error or 0.0, abs(self._goodput_error or 0.0))
+        worst = result.latency_error or 0.0
         if worst > MODEL_ERROR_BOUND:
             self._state = ModelTrust.DISTRUSTED
         elif self._state != ModelTrust.DISTRUSTED or worst < REGAIN_SHARE * MODEL_ERROR_BOUND:
@@ -273,7 +276,8 @@ def _figures(result: FitResult, goodput: float | None) -> str:
         parts.append(f"mean iteration latency {result.latency_error:.1%} off, datasheet "
                      f"{(result.nominal_error or 0.0):.1%}")
     if goodput is not None:
-        parts.append(f"goodput at the limit in force {goodput:+.1%} of the offered traffic")
+        parts.append(f"the what-if's goodput at the limit in force {goodput:+.1%} of the offered traffic, its "
+                     f"traffic fit included")
     return "; ".join(parts) or "no figures yet"
 
 
