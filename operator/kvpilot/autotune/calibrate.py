@@ -44,8 +44,9 @@ from kvsim.latency import IterationModel
 
 HALF_LIFE_S = 1800.0  # evidence half a planning horizon old counts half
 PRIOR_ROWS = 1.0  # the profile's values weigh as much as one iteration made of that term alone
+TEMPLATE_PRIOR_ROWS = 0.01  # a template's values are a guess: they only settle what the traffic leaves open
 HUBER = 2.5  # rows beyond HUBER x the residual scale get weight HUBER x scale / |residual|
-REJECT = 2.0  # a latency 200% away from the fit is not this engine (a hostile or broken pod)
+REJECT = 2.0  # a latency 3x off the window's other iterations (relative to the fit) is a hostile or broken pod
 MAX_STEP_WEIGHT = 64  # a sample stands for at most this many iterations (its ``iter`` step), whatever it claims
 MAX_LATENCY_MS = 1e6
 MAX_PODS = 64
@@ -57,6 +58,9 @@ ERROR_SMOOTHING = 0.3  # weight of the newest window in the model's running erro
 # Bounds on the fitted values, in units of the profile's: efficiencies within 5x of the datasheet; fixed and
 # per-sequence costs from 0 to 100x (a Python scheduler costs milliseconds per step, not 0.25 ms).
 BOUNDS = {"w": (0.2, 5.0), "k": (0.2, 5.0), "l": (0.2, 5.0), "c0": (0.0, 100.0), "c1": (0.0, 100.0)}
+# A template stands for a GPU and model kvsim does not know: an L4 streams 11x slower than the H100 template.
+TEMPLATE_BOUNDS = {**BOUNDS, "w": (0.02, 50.0), "k": (0.02, 50.0), "l": (0.02, 50.0), "c0": (0.0, 1000.0),
+                   "c1": (0.0, 1000.0)}
 MIN_C0_S = 1e-5  # a template with no fixed cost still gets a column to fit one
 MIN_C1_S = 1e-8
 CHUNK_SMOOTHING = 0.01
@@ -450,13 +454,18 @@ class EngineFit:
         """Add the rows to the normal equations (relative residuals, Huber weights); returns those dropped."""
         theta = self._theta()
         dropped = 0
-        for row in rows:
-            predicted = self._predict(row, theta)
+        predictions = [self._predict(row, theta) for row in rows]
+        # Hostile means far from the window's other iterations, not from the fit: a template that starts 10x
+        # off (another GPU) must still learn from every row.
+        ratios = [(row.latency_s / p, row.iterations) for row, p in zip(rows, predictions)
+                  if p > 0 and math.isfinite(row.latency_s / p)]
+        bulk = _weighted_median([x for x, _ in ratios], [w for _, w in ratios]) if ratios else 1.0
+        for row, predicted in zip(rows, predictions):
             if not predicted > 0:
                 dropped += 1
                 continue
             r = (row.latency_s - predicted) / predicted
-            if not math.isfinite(r) or abs(r) > REJECT:
+            if not math.isfinite(r) or not bulk / (1 + REJECT) <= 1 + r <= bulk * (1 + REJECT):
                 dropped += 1
                 continue
             huber = 1.0 if abs(r) <= HUBER * self._scale else HUBER * self._scale / abs(r)
@@ -479,19 +488,21 @@ class EngineFit:
         free = list(range(p))
         u = [1.0] * p
         for _ in range(p + 1):
-            matrix = [[self._ata[i][j] + (PRIOR_ROWS if i == j else 0.0) for j in free] for i in free]
-            rhs = [self._atb[i] + PRIOR_ROWS - sum(self._ata[i][j] * u[j] for j in range(p) if j not in free)
+            prior = PRIOR_ROWS if self.known else TEMPLATE_PRIOR_ROWS
+            matrix = [[self._ata[i][j] + (prior if i == j else 0.0) for j in free] for i in free]
+            rhs = [self._atb[i] + prior - sum(self._ata[i][j] * u[j] for j in range(p) if j not in free)
                    for i in free]
             solved = _gauss(matrix, rhs)
             if solved is None:
                 return
             for idx, value in zip(free, solved):
                 u[idx] = value
-            out = [i for i in free if not BOUNDS[self._names[i]][0] <= u[i] <= BOUNDS[self._names[i]][1]]
+            bounds = BOUNDS if self.known else TEMPLATE_BOUNDS
+            out = [i for i in free if not bounds[self._names[i]][0] <= u[i] <= bounds[self._names[i]][1]]
             if not out:
                 break
             for i in out:
-                lo, hi = BOUNDS[self._names[i]]
+                lo, hi = bounds[self._names[i]]
                 u[i] = min(hi, max(lo, u[i]))
                 free.remove(i)
             if not free:
