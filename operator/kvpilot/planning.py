@@ -34,6 +34,7 @@ from kvpilot.autotune.gate import (
     may_simulate,
     model_check,
 )
+from kvpilot.autotune.signals import limit_in_force
 from kvpilot.autotune.trust import ModelMonitor
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Plan, plan
@@ -126,7 +127,7 @@ class Planner:
         monitor = self.models.get(_key(engine))
         if monitor is not None and observed.kv is not None:
             model = what_if_model(engine.spec, _ceiling(engine, observed), observed)
-            limit = observed.kv.runtime_batch_size or _in_force(engine, observed)
+            limit = limit_in_force(observed.kv, _in_force(engine, observed), engine.spec.build.pipeline_parallel_size)
             if model is not None:
                 monitor.note_goodput_error(goodput_check(model, observed.kv, limit))
                 observed = replace(observed, model=monitor.view(monitor.fitted_at))
