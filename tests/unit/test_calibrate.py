@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kvsim import Engine, Profile, Request, get_profile
 
-from kvpilot.autotune.calibrate import MAX_PODS, MAX_POOLS, EngineFit, PromptWork, WindowCheck
+from kvpilot.autotune.calibrate import EngineFit, PromptWork, WindowCheck
+from kvpilot.autotune.iterations import MAX_PODS, MAX_POOLS
 from kvpilot.autotune.trust import ModelMonitor
 from kvpilot.autotune.whatif import sim_config
 from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
@@ -149,8 +150,8 @@ def test_memory_is_bounded_whatever_the_pods_and_limits() -> None:
     for w in range(40):
         pods = {f"pod-{w}-{i}": [sample(max_batch_size_runtime=8 + w * 3 + i, iteration=w)] for i in range(10)}
         fit.observe(pods, float(w), 64)
-    assert len(fit._last_iter) <= MAX_PODS
-    assert len(fit._pools) <= MAX_POOLS
+    assert len(fit.reader._last_iter) <= MAX_PODS
+    assert len(fit.reader._pools) <= MAX_POOLS
     assert len(fit.result().pool_tokens) <= MAX_POOLS
 
 
