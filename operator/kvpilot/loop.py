@@ -208,6 +208,8 @@ class EngineLoops:
             engine = loop.engine()  # the latest body: it may have changed while queued
             loop.generation = engine.meta.generation
             kv = await self.signals.window(loop.sampler, engine, loop.pods)
+            samples, prompts = loop.sampler.fresh()  # the engine fit takes each sample once (autotune/trust.py)
+            self.planner.observe_pods(engine, samples, prompts, self.wall_clock(), _runtime_batch(loop.status()) or 0)
             raw = loop.body.get("status")
             p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
                                           self.settings, kv, now=self.now(), planner=self.planner,

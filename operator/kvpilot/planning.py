@@ -15,13 +15,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 
 from kvpilot import telemetry
-from kvpilot.api.models import InferenceEngine
-from kvpilot.autotune.gate import CPU_SECONDS_PER_HOUR, EngineKey, WhatIfBudget, WhatIfGate, may_simulate, model_check
+from kvpilot.api.models import InferenceEngine, InferenceEngineSpec
+from kvpilot.api.status import BatchingStatus
+from kvpilot.autotune.calibrate import IterationSample, PromptWork
+from kvpilot.autotune.engine_model import base_model
+from kvpilot.autotune.gate import (
+    CPU_SECONDS_PER_HOUR,
+    EngineKey,
+    WhatIfBudget,
+    WhatIfGate,
+    goodput_check,
+    may_simulate,
+    model_check,
+)
+from kvpilot.autotune.signals import limit_in_force
+from kvpilot.autotune.trust import ModelMonitor
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
@@ -50,11 +64,14 @@ def model_reproduces(engine: InferenceEngine, observed: Observed) -> bool:
 
 
 class Planner:
-    """Plans for the operator's loops: inline, or in the what-if worker under the engine's CPU budget."""
+    """Plans for the operator's loops: inline, or in the what-if worker under the engine's CPU budget. Owns the
+    gate's state: each engine's CPU budget and each engine's model (``ModelMonitor``, autotune/trust.py: the fit
+    of its pods, fed by ``observe_pods``; the bench feeds it the same way)."""
 
     def __init__(self, cpu_seconds_per_hour: float = CPU_SECONDS_PER_HOUR,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = WhatIfBudget(cpu_seconds_per_hour, clock)
+        self.models = ModelRegistry()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpilot-whatif")
 
     def charge(self, key: EngineKey, cpu_seconds: float) -> None:
@@ -63,23 +80,104 @@ class Planner:
 
     def forget(self, key: EngineKey) -> None:
         self.budget.forget(key)
+        self.models.forget(key)
+
+    def observe_pods(self, engine: InferenceEngine, samples_by_pod: Mapping[str, Sequence[IterationSample]],
+                     context_by_pod: Mapping[str, PromptWork] | None, now_s: float, limit: int) -> None:
+        """One window of the engine's pods' iteration stats (each sample once) into its model's fit."""
+        if engine.spec.autotune.enabled and any(samples_by_pod.values()):
+            self.models.monitor(_key(engine), engine.spec).observe(samples_by_pod, now_s, limit, context_by_pod)
+
+    def with_model(self, engine: InferenceEngine, observed: Observed) -> Observed:
+        """``observed`` with the engine's model as its fit leaves it (None before any iteration was seen)."""
+        monitor = self.models.get(_key(engine)) if engine.spec.autotune.enabled else None
+        return observed if monitor is None else replace(observed, model=monitor.view(monitor.fitted_at))
+
+    def plan_inline(self, engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
+        """``plan`` on the caller's thread and without the CPU budget: the benchmark, whose time is simulated."""
+        observed = self.with_model(engine, observed)
+        if not may_simulate(engine.spec, observed.kv, observed.model):
+            return plan(engine, observed, settings, now, what_if=WhatIfGate(measured_only=_measured_only(observed)))
+        return self.plan_checked(engine, observed, settings, now)
 
     async def plan(self, engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
-        if not may_simulate(engine.spec, observed.kv):
-            return plan(engine, observed, settings, now)
-        key = (engine.meta.namespace, engine.meta.name)
+        observed = self.with_model(engine, observed)
+        measured_only = _measured_only(observed)
+        if not may_simulate(engine.spec, observed.kv, observed.model):
+            return plan(engine, observed, settings, now, what_if=WhatIfGate(measured_only=measured_only))
+        key = _key(engine)
         if not self.budget.left(key):
-            return plan(engine, observed, settings, now, what_if=WhatIfGate(budget_left=False))
+            return plan(engine, observed, settings, now, what_if=WhatIfGate(budget_left=False,
+                                                                             measured_only=measured_only))
 
         def timed() -> tuple[Plan, float]:
             started = time.thread_time()
-            gate = WhatIfGate(model_valid=model_reproduces(engine, observed))
-            out = plan(engine, observed, settings, now, what_if=gate)
+            out = self.plan_checked(engine, observed, settings, now)
             return out, time.thread_time() - started
 
         p, cpu = await asyncio.get_running_loop().run_in_executor(self._worker, timed)
         self.charge(key, cpu)
         return p
 
+    def plan_checked(self, engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
+        """The plan with the model checked first (the worker's job; the bench calls it inline): its goodput at
+        the limit in force against the pods' (shown in status, autotune/trust.py); a calibrated model is then
+        judged by its trust verdict, the datasheet by whether it reproduces the misses the pods show
+        (``model_reproduces``)."""
+        monitor = self.models.get(_key(engine))
+        if monitor is not None and observed.kv is not None:
+            model = what_if_model(engine.spec, _ceiling(engine, observed), observed)
+            limit = limit_in_force(observed.kv, _in_force(engine, observed), engine.spec.build.pipeline_parallel_size)
+            if model is not None:
+                monitor.note_goodput_error(goodput_check(model, observed.kv, limit))
+                observed = replace(observed, model=monitor.view(monitor.fitted_at))
+        # A calibrated model is judged by its trust verdict (measured_only); the datasheet (no fit yet, or none
+        # possible) still by whether it reproduces the pods' misses.
+        measured_only = _measured_only(observed)
+        calibrated = observed.model is not None and observed.model.fit is not None
+        gate = WhatIfGate(model_valid=measured_only or calibrated or model_reproduces(engine, observed),
+                          measured_only=measured_only)
+        return plan(engine, observed, settings, now, what_if=gate)
+
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+class ModelRegistry:
+    """Each engine's model (``ModelMonitor``), made on its first window and made again when the profile it starts
+    from changes (another GPU, model or precision in the spec)."""
+
+    def __init__(self) -> None:
+        self._monitors: dict[EngineKey, ModelMonitor] = {}
+
+    def get(self, key: EngineKey) -> ModelMonitor | None:
+        return self._monitors.get(key)
+
+    def monitor(self, key: EngineKey, spec: InferenceEngineSpec) -> ModelMonitor:
+        base = base_model(spec)
+        found = self._monitors.get(key)
+        if found is None or found.base != base or found.fit.max_num_tokens != spec.batching.max_num_tokens:
+            found = self._monitors[key] = ModelMonitor(base, max_num_tokens=spec.batching.max_num_tokens)
+        return found
+
+    def forget(self, key: EngineKey) -> None:
+        self._monitors.pop(key, None)
+
+
+def _measured_only(observed: Observed) -> bool:
+    return observed.model is not None and observed.model.measured_only
+
+
+def _key(engine: InferenceEngine) -> EngineKey:
+    return (engine.meta.namespace, engine.meta.name)
+
+
+def _ceiling(engine: InferenceEngine, observed: Observed) -> int:
+    ceiling = observed.status.engine.max_batch_size if observed.status.engine is not None else None
+    return ceiling if isinstance(ceiling, int) and ceiling > 0 else engine.spec.build.max_batch_size
+
+
+def _in_force(engine: InferenceEngine, observed: Observed) -> int:
+    """The runtime limit the pods run (status.batching), where the pods do not say (PyTorch reports 0)."""
+    value = (observed.status.batching or BatchingStatus()).max_batch_size
+    return value if isinstance(value, int) and value > 0 else engine.spec.batching.max_batch_size

@@ -31,10 +31,10 @@ def test_kubectl_explain_teaches_the_build_section(chart: str) -> None:
 def test_printer_columns(chart: str, ns: str) -> None:
     apply({**base("columns"), "metadata": {"name": "columns", "namespace": ns}})
     header = kubectl("get", "ie", "-n", ns).splitlines()[0].split()
-    assert header == ["NAME", "READY", "BACKEND", "BATCH", "KV%", "REPLICAS", "AGE"]
+    assert header == ["NAME", "READY", "BACKEND", "BATCH", "KV%", "MODEL", "REPLICAS", "AGE"]
     wide = kubectl("get", "ie", "-n", ns, "-o", "wide").splitlines()[0].split()
-    assert wide == ["NAME", "READY", "BACKEND", "BATCH", "KV%", "REPLICAS", "GROUPS", "PODS/GROUP", "ENGINE", "REASON",
-                    "AGE"]
+    assert wide == ["NAME", "READY", "BACKEND", "BATCH", "KV%", "MODEL", "REPLICAS", "GROUPS", "PODS/GROUP", "ENGINE",
+                    "REASON", "AGE"]
 
 
 @pytest.mark.parametrize("case", INVALID, ids=[c[0] for c in INVALID])

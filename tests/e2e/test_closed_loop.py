@@ -89,3 +89,12 @@ def test_tuner_raises_the_batch_limit_under_load_and_rolls_it_out(ns: str) -> No
     events = kubectl("get", "events", "-n", ns, "--field-selector", "reason=BatchSizeChanged")
     assert "AutotuneRaised" in events
     assert stats.ok > 0 and condition(engine, "Available")["status"] == "True"
+    # The what-if's engine model, fitted from the pods' iteration stats, in status (issue 18): the simulated
+    # backend's profile, the verdict, and a ModelTrusted condition that says it.
+    model = engine["status"]["autotune"]["model"]
+    assert model["profile"].startswith("llama") and model["known"] is True, model
+    assert model["trust"] in ("Trusted", "Distrusted", "Calibrating") and model["boundPercent"] == 10, model
+    trusted = condition(engine, "ModelTrusted")
+    print(f"closed loop: model {model['trust']}, hbmEfficiency {model.get('hbmEfficiency')}, latency error "
+          f"{model.get('latencyErrorPercent')}%, datasheet {model.get('datasheetErrorPercent')}%")
+    assert trusted is not None and trusted["reason"] in ("ModelCalibrated", "ModelDisagrees", "ModelCalibrating")

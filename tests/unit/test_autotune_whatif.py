@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+
+import pytest
 
 from kvpilot.autotune.whatif import Engine, TrafficFit, fit_traffic, goodput_after, steady_goodput, verdict
 from kvpilot.autotune.window import KvWindow
@@ -70,11 +73,14 @@ def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
 def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
     from kvpilot.autotune.whatif import quantized
 
-    steady_goodput.cache_clear()
+    from kvpilot.autotune.whatif import steady_run
+
+    steady_run.cache_clear()
     verdict(A100, window(11.5), 64, [128], 200.0, 1800.0)
-    misses = steady_goodput.cache_info().misses
+    misses = steady_run.cache_info().misses
+    assert misses == 2  # staying put and the one candidate
     verdict(A100, window(11.4), 64, [128], 200.0, 1800.0)  # on the same 2.5% grid step: the same fit
-    assert steady_goodput.cache_info().misses == misses
+    assert steady_run.cache_info().misses == misses
     assert quantized(fit_traffic(window(11.5))) == quantized(fit_traffic(window(11.4)))  # type: ignore[arg-type]
     assert quantized(fit_traffic(window(11.5))) != quantized(fit_traffic(window(13.0)))  # type: ignore[arg-type]
 
@@ -84,21 +90,52 @@ def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
 
     assert requests_per_run(2) == MAX_REQUESTS
     assert requests_per_run(5) * 5 <= DECISION_BUDGET_REQUESTS
-    steady_goodput.cache_clear()
+    from kvpilot.autotune.whatif import steady_run
+
+    steady_run.cache_clear()
     verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
-    assert steady_goodput.cache_info().currsize == 5  # staying put and four candidates, each within the share
+    assert steady_run.cache_info().currsize == 5  # staying put and four candidates, each within the share
 
 
 def test_the_choice_within_the_simulations_noise() -> None:
-    from kvpilot.autotune.whatif import choose
+    from kvpilot.autotune.whatif import Outcome, choose
 
-    results = {96: 28.25, 128: 28.08, 256: 28.08, 512: 28.08}
+    def run(goodput: float, tpot: float) -> Outcome:
+        return Outcome(goodput, 900.0, tpot)
+
+    # The example: equal scores, p95 TPOT rising with the limit towards the 60 ms objective.
+    results = {96: run(28.25, 40.0), 128: run(28.08, 44.0), 256: run(28.08, 50.0), 512: run(28.08, 57.0)}
+    stay = run(27.18, 35.0)
     gains = {c: 1000.0 for c in results}
-    assert choose(results, 27.18, gains, 500.0, 64) == 512  # TPOT headroom: the largest within 1% of the best
-    assert choose(results, 27.18, gains, 500.0, 64, tpot_near=True) == 96  # near the objective: the mildest
-    assert choose(results, 27.18, gains, 500.0, 64, margin=0.06) is None  # +3.9% does not clear a 6% margin
-    assert choose(results, 27.18, {c: 100.0 for c in results}, 500.0, 64) is None  # the restart costs more
-    assert choose({32: 10.5, 48: 10.4}, 10.0, {32: 900.0, 48: 700.0}, 500.0, 64) == 48  # a lower: the mildest
+    assert choose(results, stay, gains, 500.0, 64, A100) == 96  # the most TPOT margin among equals, not 512
+    assert choose(results, stay, gains, 500.0, 64, A100, margin=0.06) is None  # +3.9% does not clear 6%
+    assert choose(results, stay, {c: 100.0 for c in results}, 500.0, 64, A100) is None  # the restart costs more
+    # Equal margins (within 1 point): the largest, capacity to spare (the fit under-counts long outputs).
+    assert choose({128: run(30.0, 30.0), 256: run(30.1, 30.3), 512: run(30.1, 33.0)}, stay,
+                  {128: 900.0, 256: 900.0, 512: 900.0}, 500.0, 64, A100) == 256
+    lowers = {32: run(10.5, 40.0), 48: run(10.4, 40.0)}
+    assert choose(lowers, run(10.0, 40.0), {32: 900.0, 48: 700.0}, 500.0, 64, A100) == 48  # a lower: the mildest
+
+
+def test_the_models_error_widens_what_counts_as_equal_and_what_must_be_beaten() -> None:
+    from kvpilot.autotune.whatif import Outcome, choose
+
+    results = {128: Outcome(30.0, 900.0, 40.0), 256: Outcome(31.2, 900.0, 52.0)}
+    stay, gains = Outcome(25.0, 900.0, 30.0), {128: 900.0, 256: 900.0}
+    assert choose(results, stay, gains, 100.0, 64, A100) == 256  # an exact model: 256 is 4% better
+    # Equals within a 5% error: 128 leaves 33% of the TPOT objective, 256 only 13%.
+    assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=0.05)) == 128
+    assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=0.3)) is None  # +25% is within 30%
+    assert choose(results, stay, gains, 100.0, 64, replace(A100, model_error=float("nan"))) is None
+
+
+def test_margin_on_the_objectives() -> None:
+    from kvpilot.autotune.whatif import Outcome
+
+    assert Outcome(1.0, 1500.0, 45.0).margin(A100) == pytest.approx(0.25)  # TPOT 45 of 60 ms binds
+    assert Outcome(1.0, 2700.0, 30.0).margin(A100) == pytest.approx(0.1)  # TTFT 2.7 of 3 s binds
+    assert Outcome(0.0).margin(A100) == 0.0  # nothing served: no margin
+    assert Outcome(1.0, 100.0, 10.0).margin(replace(A100, ttft_ms=math.inf, tpot_ms=math.inf)) == 1.0
 
 
 def test_bursty_arrivals_keep_the_fitted_rate_when_the_request_cap_binds() -> None:

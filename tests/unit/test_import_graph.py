@@ -17,9 +17,12 @@ ROOT = Path(__file__).parents[2]
 PACKAGES = {"kvsim": ROOT / "simulator" / "kvsim", "kvpilot": ROOT / "operator" / "kvpilot"}
 
 # kvpilot uses kvsim only as a model library, in these modules (and their packages): the autotuner's what-if
-# check and its fleet of simulated engines (which the benchmark shares), and the benchmark itself. Everything else in the operator,
+# check, its engine model calibrated to the pods (calibrate, iterations, engine_model, trust) and its fleet of
+# simulated engines (which the benchmark shares), and the benchmark itself. Everything else in the operator,
 # in particular what talks to the API server or renders objects, must not depend on the simulator.
-KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.autotune.fleet", "kvpilot.bench")
+KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.autotune.fleet", "kvpilot.autotune.calibrate",
+                   "kvpilot.autotune.iterations", "kvpilot.autotune.engine_model", "kvpilot.autotune.trust",
+                   "kvpilot.bench")
 
 
 def module_name(package: str, path: Path) -> str:

@@ -34,6 +34,8 @@ ConditionReason = Literal[
     "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed",
     # ReleaseContract and MetricsValid (desired/contract.py)
     "ReleaseMismatch", "UnknownRelease", "BackendRemoved", "Matches", "SamplesRejected", "Accepted",
+    # ModelTrusted (autotune/trust.py)
+    "ModelCalibrated", "ModelDisagrees", "ModelCalibrating",
 ]
 
 

@@ -32,6 +32,9 @@ PRINTER_COLUMNS = [
      "description": "Runtime max_batch_size / engine ceiling."},
     {"name": "KV%", "type": "integer", "jsonPath": ".status.kvCache.utilizationPercent",
      "description": "KV-cache pool utilization."},
+    {"name": "Model", "type": "string", "jsonPath": ".status.autotune.model.trust",
+     "description": "Whether the tuner trusts its engine model: Trusted, Distrusted (measured-only decisions) or "
+                    "Calibrating."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas",
      "description": "Ready replicas: pods, or groups of a multi-node engine."},
     # Multi-node only, so shown with -o wide: most engines are one pod, and two empty columns would crowd them.

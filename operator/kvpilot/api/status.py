@@ -154,6 +154,37 @@ class DecisionRecord:
     applied: bool | None = None
 
 
+class ModelTrust(StrEnum):
+    """``status.autotune.model.trust``: whether the tuner trusts the engine model its what-if simulates."""
+
+    TRUSTED = "Trusted"  # calibrated, and within the bound of what the pods show: the what-if ranks changes
+    DISTRUSTED = "Distrusted"  # off by more than the bound: measured-only decisions, conservative steps
+    CALIBRATING = "Calibrating"  # not enough evidence yet to say
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStatus:
+    """``status.autotune.model``: the engine model the what-if simulates, fitted to the pods' metrics, and how
+    far it is from what they show. Decimals are strings (status carries no floats)."""
+
+    profile: str | None = None
+    known: bool | None = None
+    trust: ModelTrust | None = None
+    hbm_efficiency: str | None = None
+    prefill_mfu: str | None = None
+    step_overhead_millis: str | None = None
+    per_sequence_micros: str | None = None
+    weight_stream_scale: str | None = None
+    kv_pool_tokens: int | None = None
+    iterations: int | None = None
+    latency_error_percent: str | None = None
+    datasheet_error_percent: str | None = None
+    goodput_error_percent: str | None = None
+    bound_percent: int | None = None
+    message: str | None = None
+    fitted_at: str | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class AutotuneStatus:
     """``status.autotune``: what the tuner recommends and what it did."""
@@ -164,6 +195,7 @@ class AutotuneStatus:
     ceiling_request_from: int | None = None
     history: tuple[DecisionRecord, ...] | None = None
     what_if_declined_at: str | None = None
+    model: ModelStatus | None = None
 
 
 @dataclasses.dataclass(frozen=True)

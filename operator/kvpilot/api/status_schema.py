@@ -134,6 +134,49 @@ def _decision() -> Schema:
     )
 
 
+DECIMAL = r"^-?[0-9]+(\.[0-9]+)?$"
+
+
+def _model() -> Schema:
+    def decimal(description: str) -> Schema:
+        return string(description, 16, pattern=DECIMAL)
+
+    return obj(
+        "The engine model the tuner's what-if simulates: a kvsim profile calibrated to the pods' metrics, and how "
+        "far it is from what they show (absent until the pods have reported iterations).",
+        {
+            "profile": string("The kvsim profile the fit starts from (or the template, for an engine kvsim has "
+                              "no profile of).", 128),
+            "known": boolean("Whether kvsim knows this model, precision and GPU (false: a template fitted from "
+                             "the engine's own metrics)."),
+            "trust": string("Trusted: the calibrated model predicts the pods' iteration latency within the bound and the "
+                            "what-if ranks changes. Distrusted: it is off by more, and the tuner decides from "
+                            "measurements alone, with conservative steps. Calibrating: not enough evidence yet.",
+                            enum=("Trusted", "Distrusted", "Calibrating")),
+            "hbmEfficiency": decimal("Fitted share of the HBM bandwidth a decode step reaches."),
+            "prefillMfu": decimal("Fitted share of the tensor peak a prefill reaches."),
+            "stepOverheadMillis": decimal("Fitted fixed cost of one iteration, milliseconds."),
+            "perSequenceMicros": decimal("Fitted cost per scheduled sequence, microseconds."),
+            "weightStreamScale": decimal("A template's fitted weight stream over its own (absent for a known "
+                                         "engine)."),
+            "kvPoolTokens": integer("KV tokens in one pod's pool at the limit in force (maxNumBlocks x "
+                                    "tokensPerBlock).", 0, fmt="int64"),
+            "iterations": integer("Iterations behind the fit (older ones count less).", 0, fmt="int64"),
+            "latencyErrorPercent": decimal("The fit's error on each window's mean iteration latency, predicted "
+                                           "before the window, percent (running mean of its magnitude)."),
+            "datasheetErrorPercent": decimal("The same error for the uncalibrated profile, percent."),
+            "goodputErrorPercent": decimal("The what-if's simulated minus the pods' measured goodput at the limit "
+                                           "in force, in percent of the offered traffic (its traffic fit included: "
+                                           "shown, not part of the bound)."),
+            "boundPercent": integer("The latency error beyond which the tuner does not trust its model, percent.",
+                                    0, 100),
+            "message": string("Why the tuner trusts its model or not, with the figures.", 1024),
+            "fittedAt": string("When the fit had last taken in metrics as these figures were written (they are "
+                               "rewritten only when they move).", 64, fmt="date-time"),
+        },
+    )
+
+
 def _autotune() -> Schema:
     return obj(
         "What the tuner recommends and what it did.",
@@ -150,6 +193,7 @@ def _autotune() -> Schema:
                 "build.maxBatchSize when the ceiling was requested; a different spec value cancels the request.", 0),
             "history": array(f"The last {HISTORY_LIMIT} decisions that changed something.", _decision(),
                              HISTORY_LIMIT),
+            "model": _model(),
         },
     )
 

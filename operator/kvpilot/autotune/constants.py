@@ -13,6 +13,10 @@ MAX_RAISE_FACTOR = 2.0  # without a completion rate to size the step
 MIN_RAISE_FACTOR = 1.5  # a raise that fixes misses must be a real step
 # The rules raise at most x4 in one change; the what-if's ladder (whatif.candidates) may still offer x8.
 MAX_STEP_FACTOR = 4.0
+# While the calibrated model disagrees with the pods by more than its bound (autotune/trust.py), raises are sized
+# from measurements alone and step at most x1.5 (MIN_RAISE_FACTOR: the smallest raise worth a restart), so a
+# harmful one costs little before verification sees it; protective lowers keep their size.
+CONSERVATIVE_STEP_FACTOR = 1.5
 LITTLE_MARGIN = 1.25  # headroom over the concurrency Little's law asks for
 TTFT_MISS_TOLERANCE = 0.02  # fewer TTFT misses than this are noise, not a reason to restart
 TPOT_HEADROOM = 0.8  # raise only while p95 TPOT is under 80% of its objective

@@ -2,14 +2,17 @@
 
 Everything that decides it lives here:
 
-* the **model** (``engine_model``): a kvsim model of the served engine exists only where the simulated backend
-  names a profile; without one the rules decide alone;
+* the **model** (``engine_model``): the kvsim profile calibrated to the pods (autotune/trust.py, ``ModelView``),
+  for any engine once fitted, or the profile the simulated backend names; without one the rules decide alone;
+* the **model's trust** (``WhatIfGate.measured_only``): where the calibrated model still disagrees with the pods
+  by more than the stated bound, nothing is simulated and the rules step conservatively;
 * the **traffic** (``may_simulate``): the window must carry a traffic fit (autotune/whatif.fit_traffic);
 * the **CPU budget** (``WhatIfBudget``): each engine may spend ``CPU_SECONDS_PER_HOUR`` on simulations; once
   spent, the changes the simulation would have had to confirm wait (``WhatIfBudgetSpent``), protective lowers
   excepted;
 * the **model check** (``model_check``): the model must reproduce the present, or its "nothing to gain" is not
-  to be trusted and the rules decide alone;
+  to be trusted and the rules decide alone; ``goodput_check`` measures its error at the limit in force for the
+  trust verdict;
 * the **recheck period** (``WhatIfGate.recheck``): after a decline the simulation reruns only
   ``RECHECK_SECONDS`` later, unless most requests miss.
 
@@ -33,6 +36,7 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 from kvpilot.autotune.signals import limit_in_force, waiting_beside_full_batch
+from kvpilot.autotune.trust import ModelView, goodput_error
 from kvpilot.autotune.whatif import SHED_SHARE, Engine, fit_traffic, quantized, steady_goodput
 from kvpilot.autotune.window import KvWindow
 
@@ -49,29 +53,50 @@ MODEL_ALL_SERVED = 0.9
 EngineKey = tuple[str, str]  # (namespace, name)
 
 
-def engine_model(spec: InferenceEngineSpec, ceiling: int, *, restart_seconds: float, surge_pods: int) -> Engine | None:
-    """The kvsim model of the served engine, when one exists (the simulated backend names its profile).
-    ``surge_pods``: the pods a rollout starts ahead of the old ones (desired/rollout.surge_pods_in_force)."""
+def engine_model(spec: InferenceEngineSpec, ceiling: int, *, restart_seconds: float, surge_pods: int,
+                 model: ModelView | None = None) -> Engine | None:
+    """The kvsim model of the served engine: with ``model`` (the engine's fit, autotune/trust.py), the profile
+    calibrated to its pods, with the model's error (a real engine too, kvsim's profile of it or a template
+    once fitted); without, the profile the simulated backend names (None for any other engine: the rules
+    decide alone). ``surge_pods``: the pods a rollout starts ahead of the old ones
+    (desired/rollout.surge_pods_in_force)."""
+    backend = "pytorch" if spec.runtime.backend == "pytorch" else "tensorrt"
     sim = spec.runtime.simulation
-    if spec.runtime.backend != "simulated" or sim is None or not sim.profile:
+    named = sim.profile if spec.runtime.backend == "simulated" and sim is not None and sim.profile else None
+    profile = model.profile(ceiling, spec.batching.scheduler_policy, backend) if model is not None else named
+    error = model.model_error if model is not None else 0.0
+    if profile is None:
         return None
     slo = spec.autotune.slo
     ttft = slo.time_to_first_token_millis if slo else None
     return Engine(
-        profile=sim.profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
+        profile=profile, ceiling=ceiling, scheduler_policy=spec.batching.scheduler_policy,
         replicas=spec.serving.replicas, restart_seconds=restart_seconds,
         surge=surge_pods > 0, max_surge=max(1, surge_pods),
         ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
         tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
-        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None)
+        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None, model_error=error, backend=backend)
 
 
-def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None) -> bool:
-    """Whether this pass's autotune decision may run the what-if: tuning on, a kvsim profile to simulate
-    (the simulated backend names one), and a window with the traffic fitted (autotune/whatif.fit_traffic)."""
+def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None, model: ModelView | None = None) -> bool:
+    """Whether this pass's autotune decision may run the what-if: tuning on, a model to simulate (the simulated
+    backend names a kvsim profile, or the engine's fit gives one, ``engine_model``), and a window with the
+    traffic fitted (autotune/whatif.fit_traffic)."""
     sim = spec.runtime.simulation
-    return bool(spec.autotune.enabled and spec.runtime.backend == "simulated" and sim is not None and sim.profile
+    named = spec.runtime.backend == "simulated" and sim is not None and bool(sim.profile)
+    fitted = model is not None and (model.fit is not None or model.base.known)
+    return bool(spec.autotune.enabled and (named or fitted)
                 and w is not None and w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0)
+
+
+def goodput_check(model: Engine, w: KvWindow, limit: int) -> float | None:
+    """The model against the pods at the limit in force: kvsim fed the window's traffic, minus the good
+    requests the pods served, over the offered traffic (autotune/trust.goodput_error). One simulation,
+    memoized; None without a traffic fit or latency histograms."""
+    fit = fit_traffic(w)
+    if fit is None or limit <= 0 or (w.ttft_miss_fraction is None and w.tpot_miss_fraction is None):
+        return None
+    return goodput_error(steady_goodput(model, quantized(fit), min(limit, model.ceiling)), w)
 
 
 def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_parallel: int = 1) -> str | None:
@@ -112,11 +137,14 @@ class WhatIfGate:
     budget_left: bool = True  # the engine's CPU budget has room (WhatIfBudget.left)
     model_valid: bool = True  # the model reproduces what the pods show (model_check)
     model: Engine | None = None  # the kvsim model of the served engine (engine_model); None: none exists
+    # The calibrated model still disagrees with the pods by more than the stated bound (autotune/trust.py):
+    # no simulation, and the rules step conservatively (the fallback flag the rules read).
+    measured_only: bool = False
 
     @property
     def engine(self) -> Engine | None:
         """The model the rules size their lowers with and the simulation runs on; None: the rules alone."""
-        return self.model if self.budget_left and self.model_valid else None
+        return self.model if self.budget_left and self.model_valid and not self.measured_only else None
 
     def recheck(self, declined_since: datetime | None, now: datetime, w: KvWindow) -> str | None:
         """Why the simulation is skipped this interval (None: run it). Once it has declined, it reruns only
@@ -133,7 +161,7 @@ class WhatIfGate:
     def withheld(self, decision: Decision, current: int) -> Decision:
         """The decision, or a hold when the budget is spent and the change is one the simulation would have had
         to confirm: unconfirmed, it may cost more than it gains, so it waits for the budget to refill."""
-        if (self.model is None or not self.model_valid or self.budget_left or not decision.changes
+        if (self.model is None or not self.model_valid or self.measured_only or self.budget_left or not decision.changes
                 or decision.reason in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS)):
             return decision
         return Decision(Action.HOLD, current, TunerReason.WHAT_IF_BUDGET_SPENT,

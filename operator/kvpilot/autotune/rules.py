@@ -12,6 +12,7 @@ import math
 
 from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
+    CONSERVATIVE_STEP_FACTOR,
     HYSTERESIS,
     MAX_LOWER_FACTOR,
     MAX_STEP_FACTOR,
@@ -111,7 +112,8 @@ def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int
         return move(inp, math.ceil(cur * MIN_RAISE_FACTOR), TunerReason.QUEUE_WITH_HEADROOM,
                     f"{why}; the TPOT objective is near, so the simulation decides how far to raise")
     fit = kv_fit(w, target_u, hi)
-    wanted = min(fit, needed(cur, w, misses), math.floor(cur * MAX_STEP_FACTOR))
+    step = CONSERVATIVE_STEP_FACTOR if inp.what_if.measured_only else MAX_STEP_FACTOR
+    wanted = min(fit, needed(cur, w, misses), math.floor(cur * step))
     bound = tpot_bound(inp.spec.slo, w)
     if bound is not None and bound > cur:
         wanted = min(wanted, bound)
@@ -120,8 +122,9 @@ def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int
         return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{why}; a restart would cost more than it saves ({verdict})")
     if wanted > hi and _may_rebuild(inp, hi, fit):
         return _rebuild(inp, w, misses, wanted, fit, why, util)
+    careful = "; the model disagrees with the pods, so the step is at most x1.5" if inp.what_if.measured_only else ""
     return move(inp, wanted, TunerReason.QUEUE_WITH_HEADROOM, f"{why}; the batch is full ({w.peak_active}/{cur}); {util}; "
-                f"{verdict}")
+                f"{verdict}{careful}")
 
 
 def _may_rebuild(inp: TunerInput, hi: int, fit: int) -> bool:

@@ -7,8 +7,11 @@ with the rollout strategy in force). The change goes ahead only when the candida
 planning horizon beats staying put by ``MARGIN``. Deterministic (seeded), so the policy stays a pure
 function of its input; its CPU cost is bounded by ``MAX_REQUESTS`` simulated requests per candidate.
 
-It needs a kvsim profile for the pods' model and GPU: the simulated backend names one; for a real engine the
-tuner falls back to its rules alone.
+It simulates the engine the pods run, not the datasheet: ``Engine.profile`` is a kvsim profile name or a
+``kvsim.Profile`` calibrated to the pods' own metrics (``autotune/calibrate.py``, ``autotune/engine_model.py``),
+and ``Engine.model_error`` says how far that model is from what the pods show. Among candidates the model scores
+within its own error of each other, it prefers the one with the most margin on the objectives (p95 TTFT and
+TPOT against their objectives), not the largest: a model 20% off cannot tell 256 from 512 on a TPOT cliff.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvsim import EngineConfig, Request
-from kvsim.config import CapacityPolicy
+from kvsim import EngineConfig, Profile, Request, RequestRecord
+from kvsim.config import Backend, CapacityPolicy
 from kvsim.workload import Phase
 
 from kvpilot.autotune.fleet import Fleet
@@ -35,6 +38,7 @@ MAX_REQUESTS = 6000  # per simulated run
 DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8
+NOISE = 0.01  # the simulation's own noise: candidates within 1% of each other are equal even to an exact model
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,11 @@ class TrafficFit:
 
 @dataclass(frozen=True)
 class Engine:
-    """What the simulation needs to know about the served engine."""
+    """What the simulation needs to know about the served engine. ``profile``: a kvsim profile name, or the
+    profile calibrated to the pods (autotune/engine_model.py); ``model_error``: the model's relative error
+    against what the pods show (0: taken as exact; candidates within max(NOISE, it) of the best are equals)."""
 
-    profile: str
+    profile: str | Profile
     ceiling: int
     scheduler_policy: str
     replicas: int
@@ -67,6 +73,8 @@ class Engine:
     # limit short of ample capacity scores ~0, so the comparison would measure the queue, not the limit.
     queue_timeout_s: float | None = None
     max_surge: int = 1  # with surge: pods started at once (the spare GPUs; the whole rollout when all fit)
+    model_error: float = 0.0
+    backend: str = "tensorrt"  # the pods' execution backend (pytorch or tensorrt; the simulated backend plays tensorrt)
 
 
 def fit_traffic(w: KvWindow) -> TrafficFit | None:
@@ -118,11 +126,20 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
                            max_tokens=fit.max_tokens, arrival_s=t, request_id=len(out)))
 
 
-def _config(e: Engine, limit: int) -> EngineConfig:
-    policy = CapacityPolicy.MAX_UTILIZATION if e.scheduler_policy == "MaxUtilization" \
+def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str,
+               backend: str = "tensorrt") -> EngineConfig:
+    """The kvsim configuration the what-if simulates a pod with (engine_model.py inverts its memory plan to
+    give the simulated pool the pods' own size). ``backend``: the pods' (pytorch: no engine build, CUDA-graph
+    memory instead of the C++ runtime's per-slot buffers, kvsim.memory)."""
+    policy = CapacityPolicy.MAX_UTILIZATION if scheduler_policy == "MaxUtilization" \
         else CapacityPolicy.GUARANTEED_NO_EVICT
-    return EngineConfig(profile=e.profile, build_max_batch_size=e.ceiling, max_batch_size=limit,
-                        enable_chunked_context=True, capacity_policy=policy)
+    return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=limit,
+                        enable_chunked_context=True, capacity_policy=policy,
+                        backend=Backend.PYTORCH if backend == "pytorch" else Backend.TENSORRT)
+
+
+def _config(e: Engine, limit: int) -> EngineConfig:
+    return sim_config(e.profile, e.ceiling, limit, e.scheduler_policy, e.backend)
 
 
 def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, horizon_s: float) -> float:
@@ -173,11 +190,30 @@ def requests_per_run(runs: int) -> int:
     return max(1000, min(MAX_REQUESTS, DECISION_BUDGET_REQUESTS // max(1, runs)))
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one simulated limit serves: good requests per second, and the p95 TTFT and TPOT of those served
+    (milliseconds; None when none was served), which say how much margin it leaves on the objectives."""
+
+    goodput: float
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+
+    def margin(self, e: Engine) -> float:
+        """The smaller relative margin left on the objectives: 1 - p95 / objective (objectives not set count
+        as ample; nothing served counts as none)."""
+        if self.ttft_p95_ms is None:
+            return 0.0
+        margins = [1.0 - p95 / slo for p95, slo in ((self.ttft_p95_ms, e.ttft_ms), (self.tpot_p95_ms, e.tpot_ms))
+                   if math.isfinite(slo) and slo > 0 and p95 is not None]
+        return min(margins, default=1.0)
+
+
 @lru_cache(maxsize=512)
-def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_REQUESTS) -> float:
-    """Good requests per second at ``limit`` once the fleet is loaded (no restart): the fitted traffic for
-    STEADY_SECONDS (fewer at high rates: ``max_requests`` bounds the CPU), counted after the first fifth.
-    Memoized (pure: seeded traffic, the same engine model)."""
+def steady_run(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_REQUESTS) -> Outcome:
+    """The fitted traffic at ``limit`` once the fleet is loaded (no restart), for STEADY_SECONDS (fewer at
+    high rates: ``max_requests`` bounds the CPU), counted after the first fifth. Memoized (pure: seeded
+    traffic, the same engine model)."""
     duration = min(STEADY_SECONDS, max_requests / fit.rate_per_s)
     requests = _requests(fit, duration)
     fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s)
@@ -186,37 +222,63 @@ def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = M
         fleet.submit(req)
     fleet.advance(duration + 60.0)
     start = duration / 5
-    good = sum(1 for r in fleet.records
-               if r.arrival_s >= start and r.finish_s is not None and r.ttft_s is not None
-               and r.ttft_s * 1e3 <= e.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= e.tpot_ms))
-    return good / (duration - start)
+    served = [r for r in fleet.records if r.arrival_s >= start and r.finish_s is not None and r.ttft_s is not None]
+    good = sum(1 for r in served if _good(r, e))
+    return Outcome(good / (duration - start), _p95([r.ttft_s for r in served if r.ttft_s is not None]),
+                   _p95([r.tpot_s for r in served if r.tpot_s is not None]))
 
 
-def choose(results: dict[int, float], stay: float, gains: dict[int, float], lost: float, current: int,
-           margin: float = MARGIN, tpot_near: bool = False) -> int | None:
-    """The candidate to roll to, from its simulated goodput (``results``), staying put's (``stay``), its gain
+def steady_goodput(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_REQUESTS) -> float:
+    """Good requests per second at ``limit`` once the fleet is loaded (``steady_run``'s goodput)."""
+    return steady_run(e, fit, limit, max_requests).goodput
+
+
+def _good(r: RequestRecord, e: Engine) -> bool:
+    return r.ttft_s is not None and r.ttft_s * 1e3 <= e.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= e.tpot_ms)
+
+
+def _p95(values_s: list[float]) -> float | None:
+    if not values_s:
+        return None
+    ordered = sorted(values_s)
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] * 1e3
+
+
+def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], lost: float, current: int,
+           e: Engine, margin: float = MARGIN) -> int | None:
+    """The candidate to roll to, from its simulated outcome (``results``), staying put's (``stay``), its gain
     over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
 
-    Within 1% of the best (the simulation's own noise): a lower takes the mildest, and so does a raise near
-    the TPOT objective (``tpot_near``: a larger batch the model scores as equal only adds TPOT risk); a raise
-    with TPOT headroom takes the largest (the fit under-counts long outputs still in flight, so capacity to
-    spare is the safer error)."""
-    ok = [c for c in results if results[c] > stay * (1 + margin) + 1e-9 and gains[c] > lost]
+    The model is only as good as its error (``e.model_error``, at least the simulation's NOISE): a candidate
+    must beat staying put by the larger of ``margin`` and that error, and among those within that error of the
+    best, the one with the most margin on the objectives wins (p95 TTFT and TPOT against their objectives,
+    margins within the same error counting as equal). Not the largest: on an engine slower than its model, the
+    largest of equals sits on the TPOT cliff's edge (issue 18: 113, 128, 256 and 512 scored alike; 512 broke
+    TPOT). Among equal margins the largest candidate wins: a raise then keeps capacity to spare, which is the
+    safer error because the traffic fit under-counts long outputs still in flight, and a lower is then the
+    mildest."""
+    error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
+    ok = [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9
+          and gains[c] > lost]
     if not ok:
         return None
-    top = max(results[c] for c in ok)
-    near = [c for c in ok if results[c] >= 0.99 * top]
-    if tpot_near:
-        return min(near, key=lambda c: abs(math.log(c / current)))
-    return max(near)
+    tolerance = max(NOISE, error)
+    top = max(results[c].goodput for c in ok)
+    near = [c for c in ok if results[c].goodput >= (1 - tolerance) * top]
+    widest = max(results[c].margin(e) for c in near)
+    return max(c for c in near if results[c].margin(e) >= widest - tolerance)
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
             horizon_s: float, margin: float = MARGIN, tpot_near: bool = False) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
-    model for the rollout in force) and beats staying put by ``margin``; None when no candidate does. Also the
-    figures and the CPU it took. Without a traffic fit: None with the reason "no traffic fit"."""
+    model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
+    None when no candidate does. Also the figures and the CPU it took. Without a traffic fit: None with the
+    reason "no traffic fit". ``tpot_near`` (p95 TPOT already close to its objective) is the caller's reason
+    for a wider ``margin``; the choice among equals reads the margin on the objectives from each candidate's
+    own simulated p95s (``choose``)."""
+    del tpot_near
     fit = fit_traffic(w)
     if fit is None:
         return None, "no traffic fit"
@@ -226,16 +288,17 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     started = time.process_time()
     others = [c for c in candidates if c != current]
     budget = requests_per_run(1 + len(others))
-    stay = steady_goodput(e, fit, current, budget)
-    results = {c: steady_goodput(e, fit, c, budget) for c in others}
+    stay = steady_run(e, fit, current, budget)
+    results = {c: steady_run(e, fit, c, budget) for c in others}
     cpu = time.process_time() - started
     rollout_s = e.replicas * e.restart_seconds
-    lost = restart_cost_s * stay
-    gains = {c: (g - stay) * max(0.0, horizon_s - rollout_s) for c, g in results.items()}
-    best = choose(results, stay, gains, lost, current, margin, tpot_near)
-    tried = ", ".join(f"{results[c]:.2f} at {c}" for c in sorted(results))
+    lost = restart_cost_s * stay.goodput
+    gains = {c: (o.goodput - stay.goodput) * max(0.0, horizon_s - rollout_s) for c, o in results.items()}
+    best = choose(results, stay, gains, lost, current, e, margin)
+    tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
     burst = f", arrival cv {fit.arrival_cv:.2f}" if fit.arrival_cv != 1.0 else ""
+    error = f"; model error {e.model_error:.0%}" if e.model_error > NOISE else ""
     why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
-           f"goodput {stay:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests "
-           f"({cpu:.1f} CPU-s)")
+           f"goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests"
+           f"{error} ({cpu:.1f} CPU-s)")
     return best, why

@@ -33,6 +33,7 @@ from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.status import BatchingStatus, EngineStatus
 from kvpilot.api.validate import validate_manifest
+from kvpilot.autotune.calibrate import PromptWork
 from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
@@ -42,7 +43,8 @@ from kvpilot.desired.settings import Settings
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS
 from kvpilot.observe.scrape import sample_seconds
 from kvpilot.autotune.summarize import summarize as summarize_window
-from kvpilot.trtllm.metrics import parse_iteration_stats
+from kvpilot.planning import Planner
+from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
 
 SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -107,9 +109,19 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
     return InferenceEngine(ObjectRef("bench", "bench", "uid", 1), parse_spec(defaulted["spec"]))
 
 
+@dataclass(frozen=True)
+class PodReadings:
+    """What the window was made of, per warm pod, for the tuner's engine fit (the live sampler's ``fresh``):
+    the parsed iteration stats, and the prompts of the requests finished (what the 1.3 counters grow by)."""
+
+    samples: dict[str, list[IterationSample]]
+    prompts: dict[str, PromptWork]
+
+
 def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
             slo: Slo, fleet_arrivals: int = 0, gave_up: int = 0,
-            arrival_counts: list[float | None] | None = None) -> KvWindow | None:
+            arrival_counts: list[float | None] | None = None,
+            readings: PodReadings | None = None) -> KvWindow | None:
     """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
     /prometheus/metrics histograms would show (here from the requests that finished in the window).
     ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
@@ -127,6 +139,9 @@ def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, read
         if now_s - ready_at.get(r.name, 0.0) < warmup_s:
             continue  # the operator skips pods still warming up
         samples[r.name] = parse_iteration_stats(stats, now_s)
+        if readings is not None:
+            readings.samples[r.name] = samples[r.name]
+            readings.prompts[r.name] = PromptWork(float(sum(x.prompt_tokens for x in finished)), float(len(finished)))
         ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
         tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
         completed += len(finished)
@@ -196,6 +211,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                   max_surge=room or 1)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
+    planner = Planner(cpu_seconds_per_hour=math.inf)  # simulated time: no CPU budget
     arrived_before = gave_up_before = 0
     # Arrivals per sample period, at the live sampler's period and over its burstiness history (observe/scrape.py
     # count_arrivals); the bench counts the true arrivals, where the live sampler infers them from counters.
@@ -222,13 +238,17 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
         if t >= next_tick:
             counts.extend(_per_period(arrival_times, t - interval, t, period))
             next_tick += interval
+            readings = PodReadings({}, {})
             window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
-                             fleet.gave_up - gave_up_before, list(counts))
+                             fleet.gave_up - gave_up_before, list(counts), readings)
             gave_up_before = fleet.gave_up
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s, surge_room=room)
             started = time.process_time()
-            p = plan(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
+            # The operator's path: the engine fit takes the pods' samples, the planner checks the model and plans.
+            planner.observe_pods(engine, readings.samples, readings.prompts, EPOCH.timestamp() + t,
+                                 (status.batching or BatchingStatus()).max_batch_size or 0)
+            p = planner.plan_inline(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
             decision_cpu.append(time.process_time() - started)
             status = p.status
             batching = status.batching or BatchingStatus()
@@ -242,6 +262,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
+    planner.close()
     result: dict[str, Any] = {**goodput(fleet.records, len(requests), slo, duration_s)}
     result.update({"changes": changes, "final": _target(fleet), "history": history,
                    "restarts": sum(r.restarts for r in fleet.replicas),

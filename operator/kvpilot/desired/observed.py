@@ -14,6 +14,7 @@ from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.desired import labels as L
 from kvpilot.desired.lws_pods import GroupPod
 from kvpilot.api.status import EngineStatus
+from kvpilot.autotune.trust import ModelView
 from kvpilot.autotune.window import KvWindow
 
 __all__ = ["DeploymentState", "JobState", "KvWindow", "Observed", "PodState"]  # KvWindow: re-exported
@@ -95,6 +96,9 @@ class Observed:
     # How many more serving pods the free GPUs of their product would place, at most the replicas (None: not
     # observed). Read by desired/rollout.py for serving.rollout.strategy Auto; filled by the cluster observer.
     surge_room: int | None = None
+    # The engine's model as the tuner's fit of its pods leaves it (autotune/trust.py, ModelView: the calibrated
+    # profile, the trust verdict, status.autotune.model); None: not fitted (no iterations seen, tuning off).
+    model: ModelView | None = None
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

@@ -21,11 +21,13 @@ from kvpilot.api.status import (
     EngineInfo,
     EngineStatus,
     KvCacheStatus,
+    ModelStatus,
     TrafficStatus,
     to_wire,
 )
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.trust import MODEL_TRUSTED, model_condition, model_status
 from kvpilot.desired.rollout import rolling_update
 from kvpilot.desired.tuning import tune
 from kvpilot.desired import labels as L
@@ -246,6 +248,9 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     metrics = metrics_condition(observed.kv) if spec.autotune.enabled else None
     if metrics is not None:
         conds.append(metrics)
+    model = _model_status(spec, observed)
+    if model is not None:
+        conds.append(model_condition(model))
     status = _status(engine, observed, now, conds, build, what, previous_batching, before, after)
     return Plan(apply, job, index, status, events_between(observed.status, status), after.decision,
                 build.fingerprint, create_once=once)
@@ -259,11 +264,12 @@ def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: l
     return EngineStatus(
         observed_generation=meta.generation,
         conditions=merge_conditions(observed.status.conditions, conds, meta.generation, now,
-                                    retired=() if spec.autotune.enabled else (METRICS_VALID,)),
+                                    retired=() if spec.autotune.enabled else (METRICS_VALID, MODEL_TRUSTED)),
         batching=batching_status(spec, previous_batching, value=after.batch, reason=after.reason,
                                  message=after.message, ceiling=what.ceiling, now=now),
-        autotune=autotune_status(observed.status.autotune or AutotuneStatus(), after.decision, current=before.batch,
-                                 applied=after.applied, now=now, spec_ceiling=spec.build.max_batch_size),
+        autotune=_with_model(autotune_status(observed.status.autotune or AutotuneStatus(), after.decision,
+                                             current=before.batch, applied=after.applied, now=now,
+                                             spec_ceiling=spec.build.max_batch_size), _model_status(spec, observed)),
         replicas=dep_state.pods if dep_state else 0,
         ready_replicas=dep_state.ready_replicas if dep_state else 0,
         groups=groups_status(dep_state, list(observed.group_pods), spec.nodes_per_replica, observed.status.groups, now)
@@ -274,6 +280,18 @@ def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: l
         build=build.status,
         kv_cache=_kv_status(observed, now),
     )
+
+
+def _model_status(spec: InferenceEngineSpec, observed: Observed) -> ModelStatus | None:
+    """status.autotune.model to write (autotune/trust.model_status: the previous one while the figures barely
+    move); None without a fit this pass (tuning off, no iterations yet)."""
+    if not spec.autotune.enabled or observed.model is None:
+        return None
+    return model_status((observed.status.autotune or AutotuneStatus()).model, observed.model.status)
+
+
+def _with_model(tune: AutotuneStatus, model: ModelStatus | None) -> AutotuneStatus:
+    return tune if model is None or tune.model == model else replace(tune, model=model)
 
 
 def requeue_after(engine: InferenceEngine, p: Plan, resync_seconds: float) -> timedelta:

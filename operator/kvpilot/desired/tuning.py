@@ -91,10 +91,11 @@ def tune(
 
 
 def what_if_model(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -> WhatIfEngine | None:
-    """The kvsim model of the served engine at ``ceiling``, with the restart cost and rollout observed."""
+    """The kvsim model of the served engine at ``ceiling``, with the restart cost and rollout observed, calibrated
+    to the pods where the tuner has fitted them (``observed.model``)."""
     surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
     return engine_model(spec, ceiling, restart_seconds=restart_seconds(spec, observed),
-                        surge_pods=surge)
+                        surge_pods=surge, model=observed.model)
 
 
 def declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:

@@ -26,6 +26,7 @@ from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import PodState
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
+from kvpilot.autotune.calibrate import PromptWork
 from kvpilot.autotune.summarize import summarize
 from kvpilot.trtllm.metrics import (
     IterationSample,
@@ -163,6 +164,10 @@ class PodRecord:
     reading: tuple[float, float] | None = None
     # Its consecutive scrape failures, kept across reset(): a new configuration does not make a pod reachable.
     backoff: PodBackoff | None = None
+    # The tuner's engine fit (autotune/calibrate.py) takes each sample once: when it last took this pod's, and the
+    # pod's (prompt tokens, finished requests) counters then (the prompts a PyTorch pod computed in between).
+    fed_at: float = 0.0
+    fed_counters: tuple[float, float] | None = None
 
     def forget_window(self) -> None:
         self.samples.clear()
@@ -342,6 +347,25 @@ class EngineSampler:
         if snap is not None:
             record.latency.append((wall, snap))
         return len(kept)
+
+    def fresh(self) -> tuple[dict[str, list[IterationSample]], dict[str, PromptWork]]:
+        """The samples each pod sent since the previous call, and the prompts its request counters grew by,
+        for the tuner's engine fit (each sample once, whatever the passes that read the window)."""
+        samples: dict[str, list[IterationSample]] = {}
+        prompts: dict[str, PromptWork] = {}
+        for pod, record in self.pods.items():
+            new = [x for x in record.samples if x.timestamp_s > record.fed_at]
+            if new:
+                samples[pod] = new
+                record.fed_at = new[-1].timestamp_s
+            counters = next(((snap.prompt_tokens, snap.completed) for _at, snap in reversed(record.latency)
+                             if snap.prompt_tokens is not None and snap.completed is not None), None)
+            if counters is not None and record.fed_counters is not None:
+                tokens, done = counters[0] - record.fed_counters[0], counters[1] - record.fed_counters[1]
+                if tokens >= 0 and done >= 0:  # a counter that went back is a restarted pod: no figure
+                    prompts[pod] = PromptWork(tokens, done)
+            record.fed_counters = counters if counters is not None else record.fed_counters
+        return samples, prompts
 
     def window(
         self, interval_seconds: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
