@@ -266,3 +266,17 @@ def test_pytorch_quantization_is_admitted_with_an_engine_cache(quant: str) -> No
     p = plan(torch(build__quantization=quant), Observed(claim_phase="Bound"), S, NOW)
     assert "export_hf_checkpoint" in p.build_job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert p.status.build.state == "Building"
+
+
+def test_a_multinode_pytorch_prepare_publishes_without_a_warm_up() -> None:
+    """A multi-node engine's ranks do not fit the prepare Job's one pod: its prepare fetches and publishes, and
+    serves nothing; a one-node engine still warms up (the kernel autotuner's cache)."""
+    multi = torch(build__tensorParallelSize=8, build__pipelineParallelSize=2, serving__gpusPerNode=8,
+                  engineCache={"claimName": "engines", "accessMode": "ReadWriteMany", "size": "1Ti"}).spec
+    assert multi.multinode
+    script = BS.prepare_script(multi, FP, "img:1", 64, serving_surface(multi, "img:1", None)[0])
+    assert "warm-up skipped: a multi-node engine" in script and "until /health answers" not in script
+    assert "snapshot_download" in script and "kvpilot-engine.json" in script
+    single = torch().spec
+    assert "until /health answers" in BS.prepare_script(single, FP, "img:1", 64,
+                                                         serving_surface(single, "img:1", None)[0])

@@ -93,6 +93,23 @@ def build_script(spec: InferenceEngineSpec, fingerprint: str, image: str, max_ba
                        record_probe=real)
 
 
+def _warmup_lines(spec: InferenceEngineSpec, paths: BuildPaths, batch: int, surface: Surface) -> list[str]:
+    """The warm-up step, or why there is none: a multi-node engine's ranks do not fit the prepare Job's one pod, so
+    its checkpoint is published unserved and each group's leader tunes its kernels at its first start (the warm
+    directory stays empty, and the serving pods' copy of it is a no-op)."""
+    if spec.multinode:
+        return ["echo '+ warm-up skipped: a multi-node engine does not fit one pod; groups tune kernels at start'"]
+    config = shlex.quote(prepare.warmup_config(spec, batch, surface))
+    warm = prepare.warmup(spec, paths, batch)
+    return [
+        f"printf '%s' {config} > \"$STAGE/{prepare.WARMUP_DIR}/llm-api.yaml\"",
+        f'export {AUTOTUNER_CACHE_ENV}="$STAGE"/{prepare.WARMUP_DIR}/{prepare.AUTOTUNER_FILE}',
+        f"echo '+ {warm.tool}: trtllm-serve until /health answers (the kernel autotuner writes its cache)'",
+        warm.shell(),
+        f'rm -f "$STAGE/{prepare.WARMUP_DIR}/llm-api.yaml"',
+    ]
+
+
 def prepare_script(spec: InferenceEngineSpec, fingerprint: str, image: str, batch: int, surface: Surface) -> str:
     """The PyTorch prepare as a bash script: fetch, optional ModelOpt quantization, warm-up, atomic publish."""
     paths = prepare.prepare_paths(spec, fingerprint)
@@ -100,15 +117,7 @@ def prepare_script(spec: InferenceEngineSpec, fingerprint: str, image: str, batc
     for step in prepare.fetch_and_quantize(spec, paths):
         lines += [f"echo '+ {step.tool}'", step.shell()]
     lines += prepare.link_lines(spec, paths)
-    config = shlex.quote(prepare.warmup_config(spec, batch, surface))
-    warm = prepare.warmup(spec, paths, batch)
-    lines += [
-        f"printf '%s' {config} > \"$STAGE/{prepare.WARMUP_DIR}/llm-api.yaml\"",
-        f'export {AUTOTUNER_CACHE_ENV}="$STAGE"/{prepare.WARMUP_DIR}/{prepare.AUTOTUNER_FILE}',
-        f"echo '+ {warm.tool}: trtllm-serve until /health answers (the kernel autotuner writes its cache)'",
-        warm.shell(),
-        f'rm -f "$STAGE/{prepare.WARMUP_DIR}/llm-api.yaml"',
-    ]
+    lines += _warmup_lines(spec, paths, batch, surface)
     body = prepare.prepare_manifest(spec, fingerprint, image, batch)
     words = ("prepared checkpoint", "prepare", "prepare Job", "checkpoint")
     return _job_script(paths, words, f"mkdir -p \"$STAGE/{prepare.WARMUP_DIR}\"", lines, body,
