@@ -26,7 +26,8 @@ from kvpilot import defaults, telemetry
 from kvpilot.api.models import InferenceEngine
 from kvpilot.api.status import EngineStatus, parse_status
 from kvpilot.api.validate import InvalidEngineError
-from kvpilot.desired.observed import PodState
+from kvpilot.desired.build import RETRY_ANNOTATION
+from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import requeue_after
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim_name
@@ -87,6 +88,7 @@ class EngineLoop:
     # (the stored status dict, its parse): status is parsed once per stored version, not once per reader
     typed_status: tuple[object, EngineStatus] | None = None
     pods: tuple[PodState, ...] = ()  # its serving pods, as the last pass observed them: what is sampled
+    pod_limit: int | None = None  # the most serving pods it may run (replicas + surge): a window from more is void
     failures: int = 0  # passes failed in a row (the back-off); only a pass that succeeds resets it
     held: bool = False  # the last pass failed for good: only the back-off's end or a spec change retries
     spec_changed: bool = False  # the spec (or a request in its annotations) changed since the last pass
@@ -96,7 +98,7 @@ class EngineLoop:
     def engine(self) -> InferenceEngine:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
         meta = self.body.get("metadata") or {}
-        version = f"{meta.get('uid')}/{meta.get('generation')}"
+        version = f"{meta.get('uid')}/{meta.get('generation')}/{requests_of(self.body)}"
         if self.parsed is None or self.parsed[0] != version:
             self.parsed = (version, engine_from_body(self.body, self.status()))
         return self.parsed[1]
@@ -112,6 +114,18 @@ class EngineLoop:
         """Keep the status this operator just wrote as the stored one (and its typed form, without a reparse)."""
         self.body, self.wrote_status = {**self.body, "status": written}, True
         self.typed_status = (written, status)
+
+
+def requests_of(body: dict[str, Any]) -> str | None:
+    """What the engine asks of the operator outside its spec (annotations change no generation): a build retry."""
+    return ((body.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION)
+
+
+def pod_limit(engine: InferenceEngine, observed: Observed) -> int:
+    """The most serving pods the engine runs at once: its replicas, plus the surge its Deployment allows."""
+    dep = observed.deployment
+    surge = dep.rolling_update[0] if dep is not None and dep.rolling_update is not None else 0
+    return engine.spec.serving.replicas + max(surge, 0)
 
 
 def _runtime_batch(status: EngineStatus) -> int | None:
@@ -167,9 +181,10 @@ class EngineLoops:
             return
         # The operator is the only writer of status, so once it has written one, a watch event can only carry
         # that status or an older one (events lag): keep ours rather than roll the tuner's bookkeeping back.
+        asked = requests_of(body) != requests_of(loop.body)
         loop.body = {**body, "status": loop.body["status"]} if loop.wrote_status else body
         generation = int(meta.get("generation") or 0)
-        if generation != loop.generation:  # spec changed; status-only changes (ours) do not wake
+        if generation != loop.generation or asked:  # spec changed; status-only changes (ours) do not wake
             loop.spec_changed = True
             loop.wake.set()
 
@@ -227,7 +242,7 @@ class EngineLoops:
             loop.spec_changed = False
             engine = loop.engine()  # the latest body: it may have changed while queued
             loop.generation = engine.meta.generation
-            kv = await self.signals.window(loop.sampler, engine, loop.pods)
+            kv = await self.signals.window(loop.sampler, engine, loop.pods, loop.pod_limit)
             raw = loop.body.get("status")
             p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
                                           self.settings, kv, now=self.now(), planner=self.planner,
@@ -239,6 +254,7 @@ class EngineLoops:
         if _runtime_batch(p.status) != before:  # the old pods' numbers no longer apply
             loop.sampler.reset()
         loop.pods = tuple(observed.pods)
+        loop.pod_limit = pod_limit(engine, observed)
         bind_engine(fingerprint=p.fingerprint, decision=p.decision.action if p.decision else None)
         loop.next_reconcile = self.clock() + requeue_after(engine, p, self.resync_seconds).total_seconds()
 

@@ -24,6 +24,7 @@ from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import JobState, Observed
+from kvpilot.desired.build import RETRY_ANNOTATION
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.events import Event, events_between
@@ -68,6 +69,7 @@ def engine_from_body(body: dict[str, Any], status: EngineStatus) -> InferenceEng
         uid=meta.get("uid", ""),
         generation=int(meta.get("generation") or 0),
         labels=dict(meta.get("labels") or {}),
+        annotations={k: str(v) for k, v in (meta.get("annotations") or {}).items() if k == RETRY_ANNOTATION},
     )
     return InferenceEngine(meta=ref, spec=parse_spec(defaulted["spec"]))
 
@@ -137,6 +139,15 @@ async def _create_once(writer: ChildWriter, owner: ObjectRef, once: CreateOnce) 
     await writer.create_once(owner, once)
 
 
+def _named_as_decided(job: dict[str, Any] | None, status: EngineStatus) -> dict[str, Any] | None:
+    """The build Job under the name the build decision gave it (status.build.job): a retry the user asked for
+    builds under a name of its own (desired/build.py, ``retry_job_name``), the failed Job staying as it is."""
+    name = status.build.job if status.build is not None else None
+    if job is None or not name or job["metadata"]["name"] == name:
+        return job
+    return {**job, "metadata": {**job["metadata"], "name": name}}
+
+
 def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed: Observed) -> list[Write]:
     """The writes of a pass, not yet sent: the plan's applies, the build Job (create or join) and the index entry.
 
@@ -146,9 +157,10 @@ def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed
     owner = engine.meta
     writes: list[Write] = [(f"{obj['kind']} {obj['metadata']['name']}", _apply(writer, owner, obj)) for obj in p.apply]
     writes += [(str(once), _create_once(writer, owner, once)) for once in p.create_once]
-    job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
-    if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
-        writes.append((f"Job {job_name}", _start_build(writer, owner, p.build_job)))
+    job = _named_as_decided(p.build_job, p.status)
+    job_name = (job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
+    if job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
+        writes.append((f"Job {job_name}", _start_build(writer, owner, job)))
     elif observed.job is not None and owner.uid not in observed.job.owner_uids:
         writes.append((f"Job {job_name}", writer.join_build(
             owner, build_job_identity(owner.namespace, observed.job.name, p.fingerprint))))
@@ -223,8 +235,8 @@ async def reconcile(
     raises, whatever write failed."""
     started = time.monotonic()
     stored = typed if typed is not None else parse_status(status)
-    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus)
     at = now or datetime.now(timezone.utc)
+    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus, at)
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
