@@ -149,7 +149,9 @@ def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
     op.start()
     yield op
     op.stop()
-    denied = [line for line in op.logs().splitlines() if "HTTP 403" in line or "forbidden" in line.lower()]
+    # An admission policy's refusal also reads "is forbidden" (the fault trials install one): not an RBAC gap.
+    denied = [line for line in op.logs().splitlines() if ("HTTP 403" in line or "forbidden" in line.lower())
+              and "ValidatingAdmissionPolicy" not in line]
     assert not denied, "the operator hit RBAC denials:\n" + "\n".join(denied[:10])
 
 
