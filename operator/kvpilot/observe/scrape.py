@@ -26,6 +26,7 @@ from kvpilot.desired.observed import PodState
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
 from kvpilot.autotune.summarize import summarize
 from kvpilot.observe.replies import POD_REPLY_BYTES, ParsedReply, parse_replies, read_bounded
+from kvpilot.observe.replies import decode_json as decode_json  # re-exported: its home before observe/replies.py
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, MetricsRejected
 
 log = logging.getLogger(__name__)
