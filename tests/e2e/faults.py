@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
@@ -22,9 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from hack import closedloop
 from hack.testenv import cluster
 from tests.cases.engines import base, override
-from tests.e2e.conftest import Operator, condition, get, kubectl, run_kubectl
-
-EDIT_ROLE = "kvpilot-edit"  # the chart's aggregated ClusterRole (release "kvpilot"): create/patch/delete engines
+from tests.e2e.conftest import Operator, condition, get, kubectl
+from tests.e2e.test_tenancy_policy import EDIT_ROLE, Tenant
 
 
 def admin_client() -> k8s_client.ApiClient:
@@ -34,11 +32,13 @@ def admin_client() -> k8s_client.ApiClient:
 
 
 class Team:
-    """A namespace (with the ``engines`` claim) and a tenant in it who holds only kvpilot-edit."""
+    """A namespace (with the ``engines`` claim) and a tenant in it who holds only kvpilot-edit (``Tenant``, the
+    impersonated user of the tenant-policy trial)."""
 
     def __init__(self) -> None:
         suffix = uuid.uuid4().hex[:6]
         self.namespace, self.user = f"team-{suffix}", f"tenant-{suffix}"
+        self.tenant = Tenant(self.namespace, self.user)
 
     def create(self) -> None:
         closedloop.create_namespace(self.namespace)
@@ -50,23 +50,15 @@ class Team:
 
     def submit(self, doc: dict[str, Any]) -> None:
         """Create an InferenceEngine as the tenant (kvpilot-edit grants create, not get: no apply)."""
-        out = run_kubectl(f"--as={self.user}", "-n", self.namespace, "create", "-f", "-", stdin=yaml.safe_dump(doc))
+        out = self.tenant.create(doc)
         assert out.returncode == 0, out.stderr
 
     def patch(self, name: str, patch: dict[str, Any]) -> None:
-        """A merge PATCH as the tenant (kubectl patch reads first, which kvpilot-edit does not grant)."""
-        with admin_client() as api:
-            api.set_default_header("Impersonate-User", self.user)
-            try:
-                k8s_client.CustomObjectsApi(api).patch_namespaced_custom_object(
-                    "serving.kvpilot.io", "v1alpha1", self.namespace, "inferenceengines", name, patch,
-                    _content_type="application/merge-patch+json")
-            except ApiException as exc:
-                raise AssertionError(f"the tenant could not patch {name}: {exc.body}") from exc
+        out = self.tenant.patch(name, patch)
+        assert out.returncode == 0, f"the tenant could not patch {name}: {out.stderr}"
 
     def remove(self, name: str) -> None:
-        out = run_kubectl(f"--as={self.user}", "-n", self.namespace, "delete", "inferenceengine", name,
-                          "--wait=false")
+        out = self.tenant.kubectl("delete", "inferenceengine", name, "--wait=false")
         assert out.returncode == 0, out.stderr
 
     def engine(self, name: str) -> dict[str, Any]:
