@@ -26,12 +26,13 @@ from kvpilot import defaults, telemetry
 from kvpilot.api.models import InferenceEngine
 from kvpilot.api.status import EngineStatus, parse_status
 from kvpilot.api.validate import InvalidEngineError
-from kvpilot.desired.observed import PodState
+from kvpilot.desired.build import RETRY_ANNOTATION
+from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.plan import requeue_after
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim_name
 from kvpilot.k8s.api import Api
-from kvpilot.k8s.errors import ApiError, Forbidden, Invalid
+from kvpilot.k8s.errors import PERMANENT_ERRORS, ApiError
 from kvpilot.k8s.watches import ChildWatches
 from kvpilot.k8s.writes import ChildWriter
 from kvpilot.logfilter import install as install_repeat_filter
@@ -44,7 +45,9 @@ from kvpilot.workqueue import CHANGE, RESYNC, PrioritySlots
 
 log = logging.getLogger(__name__)
 ERROR_BACKOFF_SECONDS = (2, 5, 15, 30, 60)
-# RBAC denials and rejected objects do not heal by retrying: wait longer (the status already says why).
+# RBAC denials, rejected objects and names taken by foreign objects do not heal by retrying: wait longer (the
+# status already says why). Such a back-off holds whatever else the loop does in between: metrics samples do not
+# end it, nor do the children's watch events; only a change of the spec retries at once (issue 22).
 PERMANENT_BACKOFF_SECONDS = (30, 120, 300, 600)
 
 
@@ -58,9 +61,14 @@ async def wait_for_wake(wake: asyncio.Event, timeout: float) -> None:
 
 def backoff_seconds(exc: BaseException, failures: int) -> int:
     """How long to wait before retrying after the ``failures``-th failure in a row (0-based)."""
-    cause = exc.cause if isinstance(exc, ApplyFailed) else exc
-    table = PERMANENT_BACKOFF_SECONDS if isinstance(cause, (Forbidden, Invalid)) else ERROR_BACKOFF_SECONDS
+    table = PERMANENT_BACKOFF_SECONDS if is_permanent(exc) else ERROR_BACKOFF_SECONDS
     return table[min(failures, len(table) - 1)]
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether the API server would answer the same again (a 4xx, a 500 naming an invalid object, a taken name)."""
+    cause = exc.cause if isinstance(exc, ApplyFailed) else exc
+    return isinstance(cause, PERMANENT_ERRORS)
 
 
 @dataclass
@@ -80,14 +88,17 @@ class EngineLoop:
     # (the stored status dict, its parse): status is parsed once per stored version, not once per reader
     typed_status: tuple[object, EngineStatus] | None = None
     pods: tuple[PodState, ...] = ()  # its serving pods, as the last pass observed them: what is sampled
-    failures: int = 0  # passes failed in a row (the back-off)
+    pod_limit: int | None = None  # the most serving pods it may run (replicas + surge): a window from more is void
+    failures: int = 0  # passes failed in a row (the back-off); only a pass that succeeds resets it
+    held: bool = False  # the last pass failed for good: only the back-off's end or a spec change retries
+    spec_changed: bool = False  # the spec (or a request in its annotations) changed since the last pass
     next_reconcile: float = 0.0  # on the scheduler's clock
     next_sample: float | None = None  # None: not sampling (autotune off, no pods, or an invalid spec)
 
     def engine(self) -> InferenceEngine:
         """The typed engine of the latest body, parsed (and defaulted, validated) once per new version."""
         meta = self.body.get("metadata") or {}
-        version = f"{meta.get('uid')}/{meta.get('generation')}"
+        version = f"{meta.get('uid')}/{meta.get('generation')}/{requests_of(self.body)}"
         if self.parsed is None or self.parsed[0] != version:
             self.parsed = (version, engine_from_body(self.body, self.status()))
         return self.parsed[1]
@@ -103,6 +114,18 @@ class EngineLoop:
         """Keep the status this operator just wrote as the stored one (and its typed form, without a reparse)."""
         self.body, self.wrote_status = {**self.body, "status": written}, True
         self.typed_status = (written, status)
+
+
+def requests_of(body: dict[str, Any]) -> str | None:
+    """What the engine asks of the operator outside its spec (annotations change no generation): a build retry."""
+    return ((body.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION)
+
+
+def pod_limit(engine: InferenceEngine, observed: Observed) -> int:
+    """The most serving pods the engine runs at once: its replicas, plus the surge its Deployment allows."""
+    dep = observed.deployment
+    surge = dep.rolling_update[0] if dep is not None and dep.rolling_update is not None else 0
+    return engine.spec.serving.replicas + max(surge, 0)
 
 
 def _runtime_batch(status: EngineStatus) -> int | None:
@@ -158,9 +181,11 @@ class EngineLoops:
             return
         # The operator is the only writer of status, so once it has written one, a watch event can only carry
         # that status or an older one (events lag): keep ours rather than roll the tuner's bookkeeping back.
+        asked = requests_of(body) != requests_of(loop.body)
         loop.body = {**body, "status": loop.body["status"]} if loop.wrote_status else body
         generation = int(meta.get("generation") or 0)
-        if generation != loop.generation:  # spec changed; status-only changes (ours) do not wake
+        if generation != loop.generation or asked:  # spec changed; status-only changes (ours) do not wake
+            loop.spec_changed = True
             loop.wake.set()
 
     async def stop_all(self) -> None:
@@ -179,15 +204,24 @@ class EngineLoops:
             now = self.clock()
             try:
                 await self._sample_if_due(loop, loop.engine(), now)
-                if now >= loop.next_reconcile or loop.wake.is_set():
+                if self._reconcile_due(loop, now):
                     await self._reconcile(loop)
-                loop.failures = 0
+                    loop.failures, loop.held = 0, False  # only a pass that succeeded ends a back-off
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 — a bug in one engine's loop must not stop the others
                 self._failed(loop, exc)
+            if loop.held and not loop.spec_changed:
+                loop.wake.clear()  # a child's news waits for the back-off; the pass then reads it from the cache
             due = loop.next_reconcile if loop.next_sample is None else min(loop.next_reconcile, loop.next_sample)
             await self.wait(loop.wake, max(0.05, due - self.clock()))
+
+    @staticmethod
+    def _reconcile_due(loop: EngineLoop, now: float) -> bool:
+        """A pass is due at its time, or when woken, unless a permanent failure holds it (then only a spec
+        change is news enough)."""
+        woken = loop.wake.is_set() and (not loop.held or loop.spec_changed)
+        return now >= loop.next_reconcile or woken
 
     async def _sample_if_due(self, loop: EngineLoop, engine: InferenceEngine, now: float) -> None:
         sampling = engine.spec.autotune.enabled and bool(loop.pods)
@@ -205,9 +239,10 @@ class EngineLoops:
     async def _reconcile(self, loop: EngineLoop) -> None:
         async with self.slots.hold(CHANGE if loop.wake.is_set() else RESYNC):
             loop.wake.clear()
+            loop.spec_changed = False
             engine = loop.engine()  # the latest body: it may have changed while queued
             loop.generation = engine.meta.generation
-            kv = await self.signals.window(loop.sampler, engine, loop.pods)
+            kv = await self.signals.window(loop.sampler, engine, loop.pods, loop.pod_limit)
             samples, prompts = loop.sampler.fresh()  # the engine fit takes each sample once (autotune/trust.py)
             self.planner.observe_pods(engine, samples, prompts, self.wall_clock(), _runtime_batch(loop.status()) or 0)
             raw = loop.body.get("status")
@@ -221,6 +256,7 @@ class EngineLoops:
         if _runtime_batch(p.status) != before:  # the old pods' numbers no longer apply
             loop.sampler.reset()
         loop.pods = tuple(observed.pods)
+        loop.pod_limit = pod_limit(engine, observed)
         bind_engine(fingerprint=p.fingerprint, decision=p.decision.action if p.decision else None)
         loop.next_reconcile = self.clock() + requeue_after(engine, p, self.resync_seconds).total_seconds()
 
@@ -234,6 +270,7 @@ class EngineLoops:
                 loop.wrote(exc.status, exc.typed)  # written: keep it as ours
             delay = backoff_seconds(exc, loop.failures)
             loop.failures += 1
+            loop.held = is_permanent(exc)
             telemetry.RECONCILES.labels(result="error").inc()
             log.warning("Reconcile of InferenceEngine %s/%s failed (retry in %ss): %s", *loop.key, delay, exc)
             loop.next_reconcile = self.clock() + delay

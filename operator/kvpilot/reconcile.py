@@ -24,16 +24,17 @@ from kvpilot.api.validate import InvalidEngineError, validate_manifest
 from kvpilot.desired import labels as L
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import JobState, Observed
+from kvpilot.desired.build import RETRY_ANNOTATION
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.events import Event, events_between
 from kvpilot.desired.once import CreateOnce
 from kvpilot.desired.storage import engine_index_entry
 from kvpilot.k8s.api import Api
-from kvpilot.api.conditions import DEGRADED, Condition, merge_conditions
+from kvpilot.api.conditions import DEGRADED, PROGRESSING, Condition, ConditionReason, merge_conditions
 from kvpilot.api.timestamps import rfc3339
-from kvpilot.k8s.errors import ApiError
-from kvpilot.k8s.writes import ChildWriter, Write
+from kvpilot.k8s.errors import PERMANENT_ERRORS, ApiError, NameConflict
+from kvpilot.k8s.writes import ChildWriter, Write, build_job_identity
 from kvpilot.observe.cluster import observe_engine
 from kvpilot.planning import Planner
 
@@ -68,6 +69,7 @@ def engine_from_body(body: dict[str, Any], status: EngineStatus) -> InferenceEng
         uid=meta.get("uid", ""),
         generation=int(meta.get("generation") or 0),
         labels=dict(meta.get("labels") or {}),
+        annotations={k: str(v) for k, v in (meta.get("annotations") or {}).items() if k == RETRY_ANNOTATION},
     )
     return InferenceEngine(meta=ref, spec=parse_spec(defaulted["spec"]))
 
@@ -118,20 +120,32 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 class ApplyFailed(ApiError):
-    """Some writes of a pass failed; status already says which (Degraded/ApplyFailed). ``cause`` is the first
-    failure, whose type (Forbidden, Invalid, Transient) decides how long the loop backs off."""
+    """Some writes of a pass failed; status already says which (Degraded, ApplyFailed or NameConflict). ``cause``
+    decides how long the loop backs off: the first failure the API server would repeat (PERMANENT_ERRORS) when
+    there is one, so one write that cannot succeed backs the engine off even beside a transient failure; else
+    the first failure."""
 
     def __init__(self, failures: list[tuple[str, ApiError]], status: dict[str, Any] | None = None,
                  typed: EngineStatus | None = None):
         self.failures = failures
         self.status = status  # the status written (with the Degraded condition)
         self.typed = typed  # the same, typed
-        self.cause = failures[0][1]
+        permanent = [exc for _what, exc in failures if isinstance(exc, PERMANENT_ERRORS)]
+        self.cause = permanent[0] if permanent else failures[0][1]
         super().__init__("; ".join(f"{what}: {exc}" for what, exc in failures))
 
 
 async def _create_once(writer: ChildWriter, owner: ObjectRef, once: CreateOnce) -> None:
     await writer.create_once(owner, once)
+
+
+def _named_as_decided(job: dict[str, Any] | None, status: EngineStatus) -> dict[str, Any] | None:
+    """The build Job under the name the build decision gave it (status.build.job): a retry the user asked for
+    builds under a name of its own (desired/build.py, ``retry_job_name``), the failed Job staying as it is."""
+    name = status.build.job if status.build is not None else None
+    if job is None or not name or job["metadata"]["name"] == name:
+        return job
+    return {**job, "metadata": {**job["metadata"], "name": name}}
 
 
 def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed: Observed) -> list[Write]:
@@ -143,11 +157,13 @@ def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed
     owner = engine.meta
     writes: list[Write] = [(f"{obj['kind']} {obj['metadata']['name']}", _apply(writer, owner, obj)) for obj in p.apply]
     writes += [(str(once), _create_once(writer, owner, once)) for once in p.create_once]
-    job_name = (p.build_job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
-    if p.build_job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
-        writes.append((f"Job {job_name}", _start_build(writer, owner, p.build_job)))
+    job = _named_as_decided(p.build_job, p.status)
+    job_name = (job or {}).get("metadata", {}).get("name") or (observed.job.name if observed.job else "")
+    if job is not None and observed.claim_uid:  # else: the claim's watch event wakes us
+        writes.append((f"Job {job_name}", _start_build(writer, owner, job)))
     elif observed.job is not None and owner.uid not in observed.job.owner_uids:
-        writes.append((f"Job {job_name}", writer.join_build(owner, observed.job.name)))
+        writes.append((f"Job {job_name}", writer.join_build(
+            owner, build_job_identity(owner.namespace, observed.job.name, p.fingerprint))))
     if p.index_entry is not None and observed.claim_uid:
         claim, fp, manifest = p.index_entry
         writes.append((f"ConfigMap {L.engine_index_entry_name(claim, fp)}",
@@ -155,13 +171,41 @@ def _pass_writes(writer: ChildWriter, engine: InferenceEngine, p: Plan, observed
     return writes
 
 
-def _with_failures(status: EngineStatus, failed: list[tuple[str, ApiError]], generation: int,
+RETRY_NOTE = "kvpilot retries with a growing back-off (at most 10 minutes), and at once when the spec changes"
+
+
+def _failure_conditions(failed: list[tuple[str, ApiError]]) -> list[Condition]:
+    """Degraded=True naming the first failed write (a name taken by a foreign object first: NameConflict, every
+    such object named), and Progressing=False: the spec is not applied, whatever the plan saw moving."""
+    conflicts = [exc for _what, exc in failed if isinstance(exc, NameConflict)]
+    if conflicts:
+        reason: ConditionReason = "NameConflict"
+        also = "; also taken: " + ", ".join(f"{c.kind} {c.name}" for c in conflicts[1:]) if len(conflicts) > 1 else ""
+        message = f"{conflicts[0]}{also}"
+    else:
+        what, error = failed[0]
+        reason = "ApplyFailed"
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        message = f"Could not apply {what}: {error}{more}"
+    return [Condition(DEGRADED, "True", reason, f"{message}. {RETRY_NOTE}"),
+            Condition(PROGRESSING, "False", reason, f"The spec is not applied: {message}")]
+
+
+def _with_failures(status: EngineStatus, stored: EngineStatus, failed: list[tuple[str, ApiError]], generation: int,
                    now: datetime) -> EngineStatus:
-    """``status`` with Degraded=True, reason ApplyFailed, naming the first failed write (and how many more)."""
-    what, error = failed[0]
-    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-    cond = Condition(DEGRADED, "True", "ApplyFailed", f"Could not apply {what}: {error}{more}")
-    return replace(status, conditions=merge_conditions(status.conditions, [cond], generation, now))
+    """``status`` with the failure conditions; their transition times are judged against the stored status (not
+    against the plan's fresh conditions, which say no failure), so a retry that fails the same way writes
+    nothing. Progressing keeps a build under way ("Building" is still true while a write fails)."""
+    progressing = status.condition(PROGRESSING)
+    conds = [c for c in _failure_conditions(failed)
+             if not (c.type == PROGRESSING and progressing is not None and progressing.reason == "Building")]
+    merged = merge_conditions(status.conditions, conds, generation, now)
+    before = {c.type: c for c in stored.conditions or ()}
+    touched = {c.type for c in conds}
+    kept = tuple(replace(c, last_transition_time=before[c.type].last_transition_time)
+                 if c.type in touched and c.type in before and before[c.type].status == c.status else c
+                 for c in merged)
+    return replace(status, conditions=kept)
 
 
 async def _post_events(api: Api, engine: InferenceEngine, events: list[Event]) -> None:
@@ -191,14 +235,15 @@ async def reconcile(
     raises, whatever write failed."""
     started = time.monotonic()
     stored = typed if typed is not None else parse_status(status)
-    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus)
     at = now or datetime.now(timezone.utc)
+    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus, at)
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace
     failed = await writer.write_all(ns, _pass_writes(writer, engine, p, observed))
     written_at = now or datetime.now(timezone.utc)
-    new_status = _with_failures(p.status, failed, engine.meta.generation, written_at) if failed else p.status
+    new_status = (_with_failures(p.status, observed.status, failed, engine.meta.generation, written_at)
+                  if failed else p.status)
     new_status = stamp_transitions(observed.status, new_status, written_at)
     written = status_dict(new_status)  # the one serialization of the pass
     p = replace(p, status=new_status, written=written)

@@ -13,6 +13,7 @@ NAMESPACED_NEEDS = {
     ("serving.kvpilot.io", "inferenceengines/finalizers"): frozenset({"update"}),
     ("batch", "jobs"): READ | {"create", "patch"},
     ("apps", "deployments"): MANAGE,
+    ("apps", "replicasets"): READ,  # a pod counts only through its ReplicaSet to the engine's Deployment
     ("", "services"): MANAGE,
     ("", "configmaps"): MANAGE,
     ("", "persistentvolumeclaims"): MANAGE,

@@ -183,7 +183,8 @@ def test_the_build_of_a_multinode_engine_runs_on_one_node_for_every_rank() -> No
 def test_the_plan_creates_the_ssh_secret_once_with_fresh_keys() -> None:
     (engine,) = load_engines(str(EXAMPLES[0]))
     (once,) = served_plan(engine).create_once
-    assert (once.kind, once.name) == ("Secret", "llama-405b-ssh")
+    assert (once.kind, once.name) == ("Secret", multinode.ssh_secret_name(engine.meta))
+    assert once.name.startswith("llama-405b-ssh-")  # and the engine's UID, hashed (issue 22)
     first, second = once.render(), once.render()
     assert first["data"][MN.PRIVATE_KEY] != second["data"][MN.PRIVATE_KEY]  # generated when created, not before
     assert first["metadata"]["ownerReferences"][0]["name"] == "llama-405b"

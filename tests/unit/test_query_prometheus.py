@@ -21,7 +21,7 @@ from kvpilot.api.metrics_url import MetricsPin
 from kvpilot.desired.observed import KvWindow
 from kvpilot.observe import prometheus
 from kvpilot.observe.prometheus import query_prometheus
-from kvpilot.observe.scrape import MAX_BODY_BYTES
+from kvpilot.observe.replies import MAX_BODY_BYTES
 from kvpilot.trtllm.metrics import MetricsRejected
 from tests.unit.test_prometheus_source import as_matrix, scrape
 

@@ -26,21 +26,30 @@ S = Settings()
 
 
 class FakeApi(Api):
-    """The real ``Api`` (its cache) with the wire replaced: writes are recorded and echoed back the way the API
-    server answers them (a resourceVersion, a uid). ``writer`` is a fresh write layer over it, as the operator
-    builds one beside its Api: no test sees another's shared Jobs or writes in flight."""
+    """The real ``Api`` (its cache) with the wire replaced by a small fake API server: writes are recorded, kept in
+    ``server`` and echoed back the way the API server answers them (a resourceVersion, a uid). A create of a name
+    ``server`` holds answers 409; an apply carrying a ``metadata.uid`` other than the stored object's is refused
+    (422), as the API server refuses it. ``writer`` is a fresh write layer over it, as the operator builds one
+    beside its Api: no test sees another's shared Jobs or writes in flight."""
 
     def __init__(self) -> None:
         super().__init__(api_client=object(), pool_size=1)  # type: ignore[arg-type]
         self.writer = ChildWriter(self)
         self.writes: list[tuple[str, str, str]] = []
         self.fail: dict[tuple[str, str], ApiError] = {}  # (verb, kind) -> error to raise
+        self.server: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, namespace, name) -> object
         self._rv = itertools.count(100)
+
+    @staticmethod
+    def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+        meta = obj["metadata"]
+        return obj["kind"], meta.get("namespace", "ns"), meta.get("name", "")
 
     def _echo(self, obj: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(obj)
         out["metadata"].setdefault("uid", f"uid-{out['metadata']['name']}")
         out["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.server[self._key(out)] = copy.deepcopy(out)
         return out
 
     def _write(self, verb: str, kind: str, name: str) -> None:
@@ -50,16 +59,34 @@ class FakeApi(Api):
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self._write("apply", obj["kind"], obj["metadata"]["name"])
+        live = self.server.get(self._key(obj))
+        given = obj["metadata"].get("uid")
+        if given and (live is None or live["metadata"].get("uid") != given):
+            raise Invalid(f'HTTP 422: {obj["kind"]} is invalid: metadata.uid: Invalid value: "{given}": '
+                          "field is immutable")
+        return self._echo(obj)
+
+    async def _create(self, verb: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self._write(verb, obj["kind"], obj["metadata"].get("name", ""))
+        if self._key(obj) in self.server:
+            raise Conflict(f'HTTP 409: {obj["kind"]} "{obj["metadata"]["name"]}" already exists')
         return self._echo(obj)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self._write("create", obj["kind"], obj["metadata"].get("name", ""))
-        return self._echo(obj)
+        return await self._create("create", obj)
+
+    async def create_applied(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return await self._create("create", obj)
+
+    async def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        self._write("get", kind, name)
+        live = self.server.get((kind, namespace, name))
+        return copy.deepcopy(live) if live is not None else None
 
     async def strategic_patch(self, api_version: str, kind: str, name: str, namespace: str,
                               patch: dict[str, Any]) -> dict[str, Any]:
         self._write("patch", kind, name)
-        live = copy.deepcopy(self.cache.get(kind, namespace, name)
+        live = copy.deepcopy(self.server.get((kind, namespace, name)) or self.cache.get(kind, namespace, name)
                              or {"kind": kind, "metadata": {"name": name, "namespace": namespace}})
         refs = live["metadata"].setdefault("ownerReferences", [])
         refs += [r for r in patch["metadata"]["ownerReferences"] if r["uid"] not in {x["uid"] for x in refs}]
@@ -119,7 +146,7 @@ def serve(api: FakeApi) -> tuple[Any, dict[str, Any]]:
 def test_an_unchanged_pass_writes_nothing() -> None:
     api = FakeApi()
     e, status = serve(api)
-    assert ("apply", "Deployment", "e1") in api.writes and status["build"]["state"] == "Succeeded"
+    assert ("create", "Deployment", "e1") in api.writes and status["build"]["state"] == "Succeeded"
     status = run(api, e, status)  # sees the Deployment it applied: conditions move once
     api.writes.clear()
     for _ in range(3):
@@ -137,8 +164,9 @@ def test_a_child_edited_or_deleted_out_of_band_is_restored() -> None:
     dep["metadata"]["resourceVersion"] = "5000"
     api.cache.upsert("Deployment", dep)
     api.cache.delete("Service", {"metadata": {"name": "e1", "namespace": "ns"}})
+    del api.server[("Service", "ns", "e1")]
     run(api, e, status)
-    assert sorted(api.writes) == [("apply", "Deployment", "e1"), ("apply", "Service", "e1")]
+    assert sorted(api.writes) == [("apply", "Deployment", "e1"), ("create", "Service", "e1")]
 
 
 def test_an_entry_of_a_recreated_claim_is_no_cache_hit() -> None:
@@ -171,22 +199,34 @@ def test_engines_sharing_a_fingerprint_create_one_job_and_no_conflicts() -> None
     assert [w[0] for w in jobs].count("patch") == 4  # each other engine joins as an owner, once
 
 
+def rendered_job(e: Any) -> dict[str, Any]:
+    """The build Job a first pass of ``e`` creates (on a fresh fake server with claim-1)."""
+    other = FakeApi()
+    other.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
+    status = run(other, e, {})
+    return copy.deepcopy(other.server[("Job", "ns", status["build"]["job"])])
+
+
 def test_a_job_that_already_exists_is_adopted_not_a_failure() -> None:
-    """Create answers 409 (the Job was created before this operator started and is not in its cache yet):
-    the engine joins it as an owner and builds on, with no Degraded condition and no error."""
+    """Create answers 409 (the Job was created by another engine before this operator started and is not in its
+    cache yet): the engine reads it, finds kvpilot's build Job of its inputs, joins it as an owner and builds on,
+    with no Degraded condition and no error."""
     api = FakeApi()
     e = engine()
     api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
-    api.fail[("create", "Job")] = Conflict('HTTP 409: jobs.batch "kvpilot-build-x" already exists')
+    job_obj = rendered_job(engine(name="e0", uid="uid-0"))
+    api.server[("Job", "ns", job_obj["metadata"]["name"])] = job_obj
     status = run(api, e, {})
     job = status["build"]["job"]
-    assert [w for w in api.writes if w[1] == "Job"] == [("create", "Job", job), ("patch", "Job", job)]
+    assert job == job_obj["metadata"]["name"]
+    assert [w for w in api.writes if w[1] == "Job"] == [("create", "Job", job), ("get", "Job", job),
+                                                        ("patch", "Job", job)]
     owners = [r["uid"] for r in api.cache.get("Job", "ns", job)["metadata"]["ownerReferences"]]
-    assert owners == [e.meta.uid] and status["build"]["state"] == "Building"
+    assert owners == ["uid-0", e.meta.uid] and status["build"]["state"] == "Building"
     assert "Degraded" not in {c["type"] for c in status["conditions"] if c["status"] == "True"}
 
 
-@pytest.mark.parametrize("verb,kind", [("apply", "Deployment"), ("create", "Job"), ("apply", "ConfigMap")])
+@pytest.mark.parametrize("verb,kind", [("create", "Deployment"), ("create", "Job"), ("create", "ConfigMap")])
 def test_every_failed_write_reaches_status_before_the_pass_raises(verb: str, kind: str) -> None:
     api = FakeApi()
     e = engine()
@@ -196,14 +236,18 @@ def test_every_failed_write_reaches_status_before_the_pass_raises(verb: str, kin
         succeed(api, status["build"]["job"])
     else:
         api.cache.delete("Job", {"metadata": {"name": status["build"]["job"], "namespace": "ns"}})
+        del api.server[("Job", "ns", status["build"]["job"])]
     api.fail[(verb, kind)] = Invalid("HTTP 422: spec.template: Invalid value")
     api.writes.clear()
     with pytest.raises(ApplyFailed) as info:
         asyncio.run(reconcile(api, e, status, S, None, NOW, writer=api.writer))
     assert ("patch", "InferenceEngine/status", "e1") in api.writes
-    degraded = {c["type"]: c for c in info.value.status["conditions"]}["Degraded"]
+    conds = {c["type"]: c for c in info.value.status["conditions"]}
+    degraded = conds["Degraded"]
     assert degraded["status"] == "True" and degraded["reason"] == "ApplyFailed"
     assert kind in degraded["message"] and "Invalid value" in degraded["message"]
+    # Never "Settled" while the spec is not applied (a build under way stays "Building": that is still true).
+    assert conds["Progressing"]["reason"] in ("ApplyFailed", "Building"), conds["Progressing"]
 
 
 def test_errors_a_retry_cannot_fix_back_off_longer() -> None:
@@ -223,25 +267,25 @@ def test_a_slow_write_does_not_hold_the_pass_and_its_failure_reaches_the_next_pa
     e = engine()
     api.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
     release: list[asyncio.Future[None]] = []
-    fast_apply = api.apply
+    fast_create = api.create_applied
 
     async def slow_service(obj: dict[str, Any]) -> dict[str, Any]:
         if obj["kind"] == "Service":
-            api.writes.append(("apply", "Service", obj["metadata"]["name"]))
+            api.writes.append(("create", "Service", obj["metadata"]["name"]))
             release.append(asyncio.get_running_loop().create_future())
             await release[-1]
             raise Transient("HTTP 504: timeout allocating a ClusterIP")
-        return await fast_apply(obj)
+        return await fast_create(obj)
 
-    monkeypatch.setattr(api, "apply", slow_service)
+    monkeypatch.setattr(api, "create_applied", slow_service)
 
     async def passes() -> None:
         status = (await reconcile(api, e, {}, S, None, NOW, writer=api.writer))[0].written or {}
         succeed(api, status["build"]["job"])
         status = (await reconcile(api, e, status, S, None, NOW, writer=api.writer))[0].written or {}  # Service in flight: it moved on
-        assert ("apply", "Deployment", "e1") in api.writes and ("patch", "InferenceEngine/status", "e1") in api.writes
+        assert ("create", "Deployment", "e1") in api.writes and ("patch", "InferenceEngine/status", "e1") in api.writes
         status = (await reconcile(api, e, status, S, None, NOW, writer=api.writer))[0].written or {}
-        assert api.writes.count(("apply", "Service", "e1")) == 1  # not sent again while in flight
+        assert api.writes.count(("create", "Service", "e1")) == 1  # not sent again while in flight
         release[0].set_result(None)
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -268,11 +312,11 @@ def test_the_write_state_belongs_to_one_writer() -> None:
             await gate
             raise Transient("HTTP 504: timeout")
 
-        api.apply = slow_failing_apply  # type: ignore[method-assign]
-        await reconcile(api, e, {}, S, None, NOW, writer=api.writer)  # the PVC's apply is still in flight
+        api.create_applied = slow_failing_apply  # type: ignore[method-assign]
+        await reconcile(api, e, {}, S, None, NOW, writer=api.writer)  # the PVC's create is still in flight
         gate.set_result(None)
         await asyncio.sleep(0)
-        del api.apply  # the wire answers again: the next pass can only fail by the late failure
+        del api.create_applied  # the wire answers again: the next pass can only fail by the late failure
         other = FakeApi()
         other.cache.upsert("PersistentVolumeClaim", claim("claim-1"))
         await reconcile(other, e, {}, S, None, NOW, writer=other.writer)  # a fresh writer: no failure of the first

@@ -163,3 +163,67 @@ def test_a_reset_forgets_the_configuration_and_keeps_the_traffic_and_the_backoff
     assert session.reads["127.0.0.10"] == reads["127.0.0.10"] + 1
     # Counted against the readings of 1015, which the reset kept (forgetting them would read as a pod that came).
     assert len(sampler.arrivals) == len(arrivals) + 1 and sampler.arrivals[-1][2] is not None
+
+
+class BigSession(Session):
+    """Answers ``body`` on /metrics for every pod (issue 22: a pod answering 8 MiB)."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__(set())
+        self.body = body
+
+    def get(self, url: str, **kw: Any) -> Reply:
+        reply = super().get(url, **kw)
+        return Reply(200, self.body) if url.endswith("/metrics") and "/prometheus/" not in url else reply
+
+
+def test_a_refused_reply_backs_the_pod_off_and_a_good_one_ends_it() -> None:
+    clock = [1000.0]
+    sampler = EngineSampler(clock=lambda: clock[0])
+    too_big = b"[" + b" " * (scrape.POD_REPLY_BYTES + 1) + b"]"
+    session = BigSession(too_big)
+    for _ in range(10):  # one tick a second for 10 s
+        tick(sampler, session, [POD])
+        clock[0] += 1
+    assert session.reads == {"127.0.0.9": 2}  # at 0 s, then 5 s later; the next is due at 15 s
+    assert sampler.rejections and sampler.rejections[-1][2] == "size"
+    session.body = json.dumps([GOOD]).encode()
+    clock[0] += 10
+    tick(sampler, session, [POD])
+    assert sampler.pods["e1-x"].backoff is None and len(sampler.pods["e1-x"].samples) == 1
+
+
+def test_a_reply_that_does_not_parse_backs_off_too() -> None:
+    clock = [1000.0]
+    sampler = EngineSampler(clock=lambda: clock[0])
+    session = BigSession(b'[{"kvCacheStats": "not an object"}]')
+    for _ in range(4):
+        tick(sampler, session, [POD])
+        clock[0] += 1
+    assert session.reads == {"127.0.0.9": 1} and sampler.pods["e1-x"].backoff is not None
+
+
+def test_replies_are_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    threads: list[int] = []
+    original = scrape.parse_replies
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return original(*args)
+
+    monkeypatch.setattr(scrape, "parse_replies", spy)
+    sampler = EngineSampler(clock=lambda: 1000.0)
+    tick(sampler, Session(set()), [POD])
+    assert threads and threads[0] != threading.get_ident()
+    assert len(sampler.pods["e1-x"].samples) == 1
+
+
+def test_the_samples_held_per_pod_are_capped() -> None:
+    sampler = EngineSampler(clock=lambda: 1000.0)
+    reply = json.dumps([{**GOOD, "iter": i} for i in range(1000)]).encode()
+    for k in range(scrape.MAX_SAMPLES_PER_POD // 1000 + 5):
+        sampler.accept("e1-x", 1000.0 + k, reply, None, scrape.EngineFacts())
+    samples = sampler.pods["e1-x"].samples
+    assert len(samples) == scrape.MAX_SAMPLES_PER_POD and samples[-1].timestamp_s >= samples[0].timestamp_s

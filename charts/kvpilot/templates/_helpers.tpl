@@ -135,6 +135,11 @@ in sync. No wildcards: every group, resource and verb is named.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The serving Deployment's ReplicaSets, read only: a pod's metrics count only if its owner chain leads through
+# one of them to the engine's Deployment (issue 22: pods wearing an engine's labels do not steer its tuner).
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get", "list", "watch"]
 # The engine's Service, its rendered LLM-API config, the engine index, and the engine-cache PVC it may create.
 - apiGroups: [""]
   resources: ["services", "configmaps", "persistentvolumeclaims"]

@@ -31,7 +31,8 @@ ConditionReason = Literal[
     # Progressing (also "Building")
     "RollingOut", "ProgressDeadlineExceeded", "Settled",
     # Degraded (also "BuildFailed", "CacheClaimMissing", "PodsUnschedulable")
-    "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed",
+    "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed", "NameConflict", "ForeignPods",
+    "CacheClaimTerminating",  # Progressing is also ApplyFailed or NameConflict when a write failed (reconcile.py)
     # ReleaseContract and MetricsValid (desired/contract.py)
     "ReleaseMismatch", "UnknownRelease", "BackendRemoved", "Matches", "SamplesRejected", "Accepted",
     # ModelTrusted (autotune/trust.py)

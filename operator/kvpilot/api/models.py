@@ -240,6 +240,7 @@ class ObjectRef:
     uid: str = ""
     generation: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)  # requests to the operator (retry-build)
 
 
 @dataclass(frozen=True)

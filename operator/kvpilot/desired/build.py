@@ -7,11 +7,12 @@ cannot run on its image (a TensorRT engine on a release without the TensorRT bac
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from kvpilot.api.timestamps import rfc3339
+from kvpilot.api.timestamps import parse_rfc3339, rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.status import (
     AutotuneStatus,
@@ -24,13 +25,40 @@ from kvpilot.api.status import (
 )
 from kvpilot.desired import labels as L
 from kvpilot.desired.fingerprint import compute_fingerprint
-from kvpilot.desired.observed import Observed
+from kvpilot.desired.observed import JobState, Observed
 from kvpilot.desired.redact import redact
 from kvpilot.trtllm.build import CACHE_MOUNT
 from kvpilot.trtllm.build_script import manifest as engine_manifest
 from kvpilot.trtllm.prepare import prepare_manifest
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
 from kvpilot.trtllm.surface import clean_record
+
+
+# A build retry the user asks for (a tenant holding kvpilot-edit cannot delete the failed Job, and a failed Job is
+# kept a day): the time of the request, as RFC 3339. A build whose Job failed before that time is built once more,
+# by a Job of its own name (the failed one stays, with its logs); one that fails after it is not retried again.
+RETRY_ANNOTATION = "serving.kvpilot.io/retry-build"
+RETRY_HINT = (f"To build it again, annotate the InferenceEngine with the time: kubectl annotate inferenceengine "
+              f"<name> {RETRY_ANNOTATION}=$(date -u +%Y-%m-%dT%H:%M:%SZ) --overwrite")
+RETRY_CLOCK_SKEW = timedelta(minutes=5)  # a request dated this far ahead of the operator's clock still counts
+
+
+def retry_job_name(job: str, request: str) -> str:
+    """The Job that builds again what ``job`` failed to build, at the request dated ``request``."""
+    return f"{job}-r{hashlib.sha256(request.encode()).hexdigest()[:8]}"
+
+
+def retry_requested(job: JobState, request: str | None, now: datetime) -> bool:
+    """Whether the failed ``job`` is to be built again: the request is a time (RFC 3339) after the failure, and not
+    in the future (a request dated ahead would retry builds that fail later, unasked)."""
+    if not request or not job.failed or not job.failed_at:
+        return False
+    try:
+        asked = parse_rfc3339(request, now.tzinfo)
+        failed = parse_rfc3339(job.failed_at, now.tzinfo)
+    except ValueError:
+        return False
+    return failed < asked <= now + RETRY_CLOCK_SKEW
 
 
 @dataclass(frozen=True)
@@ -73,8 +101,8 @@ def decide_build(
     ceiling, fp = target_fingerprint(spec, observed.status, image)
     previous = observed.status.build or BuildStatus()
     same = previous.fingerprint == fp
-    base = BuildStatus(fingerprint=fp, job=L.build_job_name(fp, claim, observed.claim_uid),
-                       observed_generation=generation)
+    job_name = observed.job.name if observed.job is not None else L.build_job_name(fp, claim, observed.claim_uid)
+    base = BuildStatus(fingerprint=fp, job=job_name, observed_generation=generation)
 
     def decision(**kw: Any) -> BuildDecision:
         return BuildDecision(fingerprint=fp, ceiling=ceiling, image=image, **kw)
@@ -99,6 +127,10 @@ def decide_build(
         manifest = {**manifest, "builtAt": manifest.get("builtAt", finished), "buildJob": job.name}
         state = replace(base, state=BuildState.SUCCEEDED, started_at=job.start_time, finished_at=finished)
         return decision(ready=manifest, create_job=False, record_in_index=manifest, status=state)
+    if job is not None and job.failed and retry_requested(job, observed.retry_build, now):
+        retry = replace(base, job=retry_job_name(job.name, observed.retry_build or ""), state=BuildState.BUILDING,
+                        started_at=rfc3339(now))
+        return decision(ready=None, create_job=True, record_in_index=None, status=retry)
     if job is not None and job.failed:
         state = replace(base, state=BuildState.FAILED, message=redact(job.message[-4000:]), started_at=job.start_time,
                         finished_at=job.completion_time or (previous.finished_at if same else None) or rfc3339(now))
@@ -107,7 +139,7 @@ def decide_build(
         state = replace(base, state=BuildState.BUILDING,
                         started_at=job.start_time or previous.started_at or rfc3339(now))
         return decision(ready=None, create_job=False, record_in_index=None, status=state)
-    if not claim_exists:  # nothing can build before the cache volume exists
+    if not claim_exists or observed.claim_terminating:  # nothing can build before the volume exists, or as it goes
         return decision(ready=None, create_job=False, record_in_index=None, status=previous if same else None)
     # No Job: build. A failed Job is kept for its TTL (a day), so a failure is retried at most once a day,
     # at once when someone deletes the Job, or when the build inputs (the fingerprint) change.

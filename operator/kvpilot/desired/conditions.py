@@ -20,7 +20,7 @@ from kvpilot.api.conditions import (
 )
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.status import BuildState, BuildStatus
-from kvpilot.desired.build import BuildDecision
+from kvpilot.desired.build import RETRY_HINT, BuildDecision
 from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.redact import redact
 
@@ -41,7 +41,7 @@ def engine_ready(
         return false(ENGINE_READY, "CacheClaimMissing", f"PersistentVolumeClaim {claim} (spec.engineCache) was not found")
     st = build.status or BuildStatus()
     if st.state == BuildState.FAILED:
-        return false(ENGINE_READY, "BuildFailed", f"Job {st.job} failed: {st.message or 'no message'}")
+        return false(ENGINE_READY, "BuildFailed", f"Job {st.job} failed: {st.message or 'no message'}. {RETRY_HINT}")
     if unschedulable_build:
         return false(ENGINE_READY, "BuildUnschedulable",
                      f"The build pod of Job {st.job} cannot be scheduled: {unschedulable_build}")
@@ -88,7 +88,7 @@ def compute_conditions(
                                                       desired_batch, desired_hash)
     available = _available(spec, build, observed, has_deployment)
     progressing = _progressing(build, ready, dep, rolling)
-    return [ready, available, progressing, _degraded(ready, available, observed)], rolling
+    return [ready, available, progressing, _degraded(ready, available, observed, claim)], rolling
 
 
 def _available(spec: InferenceEngineSpec, build: BuildDecision, observed: Observed, has_deployment: bool) -> Condition:
@@ -119,9 +119,9 @@ def _progressing(build: BuildDecision, ready: Condition, dep: DeploymentState | 
     return false(PROGRESSING, "Settled", "Nothing to build or roll out")
 
 
-def _degraded(ready: Condition, available: Condition, observed: Observed) -> Condition:
-    """Something needs a person: a failed build, a missing claim, pods (or the build pod) that cannot be
-    scheduled, pods that crash."""
+def _degraded(ready: Condition, available: Condition, observed: Observed, claim: str | None = None) -> Condition:
+    """Something needs a person: a failed build, a missing or terminating claim, pods (or the build pod) that
+    cannot be scheduled, pods that crash, pods that are not the engine's but wear its labels."""
     job = observed.job
     pods = [p for p in (*observed.pods, *observed.workers) if not p.deleting]  # a multi-node group's workers too
     unschedulable = [p for p in pods if p.unschedulable_message]
@@ -134,11 +134,33 @@ def _degraded(ready: Condition, available: Condition, observed: Observed) -> Con
         return true(DEGRADED, "BuildFailed", ready.message + serving)
     if ready.reason == "CacheClaimMissing":
         return true(DEGRADED, "CacheClaimMissing", ready.message)
+    if observed.claim_terminating:
+        return true(DEGRADED, "CacheClaimTerminating", f"PersistentVolumeClaim {claim}: {CLAIM_TERMINATING}")
     if waiting_msg:
         reason: ConditionReason = "InsufficientGPU" if "nvidia.com/gpu" in waiting_msg else "PodsUnschedulable"
         who = f"Pod {waiting_pod.name}" if waiting_pod else "The build pod"
         return true(DEGRADED, reason, f"{who} cannot be scheduled: {waiting_msg}")
     if crashing:
         p = crashing[0]
-        return true(DEGRADED, "PodsFailing", redact(f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip()))
+        waiting = f"Pod {p.name}: {p.waiting_reason} {p.waiting_message or ''}".strip()
+        # The termination message holds the cause ("CrashLoopBackOff back-off 40s" does not): its tail, redacted.
+        last = f"; last {p.last_exit[-CRASH_MESSAGE_CHARS:]}" if p.last_exit else ""
+        return true(DEGRADED, "PodsFailing", redact(waiting + last))
+    if observed.foreign_pods:
+        return true(DEGRADED, "ForeignPods", foreign_pods_message(observed.foreign_pods))
     return false(DEGRADED, "AsExpected", "No problem observed")
+
+
+CRASH_MESSAGE_CHARS = 1024
+CLAIM_TERMINATING = ("the cache claim is being deleted: it stays only while pods mount it, and every engine on it "
+                     "goes with it; no build starts on it. Re-create it (or name another claim in "
+                     "spec.engineCache) once it is gone")
+FOREIGN_SHOWN = 5
+
+
+def foreign_pods_message(names: tuple[str, ...]) -> str:
+    """Pods with the engine's labels that its workload did not create: named (the first few), and what that means."""
+    shown = ", ".join(names[:FOREIGN_SHOWN]) + (f" and {len(names) - FOREIGN_SHOWN} more" if len(names) > FOREIGN_SHOWN
+                                                 else "")
+    return (f"Ignored {len(names)} pod(s) with this engine's labels that its Deployment did not create: {shown}. "
+            "Their metrics feed no decision; the engine's Service selects them too: delete or relabel them")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import math
 from typing import Any
 
@@ -48,8 +49,12 @@ def lws_name(name: str) -> str:
     return f"{name}-lws"
 
 
-def ssh_secret_name(name: str) -> str:
-    return f"{name}-ssh"
+def ssh_secret_name(owner: ObjectRef) -> str:
+    """Named after the engine *and its UID* (issue 22): the operator may not read Secrets, so a create answered
+    409 cannot say whose the Secret is; a name no other object can have taken before the engine existed makes
+    that 409 the engine's own Secret (created before an operator restart), never someone else's, which the
+    engine's pods would otherwise mount."""
+    return f"{owner.name}-ssh-{hashlib.sha256(owner.uid.encode()).hexdigest()[:8]}"
 
 
 def scripts_config_map_name(name: str) -> str:
@@ -64,7 +69,7 @@ def ssh_secret(owner: ObjectRef, spec: InferenceEngineSpec, keys: SshKeys) -> di
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(owner, ssh_secret_name(owner.name), spec, WORKER_COMPONENT),
+        "metadata": _meta(owner, ssh_secret_name(owner), spec, WORKER_COMPONENT),
         "type": "Opaque",
         # data, not stringData: the API server stores data only, and the diff compares what it stores.
         "data": {k: base64.b64encode(v.encode()).decode()
@@ -83,7 +88,7 @@ def scripts_config_map(owner: ObjectRef, spec: InferenceEngineSpec) -> dict[str,
 
 def _group_volumes(owner: ObjectRef) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes = [
-        {"name": "ssh", "secret": {"secretName": ssh_secret_name(owner.name), "defaultMode": 0o400}},
+        {"name": "ssh", "secret": {"secretName": ssh_secret_name(owner), "defaultMode": 0o400}},
         {"name": "multinode", "configMap": {"name": scripts_config_map_name(owner.name), "defaultMode": 0o555}},
     ]
     mounts = [
@@ -191,6 +196,6 @@ def serving_children(owner: ObjectRef, spec: InferenceEngineSpec, lws: dict[str,
     """What a multi-node engine serves with besides its LLM-API ConfigMap, to apply (scripts, the LeaderWorkerSet
     ``lws``, Service, PDB), and its SSH Secret, created once with fresh keys and never read back."""
     pdb = pod_disruption_budget(owner, spec)
-    secret = CreateOnce("Secret", owner.namespace, ssh_secret_name(owner.name),
+    secret = CreateOnce("Secret", owner.namespace, ssh_secret_name(owner),
                         lambda: ssh_secret(owner, spec, sshkeys.generate()))
     return [scripts_config_map(owner, spec), lws, serving.service(owner, spec), *([pdb] if pdb else [])], (secret,)

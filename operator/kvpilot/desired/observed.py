@@ -33,6 +33,7 @@ class JobState:
     completion_time: str | None = None
     owner_uids: tuple[str, ...] = ()
     unschedulable_message: str | None = None  # the build pod waits for GPUs (or another node resource)
+    failed_at: str | None = None  # when the Job failed (its Failed condition's transition): retries compare with it
 
     def manifest(self) -> dict[str, Any] | None:
         """The builder writes its engine manifest (JSON) as the termination message on success."""
@@ -58,6 +59,9 @@ class PodState:
     started_at: str | None = None
     deleting: bool = False
     ready_after_s: float | None = None  # start to Ready: what a restart costs this pod
+    # The last exit of a container that stopped (kubelet's lastState.terminated): its exit code and the
+    # termination message, which holds the cause (the log tail: terminationMessagePolicy FallbackToLogsOnError).
+    last_exit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class Observed:
     deployment: DeploymentState | None = None
     pods: tuple[PodState, ...] = ()
     claim_phase: str | None = None  # the cache claim's phase, None when absent
+    claim_terminating: bool = False  # the cache claim is being deleted (held by the pods that still mount it)
+    retry_build: str | None = None  # the engine's serving.kvpilot.io/retry-build annotation (desired/build.py)
     claim_uid: str = ""  # the cache claim's UID once observed: names its build Job, validates index entries
     kv: KvWindow | None = None
     startup_seconds: float | None = None  # how long serving pods took from start to Ready (restart cost)
@@ -99,6 +105,9 @@ class Observed:
     # The engine's model as the tuner's fit of its pods leaves it (autotune/trust.py, ModelView: the calibrated
     # profile, the trust verdict, status.autotune.model); None: not fitted (no iterations seen, tuning off).
     model: ModelView | None = None
+    # Pods wearing the engine's labels that its serving workload did not create (observe/lineage.py): they feed
+    # no decision, and Degraded names them.
+    foreign_pods: tuple[str, ...] = ()
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:
@@ -120,6 +129,7 @@ def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | N
         completion_time=status.get("completionTime"),
         owner_uids=tuple(o.get("uid", "") for o in job["metadata"].get("ownerReferences") or []),
         unschedulable_message=unschedulable,
+        failed_at=conds["Failed"].get("lastTransitionTime") if failed else None,
     )
 
 
@@ -168,13 +178,14 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     unschedulable = None
     if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
         unschedulable = sched.get("message", "")
-    waiting_reason = waiting_message = None
+    waiting_reason = waiting_message = last_exit = None
     restarts = 0
     for cs in st.get("containerStatuses") or []:
         restarts += cs.get("restartCount", 0)
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
             waiting_reason, waiting_message = waiting.get("reason"), waiting.get("message")
+            last_exit = _last_exit(cs) or last_exit
     annotations = pod["metadata"].get("annotations") or {}
     ready_cond = conds.get("Ready", {})
     ready_after = None
@@ -196,7 +207,19 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         started_at=st.get("startTime"),
         deleting=bool(pod["metadata"].get("deletionTimestamp")),
         ready_after_s=ready_after,
+        last_exit=last_exit,
     )
+
+
+def _last_exit(container_status: dict[str, Any]) -> str | None:
+    """"exit code N (Reason): message" of the container's last termination, None without one."""
+    ended = ((container_status.get("lastState") or {}).get("terminated")
+             or (container_status.get("state") or {}).get("terminated"))
+    if not isinstance(ended, dict):
+        return None
+    reason = f" ({ended['reason']})" if ended.get("reason") else ""
+    message = str(ended.get("message") or "").strip()
+    return f"exit code {ended.get('exitCode', '?')}{reason}" + (f": {message}" if message else "")
 
 
 def _ts(value: str) -> datetime:

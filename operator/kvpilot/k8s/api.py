@@ -105,13 +105,42 @@ class Api:
         self._service_pool.shutdown(wait=False, cancel_futures=True)
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply under kvpilot's field manager; conflicts are forced (we own these objects)."""
+        """Server-side apply under kvpilot's field manager, conflicts forced. Only for an object the write layer
+        has found to be kvpilot's (``k8s/writes.py``): it sends the live object's ``metadata.uid`` in ``obj``, so
+        an object deleted and re-created by someone else since it was read is refused, not overwritten."""
         out = await self._run(
             lambda: self.dyn.server_side_apply(
                 self._resource(obj["apiVersion"], obj["kind"]), body=obj, namespace=obj["metadata"].get("namespace"),
                 field_manager=FIELD_MANAGER, force_conflicts=True,
             ), verb="apply", resource=obj["kind"],
         )
+        return _plain(out)
+
+    async def create_applied(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create ``obj`` as if server-side applied: a create, which fails (409) when any object of the name
+        exists, so an object that is not kvpilot's is never touched; then the fields the create recorded under
+        kvpilot's manager as an update are handed to its apply entry, as a first server-side apply would have
+        recorded them. Without that, a field kvpilot's rendering later stops setting would stay forever, owned by
+        the create (server-side apply removes only fields no other manager entry holds)."""
+        created = await self._run(
+            lambda: self._resource(obj["apiVersion"], obj["kind"]).create(
+                body=obj, namespace=obj["metadata"].get("namespace"), field_manager=FIELD_MANAGER),
+            verb="create", resource=obj["kind"])
+        return await self.hand_over_to_apply(_plain(created))
+
+    async def hand_over_to_apply(self, created: dict[str, Any]) -> dict[str, Any]:
+        """Rewrite the managedFields of an object kvpilot just created: its create entry becomes its apply
+        entry (a JSON patch guarded by the object's UID, so it can only change the object just created)."""
+        meta = created["metadata"]
+        entries = [{**e, "operation": "Apply"} if e.get("manager") == FIELD_MANAGER else e
+                   for e in meta.get("managedFields") or []]
+        patch = [{"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+                 {"op": "replace", "path": "/metadata/managedFields", "value": entries}]
+        out = await self._run(
+            lambda: self._resource(created["apiVersion"], created["kind"]).patch(
+                body=patch, name=meta["name"], namespace=meta.get("namespace"),
+                content_type="application/json-patch+json", field_manager=FIELD_MANAGER),
+            verb="patch", resource=created["kind"])
         return _plain(out)
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:

@@ -48,6 +48,9 @@ class ChildKind:
 CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("batch/v1", "Job", "jobs", keep_spec=False),
     ChildKind("apps/v1", "Deployment", "deployments", keep_spec=True),
+    # The serving Deployment's ReplicaSets (labelled as its pod template is): a pod counts as the engine's only
+    # through them (observe/lineage.py). Kept as metadata and status: owners and the revision annotation.
+    ChildKind("apps/v1", "ReplicaSet", "replicasets", keep_spec=False),
     ChildKind("v1", "Pod", "pods", keep_spec=False),
     ChildKind("v1", "Service", "services", keep_spec=True),
     ChildKind("v1", "ConfigMap", "configmaps", keep_spec=True),
@@ -105,6 +108,7 @@ class ChildCache:
         self._by_engine: dict[tuple[str, str, str], set[str]] = defaultdict(set)  # (kind, ns, engine) -> names
         self._pods_by_job: dict[tuple[str, str], set[str]] = defaultdict(set)  # (ns, job) -> pod names
         self._index_by_claim: dict[tuple[str, str], set[str]] = defaultdict(set)  # (ns, claim) -> CM names
+        self._by_uid: dict[str, tuple[str, str, str]] = {}  # uid -> (kind, ns, name): owner chains by UID
         self._counts: dict[str, int] = defaultdict(int)
 
     def __len__(self) -> int:
@@ -159,6 +163,11 @@ class ChildCache:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get((kind, namespace, name))
 
+    def by_uid(self, uid: str) -> dict[str, Any] | None:
+        """The cached object of this UID (an owner reference names its owner by UID), None when none is."""
+        key = self._by_uid.get(uid)
+        return self._objects.get(key) if key is not None else None
+
     def owned(self, kind: str, namespace: str, engine: str) -> list[dict[str, Any]]:
         names = self._by_engine.get((kind, namespace, engine), ())
         return [o for n in sorted(names) if (o := self._objects.get((kind, namespace, n))) is not None]
@@ -185,8 +194,14 @@ class ChildCache:
     def _index(self, key: tuple[str, str, str], obj: dict[str, Any]) -> None:
         for table, skey in self._secondary_keys(key, obj):
             table[skey].add(key[2])
+        uid = obj["metadata"].get("uid")
+        if uid:
+            self._by_uid[uid] = key
 
     def _unindex(self, key: tuple[str, str, str], obj: dict[str, Any]) -> None:
+        uid = obj["metadata"].get("uid")
+        if uid and self._by_uid.get(uid) == key:
+            del self._by_uid[uid]
         for table, skey in self._secondary_keys(key, obj):
             names = table.get(skey)
             if names is not None:

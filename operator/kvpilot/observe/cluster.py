@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kvpilot.api.models import InferenceEngine
 from kvpilot.api.status import EngineStatus
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired import labels as L
-from kvpilot.desired.build import target_fingerprint
+from kvpilot.desired.build import RETRY_ANNOTATION, retry_job_name, target_fingerprint
 from kvpilot.desired.groups import lws_state
 from kvpilot.desired.lws_pods import GroupPod, group_pod
 from kvpilot.desired.multinode import WORKER_COMPONENT, lws_name
@@ -28,6 +29,9 @@ from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.storage import INDEX_CLAIM_UID_KEY, INDEX_MANIFEST_KEY, cache_claim_name
 from kvpilot.k8s.cache import ChildCache
 from kvpilot.k8s.capacity import GpuCapacity
+from kvpilot.k8s.ownership import controlled_by, refusal
+from kvpilot.k8s.writes import build_job_identity
+from kvpilot.observe.lineage import PodLineage, engine_pods
 
 
 def termination_message(pods: list[dict[str, Any]]) -> str:
@@ -63,35 +67,50 @@ def parse_index(entries: list[dict[str, Any]], claim: str, claim_uid: str) -> di
 
 def observe_engine(
     cache: ChildCache, engine: InferenceEngine, typed_status: EngineStatus, settings: Settings,
-    kv: KvWindow | None, gpus: GpuCapacity | None = None,
+    kv: KvWindow | None, gpus: GpuCapacity | None = None, now: datetime | None = None,
 ) -> Observed:
     """Everything one reconcile reads, from the watch cache: no API call (the cache is primed before the
     first reconcile and kept current by the watches, so a deletion or an edit is seen like any change).
-    ``typed_status`` is the engine's stored status, parsed by the caller."""
+    ``typed_status`` is the engine's stored status, parsed by the caller.
+
+    Only what is the engine's counts (issue 22): its Deployment when this engine controls it, the build Job when
+    it is kvpilot's build Job of these inputs, and the pods whose owner chain leads to that Deployment
+    (observe/lineage.py); other pods wearing its labels are named in ``foreign_pods``."""
     spec, meta = engine.spec, engine.meta
     ns = meta.namespace
     claim = cache_claim_name(meta, spec)
     index: dict[str, dict[str, Any]] = {}
     claim_phase = None
     claim_uid = ""
+    claim_terminating = False
     if claim:
         pvc = cache.get("PersistentVolumeClaim", ns, claim)
         if pvc is not None:
             claim_phase = (pvc.get("status") or {}).get("phase", "Pending")
             claim_uid = pvc["metadata"].get("uid", "")
+            claim_terminating = bool(pvc["metadata"].get("deletionTimestamp"))
         index = parse_index(cache.index_entries(ns, claim), claim, claim_uid)
     job = None
     if spec.builds_engine:
         image = image_for(spec, settings.kvsim_image, settings.default_image)
         _ceiling, fp = target_fingerprint(spec, typed_status, image)
-        job_obj = cache.get("Job", ns, L.build_job_name(fp, claim, claim_uid))
-        if job_obj is not None:
+        job_name = L.build_job_name(fp, claim, claim_uid)
+        request = meta.annotations.get(RETRY_ANNOTATION)
+        retried = cache.get("Job", ns, retry_job_name(job_name, request)) if request else None
+        if retried is not None:  # a retry the user asked for (desired/build.py) stands for the failed Job
+            job_name = retried["metadata"]["name"]
+        job_obj = retried or cache.get("Job", ns, job_name)
+        if job_obj is not None and refusal(build_job_identity(ns, job_name, fp), job_obj, meta.uid) is None:
             pods = cache.pods_of_job(ns, job_obj["metadata"]["name"])
             waiting = [m for p in pods if (m := pod_state(p).unschedulable_message)]
             job = job_state(job_obj, termination_message(pods), waiting[0] if waiting else None)
     owned = cache.owned("Pod", ns, meta.name)
-    pod_states = tuple(pod_state(p) for p in owned if _component(p) == "server")  # the ones that serve
     serving = _multinode(cache, engine, owned, gpus) if spec.multinode else _single(cache, engine, gpus)
+    servers = [p for p in owned if _component(p) == "server"]  # the ones that serve
+    # Only the pods whose owner chain leads to the engine's Deployment (observe/lineage.py). A multi-node engine's
+    # leaders are still taken by their labels: their chain runs through StatefulSets, which are not watched yet.
+    lineage = PodLineage(tuple(servers), ()) if spec.multinode else engine_pods(cache, meta.uid, servers, now)
+    pod_states = tuple(pod_state(p) for p in lineage.own)
     return Observed(
         status=typed_status,
         engine_index=index,
@@ -100,11 +119,14 @@ def observe_engine(
         pods=pod_states,
         claim_phase=claim_phase,
         claim_uid=claim_uid,
+        claim_terminating=claim_terminating,
+        retry_build=meta.annotations.get(RETRY_ANNOTATION),
         kv=kv,
         startup_seconds=startup_seconds(pod_states),
         surge_room=serving.surge_room,
         workers=serving.workers,
         group_pods=serving.group_pods,
+        foreign_pods=lineage.foreign,
     )
 
 
@@ -124,6 +146,8 @@ class _Serving:
 
 def _single(cache: ChildCache, engine: InferenceEngine, gpus: GpuCapacity | None) -> _Serving:
     dep = cache.get("Deployment", engine.meta.namespace, L.deployment_name(engine.meta.name))
+    if dep is not None and not controlled_by(dep, engine.meta.uid):
+        dep = None  # not the engine's (NameConflict when it writes): nothing of it counts
     return _Serving(deployment_state(dep) if dep else None, surge_room(dep, gpus))
 
 
@@ -131,6 +155,8 @@ def _multinode(cache: ChildCache, engine: InferenceEngine, owned: list[dict[str,
                gpus: GpuCapacity | None) -> _Serving:
     """A multi-node engine: the LeaderWorkerSet as a DeploymentState of groups, its workers, its group pods."""
     lws = cache.get("LeaderWorkerSet", engine.meta.namespace, lws_name(engine.meta.name))
+    if lws is not None and not controlled_by(lws, engine.meta.uid):
+        lws = None  # not the engine's, as for a Deployment
     workers = tuple(pod_state(p) for p in owned if _component(p) == WORKER_COMPONENT)
     group_pods = tuple(g for p in owned if (g := group_pod(p)) is not None)
     return _Serving(lws_state(lws) if lws else None, group_surge_room(lws, gpus, engine.spec.nodes_per_replica),

@@ -22,7 +22,7 @@ import aiohttp
 from kvpilot.api.metrics_url import MetricsPin, pinned_request, resolved_problem
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.summarize import summarize
-from kvpilot.observe.scrape import decode_json, read_bounded
+from kvpilot.observe.replies import decode_json, read_bounded
 from kvpilot.trtllm.metrics import (MAX_COUNT, MAX_PROMETHEUS_SAMPLES, IterationSample, LatencySnapshot,
                                     MetricsRejected, parse_prometheus)
 

@@ -9,14 +9,12 @@ capture mislead any capacity model.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 import aiohttp
 
@@ -28,22 +26,21 @@ from kvpilot.desired.observed import PodState
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS, equal_periods, fleet_arrivals
 from kvpilot.autotune.calibrate import PromptWork
 from kvpilot.autotune.summarize import summarize
-from kvpilot.trtllm.metrics import (
-    IterationSample,
-    LatencySnapshot,
-    MetricsRejected,
-    parse_iteration_stats,
-    parse_prometheus,
-)
+from kvpilot.observe.replies import POD_REPLY_BYTES, ParsedReply, parse_replies, read_bounded
+from kvpilot.observe.replies import decode_json as decode_json  # re-exported: its home before observe/replies.py
+from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, MetricsRejected
 
 log = logging.getLogger(__name__)
 TIMEOUT = aiohttp.ClientTimeout(total=5)
-MAX_BODY_BYTES = 8 * 2**20  # 1000 iterations of stats are ~1 MB; a bigger reply is not trtllm-serve's
+# The samples a pod's record holds (about 400 bytes each). A long interval (up to 3600 s) read every 5 s can bring
+# up to 1000 iterations a read: past the cap the window keeps the newest samples.
+MAX_SAMPLES_PER_POD = 20_000
 MAX_REJECTIONS_KEPT = 256
-# A pod that cannot be read (not listening yet, a fake pod, a network fault) is retried after 5 s, then 10, 20,
-# ... up to 5 minutes: on a large fleet, failed scrapes every 5 s were most of the idle operator's CPU
-# (docs/scale.md). One success resets it. Its warning is logged on the first failure, then at most once per WARN_EVERY_SECONDS with
-# the count of failures since.
+# A pod that cannot be read (not listening yet, a fake pod, a network fault), or whose reply is refused (too big,
+# not trtllm-serve's), is retried after 5 s, then 10, 20, ... up to 5 minutes: on a large fleet, failed scrapes
+# every 5 s were most of the idle operator's CPU (docs/scale.md), and a hostile reply parsed every second was 17%
+# of a core (issue 22). A reply that is read and kept resets it. Its warning is logged on the first failure, then
+# at most once per WARN_EVERY_SECONDS with the count of failures since.
 BACKOFF_BASE_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 300.0
 WARN_EVERY_SECONDS = 300.0
@@ -87,36 +84,6 @@ class EngineFacts:
         return None
 
 
-async def read_bounded(resp: aiohttp.ClientResponse) -> bytes:
-    """The whole body, refusing one above MAX_BODY_BYTES without buffering it. (StreamReader.read(n) returns
-    what has arrived, not n bytes: read until EOF.)"""
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        chunk = await resp.content.read(2**16)
-        if not chunk:
-            return b"".join(chunks)
-        total += len(chunk)
-        if total > MAX_BODY_BYTES:
-            raise MetricsRejected("size", f"reply larger than {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-
-
-def decode_json(body: bytes) -> Any:
-    """JSON from an untrusted body: any failure (bad UTF-8, syntax, nesting deep enough to exhaust the
-    recursion limit, NaN/Infinity literals) is a rejection."""
-    try:
-        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
-    except MetricsRejected:
-        raise
-    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise MetricsRejected("syntax", f"not JSON: {str(exc)[:120]}") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise MetricsRejected("value", f"JSON constant {name} is not a number trtllm-serve sends")
-
-
 def _age_seconds(pod: PodState, now: datetime) -> float:
     if not pod.started_at:
         return 0.0
@@ -150,8 +117,9 @@ def is_warm(pod: PodState, now: datetime, warmup_seconds: int) -> bool:
 class PodRecord:
     """What the sampler keeps of one serving pod: one object, dropped whole when the pod leaves the engine."""
 
-    # The window: what the pod said under the configuration it runs. reset() forgets it.
-    samples: deque[IterationSample] = field(default_factory=deque)
+    # The window: what the pod said under the configuration it runs (the newest MAX_SAMPLES_PER_POD). reset()
+    # forgets it.
+    samples: deque[IterationSample] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES_PER_POD))
     latency: deque[tuple[float, LatencySnapshot]] = field(default_factory=deque)  # (wall time read, snapshot)
     # The arrival count (autotune/burst.py), kept across reset(): the traffic does not depend on the configuration
     # the pods run. Requests in the pod (active + queued) at its last kept sample; requests the iteration stats
@@ -262,15 +230,15 @@ class EngineSampler:
         base = f"http://{pod.ip}:{port}"
         try:
             async with session.get(f"{base}/metrics", timeout=TIMEOUT) as resp:
-                stats = await read_bounded(resp) if resp.status == 200 else None
+                stats = await read_bounded(resp, POD_REPLY_BYTES) if resp.status == 200 else None
             prom = None
             if want_latency and stats is not None:
                 async with session.get(f"{base}/prometheus/metrics", timeout=TIMEOUT) as resp:
                     # 404: no page (1.2's TensorRT backend without return_perf_metrics): not latency data.
-                    prom = await read_bounded(resp) if resp.status == 200 else None
-        except MetricsRejected as exc:
-            self._answered(pod.name)  # what it said is counted as a rejection instead
+                    prom = await read_bounded(resp, POD_REPLY_BYTES) if resp.status == 200 else None
+        except MetricsRejected as exc:  # counted as a rejection, and backed off: the pod would send it again
             self.reject(wall, pod.name, exc.reason, str(exc))
+            self._failed(pod.name, wall, f"reply refused: {exc}", warn=False)
             return
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self._failed(pod.name, wall, f"could not scrape: {exc}")
@@ -278,8 +246,14 @@ class EngineSampler:
         if stats is None:
             self._failed(pod.name, wall, "/metrics answered with an error status")
             return
-        self._answered(pod.name)
-        self.accept(pod.name, wall, stats, prom, facts)
+        # Parsed in a worker thread: a reply of up to POD_REPLY_BYTES costs tens of milliseconds of CPU, which on
+        # the event loop would hold every other engine's pass and the API watches meanwhile.
+        parsed = await asyncio.to_thread(parse_replies, stats, prom, wall)
+        self.keep(pod.name, wall, parsed, facts)
+        if parsed.rejected is not None:
+            self._failed(pod.name, wall, f"reply refused: {parsed.rejected}", warn=False)
+        else:
+            self._answered(pod.name)
 
     def _due(self, pod: str, wall: float) -> bool:
         record = self.pods.get(pod)
@@ -291,15 +265,16 @@ class EngineSampler:
         if record is not None:
             record.backoff = None
 
-    def _failed(self, pod: str, wall: float, why: str) -> None:
-        """Back the pod off; warn on its first failure and then at most once per WARN_EVERY_SECONDS."""
+    def _failed(self, pod: str, wall: float, why: str, warn: bool = True) -> None:
+        """Back the pod off; warn on its first failure and then at most once per WARN_EVERY_SECONDS (``warn``
+        False: the caller logged it already, as a rejection)."""
         record = self.record(pod)
         state = record.backoff = record.backoff or PodBackoff()
         state.failures += 1
         state.unwarned += 1
         delay = backoff_seconds(state.failures)
         state.retry_at = wall + delay
-        if state.warned_at is None or wall - state.warned_at >= WARN_EVERY_SECONDS:
+        if warn and (state.warned_at is None or wall - state.warned_at >= WARN_EVERY_SECONDS):
             log.warning("Metrics of Pod %s: %s (%d failure(s) in a row, %d since the last warning; next try "
                         "in %.0fs)", pod, why, state.failures, state.unwarned, delay)
             state.warned_at, state.unwarned = wall, 0
@@ -310,23 +285,17 @@ class EngineSampler:
         The parse and sample path for untrusted bytes: a malformed payload is one rejected sample, a sample
         inconsistent with the engine is ignored, both counted; nothing here raises (issue 13: one odd reply
         used to stop the engine's reconciles)."""
-        try:
-            parsed = parse_iteration_stats(decode_json(stats), wall)
-            snap = None
-            if prom is not None:
-                try:
-                    text = prom.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise MetricsRejected("syntax", "/prometheus/metrics is not UTF-8") from None
-                _sample, snap = parse_prometheus(text, wall)
-        except MetricsRejected as exc:
-            self.reject(wall, pod, exc.reason, str(exc))
+        return self.keep(pod, wall, parse_replies(stats, prom, wall), facts)
+
+    def keep(self, pod: str, wall: float, parsed: ParsedReply, facts: EngineFacts) -> int:
+        """Put what ``parse_replies`` read of one pod into its record (on the event loop: records are not shared
+        with the parsing thread); returns how many samples were kept."""
+        if parsed.rejected is not None:
+            self.reject(wall, pod, parsed.rejected.reason, str(parsed.rejected))
             return 0
-        except Exception as exc:  # noqa: BLE001 — a parser bug must cost one sample, not the engine's loop
-            self.reject(wall, pod, "error", f"{type(exc).__name__}: {str(exc)[:200]}")
-            return 0
+        snap = parsed.snap
         kept, ignored = [], []
-        for sample in parsed:
+        for sample in parsed.samples:
             why = facts.inconsistency(sample)
             if why is None:
                 kept.append(sample)

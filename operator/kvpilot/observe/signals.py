@@ -48,6 +48,16 @@ def engine_time(window: KvWindow | None, spec: InferenceEngineSpec) -> KvWindow 
     return replace(window, arrival_rate=window.arrival_rate / ratio)
 
 
+def at_most_replicas(window: KvWindow | None, replicas: int) -> KvWindow | None:
+    """The window, unless more pods reported than the engine has replicas: then no decision comes from it (an
+    empty window the tuner holds on, saying why). Only the engine's own pods are sampled or queried
+    (observe/lineage.py); this is the bound on what still gets through (issue 22)."""
+    if window is None or window.pods <= max(replicas, 0):
+        return window
+    note = f"{window.pods} pods reported, more than the engine runs ({replicas}): no decision is taken from them"
+    return replace(window, samples=0, rejected_samples=window.samples + window.rejected_samples, rejection=note)
+
+
 class MetricsSource:
     """The signal source of every engine: pod sampling between passes, the window (or the query) at a pass."""
 
@@ -86,8 +96,11 @@ class MetricsSource:
             )
 
     async def window(self, sampler: EngineSampler, engine: InferenceEngine,
-                     pods: Sequence[PodState]) -> KvWindow | None:
-        """The tuner's window for a pass: None with autotune off, or when the Prometheus server cannot answer."""
+                     pods: Sequence[PodState], pod_limit: int | None = None) -> KvWindow | None:
+        """The tuner's window for a pass: None with autotune off, or when the Prometheus server cannot answer.
+        ``pod_limit``: the most pods the engine may run now (its replicas, plus the surge of a rollout); a window
+        from more pods feeds no decision. None: the spec's replicas."""
+        limit = engine.spec.serving.replicas if pod_limit is None else pod_limit
         tune = engine.spec.autotune
         if not tune.enabled:
             return None
@@ -95,14 +108,17 @@ class MetricsSource:
         ttft = slo.time_to_first_token_millis if slo else None
         tpot = slo.time_per_output_token_millis if slo else None
         if not from_prometheus(tune):
-            return engine_time(sampler.window(tune.interval_seconds, ttft, tpot), engine.spec)
+            window = sampler.window(tune.interval_seconds, ttft, tpot)
+            return engine_time(at_most_replicas(window, limit), engine.spec)
         # Only the warm pods of today's configuration count, as for the Pod source (Prometheus still has the old
         # pods' samples for a while after a rollout).
         now = self.now()
         live = {p.name for p in pods if is_warm(p, now, tune.warmup_seconds)}
         try:
-            return await query_prometheus(self.session(), tune.metrics.url or "", engine.meta.namespace,
-                                          engine.meta.name, tune.interval_seconds, live, ttft, tpot, pins=self.pins)
+            window = await query_prometheus(self.session(), tune.metrics.url or "", engine.meta.namespace,
+                                            engine.meta.name, tune.interval_seconds, live, ttft, tpot,
+                                            pins=self.pins)
+            return at_most_replicas(window, limit)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             if isinstance(exc, MetricsRejected):
                 telemetry.METRICS_REJECTED.labels(reason=exc.reason).inc()
