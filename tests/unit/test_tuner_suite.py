@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from kvpilot.bench.suite import CASES, Case, criteria
+from kvpilot.bench.cases import CASES, Case
+from kvpilot.bench.report import criteria
 
 STEADY = Case("x", "llama-3.1-8b-fp8-h100", "", ((600, 1.0),), (100, 80), (100, 80), 256, 2000, 50)
 
 
 def row(over_start: float, over_oracle: float, hindsight: float, history: list[int]) -> dict:
     return {"ratios": {"overStart": over_start, "overOracle": over_oracle, "hindsightOverOracle": hindsight},
-            "autotuned": {"history": [{"to": v} for v in history]}}
+            "autotuned": {"history": [{"to": v} for v in history]}, "start": {"maxBatchSize": 64}}
 
 
 def test_the_suite_is_large_and_varied_enough() -> None:
@@ -36,7 +37,7 @@ def test_criteria() -> None:
 
 
 def test_the_reactive_bound_follows_the_hindsight_schedule_one_evidence_delay_late() -> None:
-    from kvpilot.bench.suite import REACT_SECONDS, reactive_changes
+    from kvpilot.bench.runs import REACT_SECONDS, reactive_changes
 
     assert reactive_changes([64], []) == []
     assert reactive_changes([512], []) == [(REACT_SECONDS, 512)]
@@ -45,7 +46,7 @@ def test_the_reactive_bound_follows_the_hindsight_schedule_one_evidence_delay_la
 
 
 def test_phase_best_keeps_the_value_in_force_unless_another_is_clearly_better() -> None:
-    from kvpilot.bench.suite import phase_best
+    from kvpilot.bench.runs import phase_best
 
     per_phase = {64: [100, 100, 50], 128: [100, 100, 80], 256: [100, 99, 79]}
     assert phase_best(per_phase, 3) == [64, 64, 128]
@@ -53,7 +54,7 @@ def test_phase_best_keeps_the_value_in_force_unless_another_is_clearly_better() 
 
 
 def test_every_case_runs_thirty_minutes_on_a_cluster_with_a_spare_gpu() -> None:
-    from kvpilot.bench.suite import CASE_SECONDS
+    from kvpilot.bench.cases import CASE_SECONDS
 
     assert {c.duration_s for c in CASES} == {CASE_SECONDS}
     assert all(c.spare_gpu for c in CASES)
@@ -69,7 +70,7 @@ def test_an_unknown_case_is_named_in_the_error() -> None:
 
 
 def test_the_reactive_bound_acts_one_default_tuning_interval_after_the_evidence() -> None:
-    from kvpilot.bench.suite import REACT_SECONDS
+    from kvpilot.bench.runs import REACT_SECONDS
     from kvpilot.bench.tuner import Slo, tuned_engine
 
     e = tuned_engine("llama-3.1-8b-fp8-l40s", 1024, Slo(3000, 60), 64, 2)
@@ -94,7 +95,7 @@ def test_phases_written_as_shares_keep_every_earlier_case_unchanged() -> None:
 
 
 def test_phase_shares_always_add_up_to_the_case_length() -> None:
-    from kvpilot.bench.suite import CASE_SECONDS, _phases
+    from kvpilot.bench.cases import CASE_SECONDS, _phases
 
     for weights in ((1,), (1, 1), (1, 2), (1, 6), (3, 5, 7), (1, 1, 1, 1, 1, 1, 1)):
         phases = _phases(*((w, 1.0) for w in weights))
@@ -125,7 +126,7 @@ def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
     phase a low one (32). Checked on 120 s phases (the suite runs 900 s each) so that it stays a unit test."""
     from dataclasses import replace
 
-    from kvpilot.bench.suite import _phase_goodput, _run_static_records
+    from kvpilot.bench.runs import Served, phase_goodput, run_static_records
 
     for name, prefers in (("chat-then-rag-a100", (256, 32)), ("rag-then-chat-a100", (32, 256))):
         case = next(c for c in CASES if c.name == name)
@@ -133,25 +134,26 @@ def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
         reqs = short.requests()
         good = {}
         for mbs in (32, 256):
-            _, records = _run_static_records(reqs, short, mbs, short.duration_s + 60.0)
-            good[mbs] = [_phase_goodput(records, short, 0.0, 120.0), _phase_goodput(records, short, 120.0, 240.0)]
+            served = Served(short)
+            _, records = run_static_records(reqs, served, served.config(mbs), short.duration_s + 60.0)
+            good[mbs] = [phase_goodput(records, short, 0.0, 120.0), phase_goodput(records, short, 120.0, 240.0)]
         for k, best in enumerate(prefers):
             other = 256 if best == 32 else 32
             assert good[best][k] > 1.03 * good[other][k], (name, k, good)
 
 
 def test_a_failed_oracle_criterion_is_marked_only_where_the_instant_reference_misses_it_too() -> None:
-    from kvpilot.bench.suite import _verdict, missed_by_instant
+    from kvpilot.bench.report import missed_by_instant, verdict
 
     failing = row(1.5, 0.94, 1.0, [512])
     failing["criteria"] = criteria(failing, STEADY)
     failing["ratios"]["instantOverOracle"] = 0.95
     assert missed_by_instant(failing) == ["nearOracle"]
     failing["missedByInstant"] = missed_by_instant(failing)
-    assert _verdict(failing).startswith("FAIL: nearOracle (the instant reference misses it too: 0.950x")
+    assert verdict(failing).startswith("FAIL: nearOracle (the instant reference misses it too: 0.950x")
     failing["ratios"]["instantOverOracle"] = 0.99  # a tuner acting at once could pass: a plain failure
     assert missed_by_instant(failing) == []
     passing = row(1.0, 1.0, 1.0, [])
     passing["criteria"] = criteria(passing, STEADY)
     passing["ratios"]["instantOverOracle"] = 0.5
-    assert missed_by_instant(passing) == [] and _verdict(passing) == "pass"
+    assert missed_by_instant(passing) == [] and verdict(passing) == "pass"

@@ -103,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"kvpilot bench plots: cannot create the output folder {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    from kvpilot.bench.suite import CASES
+    from kvpilot.bench.cases import CASES
 
     slos = {c.name: (c.ttft_ms, c.tpot_ms) for c in CASES}
     for row in rows:
-        print(plot_case(row, out, slos.get(row["case"])))
+        base = row.get("baseCase")
+        print(plot_case(row, out, slos.get(base if isinstance(base, str) else row["case"])))
     return 0
 
 
