@@ -11,46 +11,14 @@ decode-heavy rows, all over-predicted), so each perturbation stays within +/-30%
 * ``memory`` multiplies ``GpuSpec.memory_bytes`` (above 1: more memory; the KV pool, what is left after weights,
   activations and runtime buffers, moves by more than the factor in proportion, so memory stays within +/-20%).
 
-The keys and their directions are those of kvsim's ``kvsim.perturb.Perturbation`` (``KVSIM_PERTURB`` for served
-pods), which this module applies the same way until that lands on main.
+The factors are kvsim's own (``kvsim.perturb.Perturbation``; ``KVSIM_PERTURB`` serves the same engine from a
+pod, e.g. in the closed-loop e2e).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-
+from kvsim.perturb import Perturbation
 from kvsim.profiles import Profile, get_profile
-
-
-@dataclass(frozen=True)
-class Perturbation:
-    """Multipliers on a profile (1.0: unchanged)."""
-
-    decode: float = 1.0
-    prefill: float = 1.0
-    overhead: float = 1.0
-    per_seq: float = 1.0
-    memory: float = 1.0
-
-    @property
-    def is_identity(self) -> bool:
-        return all(getattr(self, f.name) == 1.0 for f in fields(self))
-
-    def apply(self, profile: Profile) -> Profile:
-        """``profile`` with its calibration and GPU memory multiplied; the identity returns ``profile`` itself."""
-        if self.is_identity:
-            return profile
-        cal = profile.calibration
-        calibration = replace(
-            cal, hbm_efficiency=cal.hbm_efficiency * self.decode, prefill_mfu=cal.prefill_mfu * self.prefill,
-            step_overhead_s=cal.step_overhead_s * self.overhead, per_sequence_s=cal.per_sequence_s * self.per_seq)
-        gpu = replace(profile.gpu, memory_bytes=int(profile.gpu.memory_bytes * self.memory))
-        return replace(profile, calibration=calibration, gpu=gpu)
-
-    def to_text(self) -> str:
-        """``key=factor`` for each factor that differs from 1 (kvsim's ``KVSIM_PERTURB`` form; "" for none)."""
-        return ",".join(f"{f.name}={getattr(self, f.name):g}" for f in fields(self) if getattr(self, f.name) != 1.0)
-
 
 NOMINAL = Perturbation()
 

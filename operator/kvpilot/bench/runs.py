@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
+from kvsim.perturb import Perturbation
 
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.bench.cases import Case
-from kvpilot.bench.perturb import NOMINAL, Perturbation, served_profile
+from kvpilot.bench.perturb import NOMINAL, served_profile
 from kvpilot.bench.tuner import Slo, engine_config, goodput
 
 SWEEP = (32, 64, 128, 256, 512, 1024)
