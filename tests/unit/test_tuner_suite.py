@@ -157,3 +157,58 @@ def test_a_failed_oracle_criterion_is_marked_only_where_the_instant_reference_mi
     passing["criteria"] = criteria(passing, STEADY)
     passing["ratios"]["instantOverOracle"] = 0.5
     assert missed_by_instant(passing) == [] and verdict(passing) == "pass"
+
+
+def test_the_perturbed_set_covers_each_parameter_both_ways_within_the_model_error_and_combined() -> None:
+    """Issue 18: each calibrated parameter and the GPU memory, in both directions, within +/-30%, alone and at
+    least two combined, and the issue's own example (decode x0.8, per_seq x1.5)."""
+    from dataclasses import fields
+
+    from kvsim.perturb import Perturbation
+
+    from kvpilot.bench.perturb import PERTURBATIONS
+    from kvpilot.bench.suite_file import CASE_NAME
+
+    keys = [f.name for f in fields(Perturbation)]
+    alone = [p for p in PERTURBATIONS.values() if sum(getattr(p, k) != 1.0 for k in keys) == 1]
+    for key in keys:
+        moved = [getattr(p, key) for p in alone if getattr(p, key) != 1.0]
+        assert any(f < 1.0 for f in moved) and any(f > 1.0 for f in moved), key
+        assert all(0.7 <= f <= 1.3 for f in moved), key
+    combined = [p for p in PERTURBATIONS.values() if sum(getattr(p, k) != 1.0 for k in keys) > 1]
+    assert len(combined) >= 2
+    assert Perturbation(decode=0.8, per_seq=1.5) in PERTURBATIONS.values()
+    assert all(CASE_NAME.fullmatch(f"{c.name}.{name}") for c in CASES for name in PERTURBATIONS)
+
+
+def test_a_perturbed_row_serves_the_perturbed_engine_and_a_nominal_one_the_profile_itself() -> None:
+    from kvsim.profiles import get_profile
+
+    from kvpilot.bench.perturb import perturbation_named
+    from kvpilot.bench.runs import Served
+
+    case = next(c for c in CASES if c.name == "long-output-a100")
+    assert Served(case).config(64).profile == case.profile  # the name: nominal runs are exactly as before
+    slow = Served(case, perturbation_named("decode0.8-perseq1.5")).config(64).resolved_profile
+    nominal = get_profile(case.profile)
+    assert slow.calibration.hbm_efficiency == nominal.calibration.hbm_efficiency * 0.8
+    assert slow.calibration.per_sequence_s == nominal.calibration.per_sequence_s * 1.5
+    assert slow.gpu == nominal.gpu and slow.name == nominal.name
+
+
+def test_an_unknown_perturbation_is_named_in_the_error() -> None:
+    import pytest
+
+    from kvpilot.bench.suite import run_suite
+
+    with pytest.raises(SystemExit, match="decode9"):
+        run_suite(False, ["light-chat"], perturbations=["decode9"])
+
+
+def test_an_oscillation_counts_but_a_rollback_to_the_value_that_served_well_does_not() -> None:
+    from kvpilot.bench.report import oscillates
+
+    assert oscillates(64, [{"to": 512}, {"to": 64}])
+    assert not oscillates(64, [{"to": 512}, {"to": 64, "rollback": True}])
+    assert not oscillates(64, [{"to": 512}, {"to": 64, "rollback": True}, {"to": 128}])
+    assert oscillates(64, [{"to": 128}, {"to": 256}, {"to": 128}])
