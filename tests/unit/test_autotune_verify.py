@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.autotune.verify import (GIVE_UP_SECONDS, KEEP_SECONDS, Bar, Outcome, WindowFigures, Why,
-                                     bar_after_rollback, verify, verify_canary)
+from kvpilot.autotune.verification import verify, verify_canary
+from kvpilot.autotune.verify import GIVE_UP_SECONDS, KEEP_SECONDS, Bar, Outcome, WindowFigures, Why, bar_after_rollback
 
 INTERVAL = 15.0
 CHANGE_AT = 300.0  # the change was applied here; its rollout was done 90 s later
@@ -180,3 +180,44 @@ def test_a_rollback_bars_the_failed_half_of_that_direction_then_all_of_it() -> N
     assert second.refuses(64, 65, 1000.0) and not second.refuses(64, 48, 1000.0)
     lower = bar_after_rollback(512, 64, 0.0, 1800.0)
     assert lower.refuses(512, 181, 10.0) and not lower.refuses(512, 182, 10.0)
+
+
+def test_the_baseline_follows_the_limit_and_the_load_and_weighs_the_recent_windows_most() -> None:
+    from kvpilot.autotune.verification import Baseline
+
+    base = Baseline()
+    for w in steady(0.0, 600.0, 64, 0.5):
+        base = base.observe(w, 64)
+    assert base.limit == 64 and base.side.seconds <= 4 * 120.0  # faded: about the last two to four minutes
+    assert round(base.side.share, 3) == 0.5
+    assert base.observe(None, 64) == base and base.observe(window(615.0, 64, 0.5, pods=1), 64) == base
+    heavier = base.observe(window(615.0, 64, 0.2, rate=60.0), 64)  # the load doubled: start again from it
+    assert heavier.side.windows == 1 and round(heavier.side.share, 2) == 0.2
+    assert base.observe(window(615.0, 128, 0.5), 128).side.windows == 1  # another limit: another baseline
+
+
+def test_a_quiet_window_at_a_low_rate_is_not_a_load_change() -> None:
+    from kvpilot.autotune.verify import Side, comparable
+
+    base = Side()
+    for w in steady(0.0, 300.0, 64, 0.9, rate=1.0):
+        base = base.add(w)
+    assert comparable(window(315.0, 64, 0.9, rate=0.6), base)  # 9 arrivals where 15 were expected: chance
+    assert not comparable(window(315.0, 64, 0.9, rate=3.0), base)
+    busy = Side().add(window(15.0, 64, 0.9, rate=60.0))
+    assert not comparable(window(30.0, 64, 0.9, rate=45.0), busy)  # 25% fewer of 900: a change
+
+
+def test_one_window_at_a_time_gives_the_verdict_of_the_whole_sequence() -> None:
+    """The state kept in status between decisions (verification.Watch) reaches the same verdict, at every
+    interval, as the windows judged together."""
+    from kvpilot.autotune.verification import Baseline, watch
+
+    later = after(512, 0.09, 120.0)
+    base = Baseline()
+    for w in BEFORE:
+        base = base.observe(w, 64)
+    state = watch(base, 64, 512, CHANGE_AT)
+    for k, w in enumerate(later):
+        state = state.observe(w)
+        assert state.verdict(w.end_s) == verify(CHANGE_AT, 64, 512, BEFORE, later[:k + 1], w.end_s)

@@ -26,7 +26,8 @@ from typing import Any
 from kvsim import Request
 
 from kvpilot.autotune.fleet import Fleet
-from kvpilot.autotune.verify import Outcome, Verdict, WindowFigures, verify, verify_canary
+from kvpilot.autotune.verification import verify, verify_canary
+from kvpilot.autotune.verify import Outcome, Verdict, WindowFigures
 from kvpilot.bench.cases import Case, case_named
 from kvpilot.bench.perturb import perturbation_named
 from kvpilot.bench.runs import Served, advance_through_rollout, run_static_records

@@ -1,0 +1,147 @@
+"""What the tuner keeps between decisions to verify its changes (issue 18), one window at a time. Pure.
+
+The policy is a pure function of what status holds and of this interval's window, so the evidence for a
+verdict is kept as running sums (``verify.Side``), never as a list of windows: status stays small however long a
+verification takes.
+
+* ``Baseline``: the clean windows at the limit in force, faded so that it weighs about the last two to four
+  minutes, restarted when the limit or the load changes (the next change is judged against it);
+* ``Watch``: one applied change under verification (the baseline it started from, the settling of the new
+  limit, the comparable evidence since, and what was skipped);
+* ``CanaryWatch``: one canary pod at the new limit beside pods at the old one, over the same windows.
+
+``verify`` and ``verify_canary`` fold a sequence of windows through them (the tests' and the bench's way in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_REQUESTS, Outcome, Settle, Side, Verdict, WindowFigures,
+                                     Why, clean, comparable, judge, undecided_or_give_up)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The clean windows at ``limit``, the recent ones weighing most."""
+
+    limit: int | None = None
+    side: Side = Side()
+
+    def observe(self, w: WindowFigures | None, limit: int) -> Baseline:
+        """After this interval's window (None: no window) with ``limit`` in force."""
+        if limit != self.limit:
+            return Baseline(limit, Side()).observe(w, limit)
+        if w is None or not clean(w, limit):
+            return self
+        side = self.side if self.side.windows == 0 or comparable(w, self.side) else Side()  # the load moved
+        side = side.add(w)
+        if side.seconds > 2 * BASELINE_SECONDS:
+            side = side.faded()
+        return Baseline(limit, side)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """An applied change ``from_value`` -> ``to_value`` (applied at ``change_at_s``) under verification."""
+
+    change_at_s: float
+    from_value: int
+    to_value: int
+    baseline: Side
+    settle: Settle = Settle()
+    after: Side = Side()
+    other_load: int = 0  # settled windows left out because the load had changed
+
+    def observe(self, w: WindowFigures | None) -> Watch:
+        if w is None or w.end_s <= self.change_at_s or not clean(w, self.to_value):
+            return self
+        settle = self.settle.step(w)
+        if not settle.counts(w):
+            return replace(self, settle=settle)
+        if not comparable(w, self.baseline):
+            return replace(self, settle=settle, other_load=self.other_load + 1)
+        return replace(self, settle=settle, after=self.after.add(w))
+
+    def verdict(self, now_s: float) -> Verdict:
+        base, new = self.baseline, self.after
+        if base.resolved < MIN_REQUESTS:
+            return undecided_or_give_up(Why.NO_BASELINE, "no clean baseline window before the change", None, None,
+                                        self.change_at_s, now_s)
+        if new.windows == 0:
+            if self.other_load:
+                return undecided_or_give_up(Why.LOAD_CHANGED, f"the load changed since the change (baseline "
+                                            f"{base.offered_per_s:.1f} req/s)", base, None, self.change_at_s, now_s)
+            return undecided_or_give_up(Why.SETTLING, f"{self.to_value} is not yet in force on every pod, or its "
+                                        f"batch has not settled", base, None, self.change_at_s, now_s)
+        outcome, why, message = judge(base, new, f"at {self.from_value}", f"at {self.to_value}")
+        if outcome == Outcome.UNDECIDED:
+            return undecided_or_give_up(why, message, base, new, self.change_at_s, now_s)
+        return Verdict(outcome, why, message, base, new)
+
+
+def watch(baseline: Baseline, from_value: int, to_value: int, at_s: float) -> Watch:
+    """Start verifying a change applied at ``at_s``, against the baseline at ``from_value`` (an empty one when
+    the baseline was at another limit)."""
+    return Watch(at_s, from_value, to_value, baseline.side if baseline.limit == from_value else Side())
+
+
+@dataclass(frozen=True)
+class CanaryWatch:
+    """A canary pod at ``new_value`` beside pods at ``old_value``, started at ``started_at_s``. Both sides are the
+    same windows (the same traffic at the same time, so no load change can confound them), the canary's from
+    when its batch settled; each side counts the requests sent to its pods."""
+
+    started_at_s: float
+    old_value: int
+    new_value: int
+    settle: Settle = Settle()
+    canary: Side = Side()
+    others: Side = Side()
+
+    def observe(self, canary: WindowFigures | None, others: WindowFigures | None) -> CanaryWatch:
+        if canary is None or canary.end_s <= self.started_at_s or not clean(canary, self.new_value):
+            return self
+        settle = self.settle.step(canary)
+        if not settle.counts(canary) or others is None or not clean(others, self.old_value):
+            return replace(self, settle=settle)
+        return replace(self, settle=settle, canary=self.canary.add(canary), others=self.others.add(others))
+
+    def verdict(self, now_s: float) -> Verdict:
+        if self.canary.windows == 0:
+            return undecided_or_give_up(Why.SETTLING, f"the canary at {self.new_value} is not Ready yet, or its "
+                                        f"batch has not settled", None, None, self.started_at_s, now_s)
+        if self.others.resolved < MIN_REQUESTS:
+            return undecided_or_give_up(Why.NO_BASELINE, f"the pods at {self.old_value} resolved too few requests "
+                                        f"beside the canary", None, self.canary, self.started_at_s, now_s)
+        outcome, why, message = judge(self.others, self.canary, f"the pods at {self.old_value} meanwhile",
+                                      f"the canary at {self.new_value}")
+        if outcome == Outcome.UNDECIDED:
+            return undecided_or_give_up(why, message, self.others, self.canary, self.started_at_s, now_s)
+        return Verdict(outcome, why, message, self.others, self.canary)
+
+
+def verify(change_at_s: float, from_value: int, to_value: int, before: Sequence[WindowFigures],
+           after: Sequence[WindowFigures], now_s: float) -> Verdict:
+    """Keep, roll back or wait, for the change ``from_value`` -> ``to_value`` applied at ``change_at_s``, from the
+    windows before it (``before``: those that ended by then count) and after it (``after``: those that ended
+    since), in time order."""
+    base = Baseline()
+    for w in sorted((w for w in before if w.end_s <= change_at_s), key=lambda w: w.end_s):
+        base = base.observe(w, from_value)
+    state = watch(base, from_value, to_value, change_at_s)
+    for w in sorted(after, key=lambda w: w.end_s):
+        state = state.observe(w)
+    return state.verdict(now_s)
+
+
+def verify_canary(old_value: int, new_value: int, canary: Sequence[WindowFigures],
+                  others: Sequence[WindowFigures], started_at_s: float, now_s: float) -> Verdict:
+    """Promote (``Keep``), roll back or wait, for a canary pod at ``new_value`` beside pods at ``old_value``:
+    ``canary`` and ``others`` are their windows (matched by ``end_s``)."""
+    by_end = {w.end_s: w for w in others}
+    state = CanaryWatch(started_at_s, old_value, new_value)
+    for w in sorted(canary, key=lambda w: w.end_s):
+        state = state.observe(w, by_end.get(w.end_s))
+    return state.verdict(now_s)
