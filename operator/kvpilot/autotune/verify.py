@@ -119,20 +119,26 @@ class Side:
     resolved: float = 0.0
     good: float = 0.0
     answered: float = 0.0
-    share_sum: float = 0.0  # of the windows' shares, and of their squares (the scatter)
-    share_squares: float = 0.0
+    share_sum: float = 0.0  # of the windows' shares
+    # The scatter from window to window as successive differences (von Neumann's mean square successive
+    # difference): a trend, such as a batch still filling, barely moves it, while the variance of the shares
+    # would read the trend as noise and widen the bound.
+    last_share: float | None = None
+    successive_squares: float = 0.0
     prompt_tokens: float = 0.0  # mean prompt and output of each window, weighted by its offered requests
     output_tokens: float = 0.0
 
     def add(self, w: WindowFigures) -> Side:
         s = w.served_share
+        step = 0.0 if self.last_share is None else (s - self.last_share) ** 2
         return Side(self.windows + 1, self.seconds + w.seconds, self.offered + w.offered, self.resolved + w.resolved,
-                    self.good + w.good, self.answered + w.answered, self.share_sum + s, self.share_squares + s * s,
-                    self.prompt_tokens + w.prompt_mean * w.offered, self.output_tokens + w.output_mean * w.offered)
+                    self.good + w.good, self.answered + w.answered, self.share_sum + s, s,
+                    self.successive_squares + step, self.prompt_tokens + w.prompt_mean * w.offered,
+                    self.output_tokens + w.output_mean * w.offered)
 
     def faded(self, keep: float = 0.5) -> Side:
         """Every sum times ``keep``: older windows weigh less, so the baseline follows the recent traffic."""
-        return Side(*(keep * getattr(self, f) for f in self.__dataclass_fields__))
+        return replace(self, **{f: keep * getattr(self, f) for f in self.__dataclass_fields__ if f != "last_share"})
 
     @property
     def share(self) -> float:
@@ -141,11 +147,10 @@ class Side:
 
     @property
     def spread(self) -> float:
-        """Standard deviation of the windows' shares (0 with fewer than two windows)."""
+        """The windows' shares' standard deviation from one window to the next (0 with fewer than two)."""
         if self.windows < 2:
             return 0.0
-        mean = self.share_sum / self.windows
-        return math.sqrt(max(0.0, (self.share_squares - self.windows * mean * mean) / (self.windows - 1)))
+        return math.sqrt(self.successive_squares / (2.0 * (self.windows - 1)))
 
     @property
     def offered_per_s(self) -> float:
@@ -240,14 +245,15 @@ class Settle:
 
 def noise(before: Side, after: Side) -> float:
     """The standard error of the difference of the two sides' shares, as if the change changed nothing (the
-    hypothesis a rollback must reject): the binomial error of the pooled share over each side's resolved
-    requests, or, where larger, the windows' scatter (bursts make whole windows better or worse, so requests in
-    one window are not independent): the larger of the two sides', never below MIN_WINDOW_SPREAD."""
+    hypothesis a rollback must reject). Each side's: the binomial error of the pooled share over its resolved
+    requests, or, where larger, its windows' scatter (bursts make whole windows better or worse, so requests in
+    one window are not independent), never below MIN_WINDOW_SPREAD per window (few windows may by chance
+    scatter less)."""
     resolved = before.resolved + after.resolved
     p = min(max((before.good + after.good) / resolved if resolved > 0 else 0.5, 0.01), 0.99)
-    spread = max(before.spread, after.spread, MIN_WINDOW_SPREAD)
 
     def var(side: Side) -> float:
+        spread = max(side.spread, MIN_WINDOW_SPREAD)
         return max(p * (1 - p) / max(1.0, side.resolved), spread ** 2 / max(1.0, side.windows))
 
     return math.sqrt(var(before) + var(after))
