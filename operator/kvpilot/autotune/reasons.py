@@ -35,6 +35,10 @@ class TunerReason(StrEnum):
     WOULD_OSCILLATE = "WouldOscillate"
     RECENT_RAISE = "RecentRaise"
     NO_CAPACITY_GAIN = "NoCapacityGain"
+    # What is measured overrules what is predicted (rollback.py): a change that served measurably worse is
+    # rolled back; a change into a direction a rollback barred waits out the planning horizon.
+    ROLLED_BACK = "RolledBack"
+    BARRED_AFTER_ROLLBACK = "BarredAfterRollback"
     # Timing and the what-if simulation.
     COOLDOWN = "Cooldown"
     NO_PREDICTED_GAIN = "NoPredictedGain"

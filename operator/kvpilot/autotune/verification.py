@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_REQUESTS, Outcome, Settle, Side, Verdict, WindowFigures,
-                                     Why, clean, comparable, judge, undecided_or_give_up)
+from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_REQUESTS, Bar, Outcome, Settle, Side, Verdict,
+                                     WindowFigures, Why, bar_after_rollback, clean, comparable, judge,
+                                     undecided_or_give_up)
 
 
 @dataclass(frozen=True)
@@ -145,3 +147,74 @@ def verify_canary(old_value: int, new_value: int, canary: Sequence[WindowFigures
     for w in sorted(canary, key=lambda w: w.end_s):
         state = state.observe(w, by_end.get(w.end_s))
     return state.verdict(now_s)
+
+
+def figures_from_window(w: KvWindow, end_s: float, limit: int | None, expected_pods: int,
+                        restarted: bool = False) -> WindowFigures:
+    """Verification's view of the tuner's window. Where the window counted the requests that met both
+    objectives (``good_rate``, the benchmark's) they are used; otherwise the misses per objective bound them: at
+    least 1 - TTFT misses - TPOT misses of the answered met both (the same estimate on both sides of a change, so
+    the comparison stays fair). The batch is the mean batch; a request's lifetime about its p95 TTFT plus its mean
+    output at the p95 TPOT."""
+    seconds = w.window_seconds
+    scale = max(1, w.pods) * seconds
+    answered = w.completion_rate * scale
+    if w.resolved_rate > 0:
+        resolved, good = w.resolved_rate * scale, w.good_rate * scale
+    else:
+        met = max(0.0, 1.0 - (w.ttft_miss_fraction or 0.0) - (w.tpot_miss_fraction or 0.0))
+        resolved, good = answered, answered * met
+    lifetime = ((w.ttft_p95_ms or 0.0) + w.output_mean * (w.tpot_p95_ms or 0.0)) / 1e3
+    return WindowFigures(end_s, seconds, limit, w.pods, expected_pods, w.arrival_rate * scale, resolved, good,
+                         answered, w.mean_active, lifetime, w.prompt_mean, w.output_mean,
+                         restarted or w.rejected_samples > 0)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Everything verification keeps between decisions (status.autotune.verification): the baseline at the limit
+    in force, the change under verification, the bars rollbacks left, and what was seen last (a plan between two
+    windows sees the same window again; a pod that restarted or changed makes its window no evidence)."""
+
+    baseline: Baseline = Baseline()
+    watch: Watch | None = None
+    bars: tuple[Bar, ...] = ()
+    seen_until_s: float | None = None
+    pods: str = ""
+    last: Verdict | None = None  # the last verdict reached (for status; not used to decide)
+    decided_at_s: float | None = None
+
+    def observe(self, w: WindowFigures | None, limit: int, pods: str, now_s: float) -> Memory:
+        """Take this interval's window (None: none) with ``limit`` in force; ``pods``: the serving pods and their
+        restart counts. A window that overlaps the last one taken is skipped (it is mostly the same requests)."""
+        bars = tuple(b for b in self.bars if b.until_s > now_s)
+        if w is None or (self.seen_until_s is not None and w.start_s < self.seen_until_s - 0.1 * w.seconds):
+            return replace(self, bars=bars)
+        if self.pods and pods != self.pods:
+            w = replace(w, restarted=True)  # a pod came, went or restarted: this window mixes two lives
+        watch = self.watch.observe(w) if self.watch is not None else None
+        return replace(self, baseline=self.baseline.observe(w, limit), watch=watch, bars=bars, seen_until_s=w.end_s,
+                       pods=pods)
+
+    def verdict(self, now_s: float) -> Verdict | None:
+        return self.watch.verdict(now_s) if self.watch is not None else None
+
+    def decided(self, *, from_value: int, to_value: int, applied: bool, rollback: bool, now_s: float,
+                horizon_s: float) -> Memory:
+        """After this interval's decision: a rollback bars the direction that failed and ends the watch; another
+        applied change is watched (against the baseline at the value it left); a watch whose verdict is final
+        (kept, or unverifiable) ends."""
+        verdict = self.verdict(now_s)
+        out = self
+        if verdict is not None and verdict.outcome != Outcome.UNDECIDED:
+            out = replace(out, last=verdict, decided_at_s=now_s, watch=None)
+        if not applied or from_value == to_value:
+            return out
+        if rollback and self.watch is not None:
+            bar = bar_after_rollback(self.watch.from_value, self.watch.to_value, now_s, horizon_s, self.bars)
+            return replace(out, watch=None, bars=(*self.bars, bar)[-8:], last=verdict, decided_at_s=now_s)
+        return replace(out, watch=watch(self.baseline, from_value, to_value, now_s))
+
+    def barred(self, current: int, target: int, now_s: float) -> Bar | None:
+        """The bar that refuses ``current`` -> ``target`` now, if any."""
+        return next((b for b in self.bars if b.refuses(current, target, now_s)), None)

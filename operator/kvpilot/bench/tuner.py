@@ -142,6 +142,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     # on for a serving Deployment reads warm pods from its first interval.
     ready_at = {r.name: -float(engine.spec.autotune.warmup_seconds) for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
+    verifications: list[dict[str, Any]] = []
     while True:
         t = min(requests[i].arrival_s if i < len(requests) else math.inf, next_tick, fleet.next_transition(),
                 horizon_s)
@@ -174,18 +175,30 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                 fleet.roll_to(engine_config(engine_of, ceiling, want, in_engine_tuner, policy))
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": batching.reason,
+                                "rollback": batching.reason == "AutotuneRolledBack",
                                 "message": (p.decision.message if p.decision is not None else "")[:600]})
+            verdict = _verdict(status, verifications)
+            if verdict is not None:
+                verifications.append({"atSeconds": round(t), **verdict})
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
     result: dict[str, Any] = {**goodput(fleet.records, len(requests), slo, duration_s)}
-    result.update({"changes": changes, "final": _target(fleet), "history": history,
+    result.update({"changes": changes, "final": _target(fleet), "history": history, "verifications": verifications,
                    "restarts": sum(r.restarts for r in fleet.replicas),
                    "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),
                                      "max": 1e3 * max(decision_cpu, default=0.0), "decisions": len(decision_cpu)}})
     if series:
         result["series"] = points
     return result
+
+
+def _verdict(status: EngineStatus, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A verification verdict the plan reached this interval (status.autotune.verification), once."""
+    v = status.autotune.verification if status.autotune is not None else None
+    if v is None or v.decided_at is None or (seen and seen[-1]["decidedAt"] == v.decided_at):
+        return None
+    return {"decidedAt": v.decided_at, "outcome": v.outcome, "reason": v.reason, "message": (v.message or "")[:600]}
 
 
 def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | None, slo: Slo,

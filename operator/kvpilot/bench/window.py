@@ -35,7 +35,7 @@ def fleet_window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float,
     ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
     out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them.
     ``arrival_counts``: the fleet's arrivals per sample period over the sampler's burstiness history."""
-    samples, ttfts, tpots, completed = {}, [], [], 0
+    samples, ttfts, tpots, completed, good = {}, [], [], 0, 0
     prompts: list[int] = []
     outputs: list[int] = []
     limits: list[int] = []
@@ -50,6 +50,8 @@ def fleet_window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float,
         ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
         tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
         completed += len(finished)
+        good += sum(1 for x in finished if x.ttft_s is not None and x.ttft_s * 1e3 <= slo.ttft_ms
+                    and (x.tpot_s is None or x.tpot_s * 1e3 <= slo.tpot_ms))
         prompts += [x.prompt_tokens for x in finished]
         outputs += [x.output_tokens for x in finished]
         limits += [x.max_tokens for x in finished]
@@ -58,6 +60,10 @@ def fleet_window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float,
         return None
     rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
     arrivals = fleet_arrivals / interval_s / max(1, len(samples))
+    # What verification compares (autotune/verify.py): the requests resolved in the interval (answered, or left
+    # unanswered: shed, given up) and those that met both objectives, as a gateway's counters would show them.
+    per_pod_s = interval_s * max(1, len(samples))
+    window = replace(window, resolved_rate=(completed + gave_up) / per_pod_s, good_rate=good / per_pod_s)
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
                    arrival_rate=arrivals, prompt_mean=_mean(prompts), output_mean=_mean(outputs),
                    max_tokens_mean=_mean(limits),
