@@ -212,3 +212,14 @@ def test_an_oscillation_counts_but_a_rollback_to_the_value_that_served_well_does
     assert not oscillates(64, [{"to": 512}, {"to": 64, "rollback": True}])
     assert not oscillates(64, [{"to": 512}, {"to": 64, "rollback": True}, {"to": 128}])
     assert oscillates(64, [{"to": 128}, {"to": 256}, {"to": 128}])
+
+
+def test_a_rollback_is_false_only_on_a_steady_row_where_the_value_left_served_as_well() -> None:
+    from kvpilot.bench.suite import false_rollbacks
+
+    static = {64: 16.8, 512: 2.8, 128: 23.9}.__getitem__
+    bad = {"history": [{"to": 512}, {"to": 64, "rollback": True}]}
+    assert false_rollbacks(bad, 64, True, static) == 0  # 512 was worse: a true rollback
+    good = {"history": [{"to": 128}, {"to": 64, "rollback": True}]}
+    assert false_rollbacks(good, 64, True, static) == 1  # 128 serves more than 64: rolled back for nothing
+    assert false_rollbacks(good, 64, False, static) == 0  # a phase shift: static figures cannot judge it

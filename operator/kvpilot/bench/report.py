@@ -29,7 +29,8 @@ def rollbacks(tuned: dict[str, Any]) -> int:
 
 
 def canaries(tuned: dict[str, Any]) -> int:
-    return int(tuned.get("canaries", 0))
+    marks = tuned.get("canaries", [])
+    return len(marks) if isinstance(marks, list) else int(marks)
 
 
 def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
@@ -141,6 +142,7 @@ def summary_line(out: dict[str, Any]) -> str:
     runs = [r[k] for r in rows for k in ("autotuned", "autotunedFrom2048") if k in r]
     return (f"suite: {len(rows)} rows, {out['cpuSeconds']:.0f} CPU-s ({out['wallSeconds']:.0f}s wall); decision CPU "
             f"{out['decisionCpuMs']['mean']:.2f} ms mean, {out['decisionCpuMs']['max']:.1f} ms max; "
-            f"{sum(rollbacks(t) for t in runs)} rollbacks, {sum(canaries(t) for t in runs)} canaries; "
+            f"{sum(rollbacks(t) for t in runs)} rollbacks ({sum(int(t.get('falseRollbacks', 0)) for t in runs)} "
+            f"false, on steady rows), {sum(canaries(t) for t in runs)} canaries; "
             f"all criteria {'hold' if out['allPass'] else 'do NOT all hold'}"
             f"{'' if out['allPass'] else '; the instant reference misses every failed one too' if out['failuresAllMissedByInstant'] else ''}")

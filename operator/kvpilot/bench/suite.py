@@ -81,6 +81,18 @@ def _tuned(requests: list[Request], served: Served, start: int, ceiling: int, in
                          served=served_profile(case.profile, served.perturbation), in_engine_tuner=in_engine_tuner)
 
 
+def false_rollbacks(tuned: dict[str, Any], start: int, steady: bool, static: Callable[[int], float]) -> int:
+    """Rollbacks of a change that was not harmful, on a steady row (one phase, so a limit's static goodput says
+    what it is worth over the whole run): the value rolled back from serves, held statically, at least 99% of
+    what the value rolled back to serves. (On a row whose load changes, a rollback may be right for the moment
+    and the static figures cannot judge it.)"""
+    if not steady:
+        return 0
+    values = [start] + [h["to"] for h in tuned["history"]]
+    return sum(1 for k, h in enumerate(tuned["history"])
+               if h.get("rollback") and static(values[k]) >= 0.99 * static(values[k + 1]))
+
+
 def row_name(case: Case, perturbation: str) -> str:
     """The row's name (it names the row's SVG file): the case, and the perturbation unless nominal."""
     return case.name if perturbation == "nominal" else f"{case.name}.{perturbation}"
@@ -103,6 +115,13 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     bounds = _bounds(requests, served, sweep, per_phase, horizon)
     tuned = {key: _tuned(requests, served, start, ceiling, tuner, horizon, series)
              for key, start, ceiling, tuner in TUNED_RUNS}
+    for (key, start, ceiling, tuner) in TUNED_RUNS:
+        def static(m: int, c: int = ceiling, t: bool = tuner) -> float:
+            if m in sweep and not t:
+                return sweep[m]
+            return float(run_static_records(requests, served, served.config(m, c, t), horizon)[0]["goodput"])
+
+        tuned[key]["falseRollbacks"] = false_rollbacks(tuned[key], start, case.steady, static)
     oracle = bounds["oracle"]
     a, o, s, h = tuned["autotuned"]["goodput"], sweep[oracle], sweep[START], bounds["hindsight"]["goodput"]
     p, a2048 = peer["goodput"], tuned["autotunedFrom2048"]["goodput"]
