@@ -223,3 +223,26 @@ def test_a_rollback_is_false_only_on_a_steady_row_where_the_value_left_served_as
     good = {"history": [{"to": 128}, {"to": 64, "rollback": True}]}
     assert false_rollbacks(good, 64, True, static) == 1  # 128 serves more than 64: rolled back for nothing
     assert false_rollbacks(good, 64, False, static) == 0  # a phase shift: static figures cannot judge it
+
+
+def test_a_row_reuses_the_tuner_independent_figures_of_an_earlier_run(tmp_path) -> None:
+    """--bounds: the static sweep, the peer and the bounds come from the file; only the tuned runs run, and
+    the row is the same as when everything ran (light-l4 is cheap)."""
+    import json
+
+    import pytest
+
+    from kvpilot.bench.suite import load_bounds, run_suite
+
+    full = run_suite(True, ["light-l4"])
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(full["cases"][0]) + "\n")
+    again = run_suite(True, ["light-l4"], bounds=load_bounds(str(path)), partial=str(tmp_path / "out.jsonl"))
+    a, b = full["cases"][0], again["cases"][0]
+    assert {k: a[k] for k in ("sweep", "oracle", "trtllmDefault", "ratios")} == \
+        {k: b[k] for k in ("sweep", "oracle", "trtllmDefault", "ratios")}
+    assert b["cpuSeconds"] < a["cpuSeconds"]
+    assert json.loads((tmp_path / "out.jsonl").read_text())["case"] == "light-l4"
+    (tmp_path / "bad.json").write_text('{"cases": [{"case": "light-l4"}]}')
+    with pytest.raises(SystemExit, match="--bounds"):
+        load_bounds(str(tmp_path / "bad.json"))

@@ -98,13 +98,10 @@ def row_name(case: Case, perturbation: str) -> str:
     return case.name if perturbation == "nominal" else f"{case.name}.{perturbation}"
 
 
-def run_case(case: Case, series: bool = False, log: Callable[[str], object] = print,
-             perturbation: str = "nominal") -> dict[str, Any]:
-    """One row: ``case`` on the served engine ``perturbation`` names (``bench/perturb.py``)."""
-    started = time.process_time()
-    served = Served(case, perturbation_named(perturbation))
-    requests = case.requests()
-    horizon = case.duration_s + 120.0
+def tuner_free(requests: list[Request], served: Served, horizon: float) -> dict[str, Any]:
+    """Everything in a row that does not depend on the tuner: the static sweep, TensorRT-LLM's default, the
+    oracle, hindsight, the reactive bound and the instant reference (two thirds of a row's CPU)."""
+    case = served.case
     sweep, per_phase = {}, {}
     edges = [0.0] + case.boundaries + [case.duration_s]
     for mbs in SWEEP:
@@ -112,13 +109,38 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
         sweep[mbs] = result["goodput"]
         per_phase[mbs] = [phase_goodput(records, case, edges[k], edges[k + 1]) for k in range(len(edges) - 1)]
     peer = run_static_records(requests, served, served.config(TRTLLM_DEFAULT, TRTLLM_DEFAULT, True), horizon)[0]
-    bounds = _bounds(requests, served, sweep, per_phase, horizon)
+    return {"sweep": sweep, "peer": peer["goodput"], **_bounds(requests, served, sweep, per_phase, horizon)}
+
+
+def reused(row: dict[str, Any]) -> dict[str, Any]:
+    """A previous run's row (``kvpilot bench tuner --suite --json``) as ``tuner_free`` returns it."""
+    try:
+        return {"sweep": {int(k): float(v) for k, v in row["sweep"].items()}, "peer": float(row["trtllmDefault"]["goodput"]),
+                "oracle": int(row["oracle"]["maxBatchSize"]), "hindsight": dict(row["hindsight"]),
+                "reactive": dict(row["reactive"]),
+                "instant": float(row["ratios"]["instantOverOracle"]) * float(row["oracle"]["goodput"])}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"kvpilot bench tuner --bounds: row {row.get('case')!r} lacks {exc}; give a suite JSON "
+                         f"of this revision (kvpilot bench tuner --suite --json)") from None
+
+
+def run_case(case: Case, series: bool = False, log: Callable[[str], object] = print,
+             perturbation: str = "nominal", reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One row: ``case`` on the served engine ``perturbation`` names (``bench/perturb.py``). ``reuse``: the
+    tuner-independent figures of this row from an earlier run (``reused``); only the tuned runs then run."""
+    started = time.process_time()
+    served = Served(case, perturbation_named(perturbation))
+    requests = case.requests()
+    horizon = case.duration_s + 120.0
+    bounds = reuse if reuse is not None else tuner_free(requests, served, horizon)
+    sweep = bounds["sweep"]
+    peer = {"goodput": bounds["peer"]}
     tuned = {key: _tuned(requests, served, start, ceiling, tuner, horizon, series)
              for key, start, ceiling, tuner in TUNED_RUNS}
     for (key, start, ceiling, tuner) in TUNED_RUNS:
         def static(m: int, c: int = ceiling, t: bool = tuner) -> float:
             if m in sweep and not t:
-                return sweep[m]
+                return float(sweep[m])
             return float(run_static_records(requests, served, served.config(m, c, t), horizon)[0]["goodput"])
 
         tuned[key]["falseRollbacks"] = false_rollbacks(tuned[key], start, case.steady, static)
@@ -128,7 +150,8 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     out = {
         "case": row_name(case, perturbation), "baseCase": case.name, "perturbation": perturbation,
         "perturbationFactors": served.perturbation.to_text(), "profile": case.profile, "covers": case.covers,
-        "policy": case.policy, "requests": len(requests), "sweep": {str(k): v for k, v in sweep.items()},
+        "policy": case.policy, "spareGpu": case.spare_gpu, "requests": len(requests),
+        "sweep": {str(k): v for k, v in sweep.items()},
         "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
         "trtllmDefault": {"maxBatchSize": TRTLLM_DEFAULT, "inEngineTuner": True, "goodput": p},
         "hindsight": bounds["hindsight"], "reactive": bounds["reactive"], **tuned,
@@ -149,10 +172,45 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     return out
 
 
-def _row_job(job: tuple[Case, str, bool]) -> dict[str, Any]:
-    case, perturbation, series = job
+def _row_job(job: tuple[Case, str, bool, dict[str, Any] | None]) -> dict[str, Any]:
+    case, perturbation, series, reuse = job
     return run_case(case, series=series, log=lambda msg: print(msg, file=sys.stderr, flush=True),
-                    perturbation=perturbation)
+                    perturbation=perturbation, reuse=reuse)
+
+
+def row_key(case: Case, perturbation: str) -> str:
+    """What a row's tuner-independent figures depend on: the case, its served engine and the spare GPU."""
+    return f"{row_name(case, perturbation)}|{'spare' if case.spare_gpu else 'full'}"
+
+
+def load_bounds(path: str) -> dict[str, dict[str, Any]]:
+    """The tuner-independent figures of every row of a suite JSON (or of a ``partial`` file of JSON lines)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+        try:
+            doc = json.loads(text)
+        except ValueError:  # one row per line
+            doc = {"cases": [json.loads(line) for line in text.splitlines() if line.strip()]}
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"kvpilot bench tuner --bounds {path}: {exc}") from None
+    if isinstance(doc, dict) and "case" in doc:
+        doc = {"cases": [doc]}  # a partial file of one row
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
+        raise SystemExit(f"kvpilot bench tuner --bounds {path}: not a suite result (an object with 'cases')")
+    out = {}
+    for row in doc.get("cases", []):
+        case = replace(next((c for c in CASES if c.name == row.get("baseCase", row.get("case"))), CASES[0]),
+                       spare_gpu=bool(row.get("spareGpu", True)))
+        out[row_key(case, row.get("perturbation", "nominal"))] = reused(row)
+    return out
+
+
+def _kept(row: dict[str, Any], partial: str | None) -> dict[str, Any]:
+    if partial:
+        with open(partial, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return row
 
 
 def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]) -> list[tuple[Case, str]]:
@@ -170,22 +228,26 @@ def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]
 
 
 def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False, spare_gpu: bool = True,
-              perturbations: list[str] | None = None, jobs: int = 1) -> dict[str, Any]:
+              perturbations: list[str] | None = None, jobs: int = 1,
+              bounds: dict[str, dict[str, Any]] | None = None, partial: str | None = None) -> dict[str, Any]:
     """Every row (or those of the cases named in ``only``), on each served engine in ``perturbations`` (default:
     the nominal profile only). ``spare_gpu=False``: the same cases on a cluster with no free GPU, where every
     rollout drops a pod's capacity while it restarts. ``jobs``: rows run in that many processes at once (the
-    figures do not depend on it; each row is deterministic)."""
+    figures do not depend on it; each row is deterministic). ``bounds``: tuner-independent figures to reuse, by
+    ``row_key`` (``load_bounds``). ``partial``: a file each row is appended to (one JSON line) once it is done, so
+    a long run that is stopped keeps what it measured."""
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
     work = suite_jobs(only, spare_gpu, perturbations or ["nominal"])
     started = time.perf_counter()
     cpu = time.process_time()
+    jobs_in = [(c, p, series, (bounds or {}).get(row_key(c, p))) for c, p in work]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            rows = list(pool.map(_row_job, [(c, p, series) for c, p in work]))
+            rows = [_kept(row, partial) for row in pool.map(_row_job, jobs_in)]
     else:
-        rows = [run_case(c, series=series, log=log, perturbation=p) for c, p in work]
+        rows = [_kept(run_case(c, series=series, log=log, perturbation=p, reuse=r), partial) for c, p, _s, r in jobs_in]
     decision = [r[key]["decisionCpuMs"] for r in rows for key, *_ in TUNED_RUNS]
     return {
         "cases": rows,
@@ -204,8 +266,10 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
 
 
 def main(as_json: bool, only: list[str] | None = None, spare_gpu: bool = True,
-         perturbations: list[str] | None = None, jobs: int = 1) -> int:
-    out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu, perturbations=perturbations, jobs=jobs)
+         perturbations: list[str] | None = None, jobs: int = 1, bounds: str | None = None,
+         partial: str | None = None) -> int:
+    out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu, perturbations=perturbations, jobs=jobs,
+                    bounds=load_bounds(bounds) if bounds else None, partial=partial)
     if as_json:
         print(json.dumps(out, indent=2))
     else:
