@@ -195,7 +195,8 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
 
 def _verdict(status: EngineStatus, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A verification verdict the plan reached this interval (status.autotune.verification), once."""
-    v = status.autotune.verification if status.autotune is not None else None
+    # getattr: the bench also drives a tuner from before verification existed (the suite's "before" figures).
+    v = getattr(status.autotune, "verification", None) if status.autotune is not None else None
     if v is None or v.decided_at is None or (seen and seen[-1]["decidedAt"] == v.decided_at):
         return None
     return {"decidedAt": v.decided_at, "outcome": v.outcome, "reason": v.reason, "message": (v.message or "")[:600]}
