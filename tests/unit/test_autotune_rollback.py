@@ -109,7 +109,7 @@ def test_a_rollback_bars_the_failed_half_of_the_direction() -> None:
     assert d.action == "Raise" and d.target == 99 and "barred" in d.message, d.message
     close = Bar(True, 70, NOW.timestamp() + 1800)
     held = decide(inp(current=64, w=pressure, mem=Memory(bars=(close,)), last_applied_at=NOW - timedelta(hours=1)))
-    assert held.action == "Hold" and held.reason == "BarredAfterRollback"
+    assert held.action == "Hold" and held.reason == "BarredByVerification"
     over = Bar(True, 100, NOW.timestamp() - 1)  # the horizon is over
     free = decide(inp(current=64, w=pressure, mem=Memory(bars=(over,)), last_applied_at=NOW - timedelta(hours=1)))
     assert free.action == "Raise" and free.target == 108
@@ -137,3 +137,45 @@ def test_a_rollback_is_no_oscillation_and_spends_no_reversal() -> None:
     assert with_pair.reason == "WouldOscillate"  # counted as changes, the pair would spend the reversal
     without = decide(inp(current=64, w=pressure, recent_changes=changes, last_applied_at=NOW - timedelta(minutes=10)))
     assert without.action == "Raise", without.message
+
+
+def test_a_bar_holds_only_at_the_load_it_was_measured_at() -> None:
+    pressure = replace(kv(active=64, tpot=20.0), ttft_miss_fraction=0.4, mean_queued=20.0, peak_utilization=0.1)
+    bar = Bar(True, 100, NOW.timestamp() + 1800, offered_per_s=30.0, prompt_mean=150.0)  # kv(): 2 pods x 15 req/s
+    here = decide(inp(current=64, w=pressure, mem=Memory(bars=(bar,)), last_applied_at=NOW - timedelta(hours=1)))
+    assert here.target == 99
+    busier = replace(pressure, arrival_rate=30.0)  # twice the load: the bar says nothing of it
+    there = decide(inp(current=64, w=busier, mem=Memory(bars=(bar,)), last_applied_at=NOW - timedelta(hours=1)))
+    assert there.action == "Raise" and there.target > 99
+
+
+def test_one_step_at_a_time_unless_most_requests_miss() -> None:
+    """A second lower waits for the first one's verdict (steps within the noise add up unseen); a severe miss
+    waits for nothing."""
+    at = NOW.timestamp() - 60
+    base = Baseline()
+    for k in range(8):
+        base = base.observe(figures(at - 105.0 + 15.0 * k, 64, 0.7), 64)
+    pending = Memory(baseline=base, watch=watch(base, 64, 57, at))
+    mild = kv(active=57, tpot=25.0, tpot_misses=0.2)
+    spec = replace(SPEC, slo=SloSpec(3000, 22))
+    d = decide(replace(inp(current=57, w=mild, mem=pending, last_applied_at=NOW - timedelta(seconds=60)), spec=spec))
+    assert d.action == "Hold" and d.reason == "AwaitingVerification", d.message
+    severe = kv(active=57, tpot=40.0, tpot_misses=0.8)
+    d = decide(replace(inp(current=57, w=severe, mem=pending, last_applied_at=NOW - timedelta(seconds=60)), spec=spec))
+    assert d.action == "Lower", d.message
+
+
+def test_a_lower_that_served_no_better_bars_further_lowers_at_that_load() -> None:
+    at = 10_000.0
+    base = Baseline()
+    for k in range(8):
+        base = base.observe(figures(at - 105.0 + 15.0 * k, 64, 0.7), 64)
+    mem = Memory(baseline=base, watch=watch(base, 64, 57, at))
+    t = at + 90.0
+    while t < at + 420.0:
+        mem = mem.observe(figures(t, 57, 0.69), 57, "", t)
+        t += 15.0
+    done = mem.decided(from_value=57, to_value=57, applied=False, rollback=False, now_s=t, horizon_s=1800.0)
+    assert done.watch is None and done.last is not None and done.last.why == "ServesNoWorse"
+    assert done.barred(57, 51, t, (30.0, 150.0)) is not None and done.barred(57, 64, t, (30.0, 150.0)) is None

@@ -77,7 +77,8 @@ def test_a_raise_that_serves_worse_is_rolled_back_and_says_why(monkeypatch: pyte
     v = doc["autotune"]["verification"]
     assert v["outcome"] == "RollBack" and v["reason"] == "ServesWorse"
     assert "before, at 64" in v["message"] and "after, at 512" in v["message"]
-    assert v["bars"] == [{"direction": "Raise", "batchSize": 182, "until": v["bars"][0]["until"]}]
+    assert v["bars"] == [{"direction": "Raise", "batchSize": 182, "until": v["bars"][0]["until"],
+                          "requestsPerMinute": 1800, "promptTokens": 150}]  # the load it was measured at
     warning = [ev for ev in back.events if ev.reason == "AutotuneRolledBack"]
     assert warning and warning[0].type == "Warning" and "before, at 64" in warning[0].message
     assert all(p.decision is None or p.decision.reason != "RolledBack" for p in plans[plans.index(back) + 1:])

@@ -188,11 +188,14 @@ class VerificationWatch:
 
 @dataclasses.dataclass(frozen=True)
 class VerificationBar:
-    """After a rollback: no change in ``direction`` to ``batchSize`` or beyond it until ``until``."""
+    """After a rollback (or a lower that did not help): no change in ``direction`` to ``batchSize`` or beyond it
+    until ``until``, while the load is the one it was measured at."""
 
     direction: Literal["Raise", "Lower"] | None = None
     batch_size: int | None = None
     until: str | None = None
+    requests_per_minute: int | None = None  # the load it was measured at (it holds only at that load)
+    prompt_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,12 +179,15 @@ def _verification() -> Schema:
             ),
             "baselineBatchSize": integer("The value the baseline was measured at.", 0),
             "baseline": _verification_side(),
-            "bars": array("After a rollback, the values barred for the planning horizon.", obj(
-                "No change in this direction to this value or beyond it until then.",
+            "bars": array("After a rollback (or a lower that did not help), the values barred for the planning "
+                          "horizon at the load they were measured at.", obj(
+                "No change in this direction to this value or beyond it until then, at this load.",
                 {
                     "direction": string("Raise or Lower.", enum=("Raise", "Lower")),
                     "batchSize": integer("The barred value (and beyond).", 0),
                     "until": string("When the bar ends.", 64, fmt="date-time"),
+                    "requestsPerMinute": integer("The offered load it was measured at (0: any).", 0),
+                    "promptTokens": integer("The mean prompt it was measured at (0: any).", 0),
                 },
             ), 8),
             "seenUntil": string("The end of the last window taken in.", 64, fmt="date-time"),

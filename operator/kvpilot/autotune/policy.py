@@ -34,7 +34,7 @@ from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.guarantees import no_harm
-from kvpilot.autotune.rollback import rolled_back, within_bars
+from kvpilot.autotune.rollback import rolled_back, verified_first, within_bars
 from kvpilot.autotune.rules import decide_from_signals
 from kvpilot.autotune.signals import load as load_of
 from kvpilot.autotune.signals import tpot_margin
@@ -55,7 +55,7 @@ def decide(inp: TunerInput) -> Decision:
     back = rolled_back(inp)  # measured worse: undone at once, before any rule, guarantee or simulation
     if back is not None:
         return back
-    decision = within_bars(inp, no_harm(inp, w, decide_from_signals(inp, w, lo, hi)))
+    decision = verified_first(inp, w, within_bars(inp, no_harm(inp, w, decide_from_signals(inp, w, lo, hi))))
     waiting = _cooldown(inp, w, decision)
     if waiting is not None:
         return waiting

@@ -208,13 +208,30 @@ class Memory:
         out = self
         if verdict is not None and verdict.outcome != Outcome.UNDECIDED:
             out = replace(out, last=verdict, decided_at_s=now_s, watch=None)
+            w = self.watch
+            if w is not None and verdict.outcome == Outcome.KEEP and w.to_value < w.from_value \
+                    and verdict.why != Why.BETTER:
+                # A lower is protective (paused requests, KV pressure, TPOT broken): one that served no better
+                # did not remove the cause, and a further lower at this load would only give up capacity.
+                out = replace(out, bars=(*out.bars, Bar(False, w.to_value - 1, now_s + horizon_s,
+                                                        w.baseline.offered_per_s, w.baseline.prompt_mean))[-8:])
         if not applied or from_value == to_value:
             return out
         if rollback and self.watch is not None:
-            bar = bar_after_rollback(self.watch.from_value, self.watch.to_value, now_s, horizon_s, self.bars)
+            bar = bar_after_rollback(self.watch.from_value, self.watch.to_value, now_s, horizon_s, self.bars,
+                                     self.watch.baseline)
             return replace(out, watch=None, bars=(*self.bars, bar)[-8:], last=verdict, decided_at_s=now_s)
         return replace(out, watch=watch(self.baseline, from_value, to_value, now_s))
 
-    def barred(self, current: int, target: int, now_s: float) -> Bar | None:
-        """The bar that refuses ``current`` -> ``target`` now, if any."""
-        return next((b for b in self.bars if b.refuses(current, target, now_s)), None)
+    def barred(self, current: int, target: int, now_s: float, load: tuple[float, float] | None = None) -> Bar | None:
+        """The bar that refuses ``current`` -> ``target`` now at ``load`` (requests per second, mean prompt), if any."""
+        return next((b for b in self.bars if b.refuses(current, target, now_s, load)), None)
+
+    def pending(self, now_s: float) -> Watch | None:
+        """The change under verification while a verdict is on its way: not when the load has changed since (or
+        there was no baseline), which no amount of waiting would judge."""
+        verdict = self.verdict(now_s)
+        if verdict is None or verdict.outcome != Outcome.UNDECIDED or verdict.why in (Why.LOAD_CHANGED,
+                                                                                      Why.NO_BASELINE):
+            return None
+        return self.watch

@@ -68,7 +68,8 @@ def memory_of(status: AutotuneStatus | None, now: datetime) -> Memory:
     # A time in the future is not one this operator wrote: a bar lasts at most a planning horizon from now, and a
     # window "seen" later than now would stop verification from taking any window.
     latest = now.timestamp() + PLANNING_HORIZON_SECONDS
-    bars = tuple(Bar(b.direction == "Raise", b.batch_size, min(until, latest)) for b in record.bars or ()
+    bars = tuple(Bar(b.direction == "Raise", b.batch_size, min(until, latest), _count(b.requests_per_minute) / 60.0,
+                     _count(b.prompt_tokens)) for b in record.bars or ()
                  if b.direction and b.batch_size and b.batch_size > 0 and (until := _seconds(b.until, now)) is not None)
     base = Baseline(record.baseline_batch_size, side_of(record.baseline)) if record.baseline_batch_size else Baseline()
     seen = _seconds(record.seen_until, now)
@@ -106,8 +107,8 @@ def verification_status(memory: Memory, previous: VerificationStatus | None) -> 
             last_batch=round(w.settle.last_batch) if w.settle.last_batch is not None else None,
             calm_at=_stamp(w.settle.calm_s), other_load=w.other_load),
         baseline_batch_size=memory.baseline.limit, baseline=side_record(memory.baseline.side),
-        bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, _stamp(b.until_s)) for b in memory.bars)
-        or None,
+        bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, _stamp(b.until_s),
+                                   round(b.offered_per_s * 60), round(b.prompt_mean)) for b in memory.bars) or None,
         seen_until=_stamp(memory.seen_until_s), pods=memory.pods or None)
 
 
