@@ -193,7 +193,11 @@ def test_the_baseline_follows_the_limit_and_the_load_and_weighs_the_recent_windo
     assert base.observe(None, 64) == base and base.observe(window(615.0, 64, 0.5, pods=1), 64) == base
     heavier = base.observe(window(615.0, 64, 0.2, rate=60.0), 64)  # the load doubled: start again from it
     assert heavier.side.windows == 1 and round(heavier.side.share, 2) == 0.2
-    assert base.observe(window(615.0, 128, 0.5), 128).side.windows == 1  # another limit: another baseline
+    other = base.observe(window(615.0, 128, 0.5), 128)  # another limit: another baseline, once it has settled
+    assert other.limit == 128 and other.side.windows == 0
+    for k in range(2, 6):
+        other = other.observe(window(600.0 + 15 * k, 128, 0.5), 128)
+    assert other.side.windows == 2  # the first window, and one latency after the batch settled, are no baseline
 
 
 def test_a_quiet_window_at_a_low_rate_is_not_a_load_change() -> None:

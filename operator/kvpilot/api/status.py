@@ -210,6 +210,9 @@ class VerificationStatus:
     watch: VerificationWatch | None = None
     baseline_batch_size: int | None = None
     baseline: VerificationSide | None = None
+    baseline_in_force_at: str | None = None
+    baseline_last_batch: int | None = None
+    baseline_calm_at: str | None = None
     bars: tuple[VerificationBar, ...] | None = None
     seen_until: str | None = None
     pods: str | None = None

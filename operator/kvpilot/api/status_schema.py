@@ -179,6 +179,10 @@ def _verification() -> Schema:
             ),
             "baselineBatchSize": integer("The value the baseline was measured at.", 0),
             "baseline": _verification_side(),
+            "baselineInForceAt": string("When every pod first ran that value.", 64, fmt="date-time"),
+            "baselineLastBatch": integer("The mean batch of the last window at that value.", 0),
+            "baselineCalmAt": string("When its batch had settled (the baseline counts from then).", 64,
+                                     fmt="date-time"),
             "bars": array("After a rollback (or a lower that did not help), the values barred for the planning "
                           "horizon at the load they were measured at.", obj(
                 "No change in this direction to this value or beyond it until then, at this load.",

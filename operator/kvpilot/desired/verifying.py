@@ -71,7 +71,9 @@ def memory_of(status: AutotuneStatus | None, now: datetime) -> Memory:
     bars = tuple(Bar(b.direction == "Raise", b.batch_size, min(until, latest), _count(b.requests_per_minute) / 60.0,
                      _count(b.prompt_tokens)) for b in record.bars or ()
                  if b.direction and b.batch_size and b.batch_size > 0 and (until := _seconds(b.until, now)) is not None)
-    base = Baseline(record.baseline_batch_size, side_of(record.baseline)) if record.baseline_batch_size else Baseline()
+    base = Baseline(record.baseline_batch_size, side_of(record.baseline),
+                    _settle(record.baseline_in_force_at, record.baseline_last_batch, record.baseline_calm_at, now)) \
+        if record.baseline_batch_size else Baseline()
     seen = _seconds(record.seen_until, now)
     return Memory(baseline=base, watch=_watch_of(record.watch, now), bars=bars,
                   seen_until_s=seen if seen is not None and seen <= now.timestamp() else None,
@@ -85,10 +87,17 @@ def _watch_of(record: VerificationWatch | None, now: datetime) -> Watch | None:
     changed = _seconds(record.changed_at, now)
     if changed is None:
         return None
-    settle = Settle(_seconds(record.in_force_at, now), float(record.last_batch) if record.last_batch is not None
-                    and record.last_batch >= 0 else None, _seconds(record.calm_at, now))
-    return Watch(changed, record.from_batch_size, record.to_batch_size, side_of(record.before), settle,
-                 side_of(record.after), max(0, record.other_load or 0))
+    return Watch(changed, record.from_batch_size, record.to_batch_size, side_of(record.before),
+                 _settle(record.in_force_at, record.last_batch, record.calm_at, now), side_of(record.after),
+                 max(0, record.other_load or 0))
+
+
+def _settle(in_force: str | None, last_batch: int | None, calm: str | None, now: datetime) -> Settle:
+    start = _seconds(in_force, now)
+    if start is None:
+        return Settle()
+    return Settle(start, float(last_batch) if last_batch is not None and last_batch >= 0 else None,
+                  _seconds(calm, now))
 
 
 def verification_status(memory: Memory, previous: VerificationStatus | None) -> VerificationStatus:
@@ -107,6 +116,9 @@ def verification_status(memory: Memory, previous: VerificationStatus | None) -> 
             last_batch=round(w.settle.last_batch) if w.settle.last_batch is not None else None,
             calm_at=_stamp(w.settle.calm_s), other_load=w.other_load),
         baseline_batch_size=memory.baseline.limit, baseline=side_record(memory.baseline.side),
+        baseline_in_force_at=_stamp(memory.baseline.settle.in_force_s),
+        baseline_last_batch=round(memory.baseline.settle.last_batch) if memory.baseline.settle.last_batch is not None
+        else None, baseline_calm_at=_stamp(memory.baseline.settle.calm_s),
         bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, _stamp(b.until_s),
                                    round(b.offered_per_s * 60), round(b.prompt_mean)) for b in memory.bars) or None,
         seen_until=_stamp(memory.seen_until_s), pods=memory.pods or None)
