@@ -9,7 +9,7 @@ from kvpilot.bench.cases import case_named
 
 
 def test_a_bad_raise_is_rolled_back_and_a_canary_costs_less_than_a_full_rollout() -> None:
-    out = evaluate(case_named("long-output-a100"), "decode0.8-perseq1.5", 64, 512, 15.0, 420.0, spare_gpu=True)
+    out = evaluate(case_named("long-output-a100"), "decode0.8-perseq1.5", 64, 512, 120.0, 540.0, spare_gpu=True)
     runs = {r["mode"]: r for r in out["runs"]}
     assert runs["none"]["verdict"] is None
     assert runs["verify"]["verdict"] == "RollBack" and runs["canary"]["verdict"] == "RollBack"
@@ -19,7 +19,7 @@ def test_a_bad_raise_is_rolled_back_and_a_canary_costs_less_than_a_full_rollout(
 
 
 def test_a_good_raise_is_kept() -> None:
-    out = evaluate(case_named("long-output-a100"), "nominal", 64, 512, 15.0, 420.0, spare_gpu=True)
+    out = evaluate(case_named("long-output-a100"), "nominal", 64, 512, 120.0, 540.0, spare_gpu=True)
     runs = {r["mode"]: r for r in out["runs"]}
     assert runs["verify"]["verdict"] == "Keep" and runs["canary"]["verdict"] == "Keep"
     assert all(r["lostGoodRequests"] < 0 for r in runs.values())  # every mode gains over static 64

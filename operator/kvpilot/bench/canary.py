@@ -1,8 +1,9 @@
 """What a bad change costs before it is caught: verification after a full rollout against a canary pod, with and
 without a spare GPU (issue 18, "Canary retunes"). ``python -m kvpilot.bench.canary``.
 
-One change is forced at ``at_s`` (the tuner's own first change on the issue's example: 64 -> 512 at 15 s on
-long-output-a100 whose engine decodes ~20% slower than its profile), then:
+One change is forced at ``at_s`` (the tuner's own first change on the issue's example, 64 -> 512 on
+long-output-a100 whose engine decodes ~20% slower than its profile; here 120 s in, once the pods at 64 have a
+settled baseline to be judged against), then:
 
 * ``none``: nothing checks it (the tuner before issue 18 held 512 for the rest of the run);
 * ``verify``: every pod rolls; once the new limit is in force, ``verify.verify`` compares the fleet with the
@@ -138,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="served engine(s) (default: decode0.8-perseq1.5 and nominal)")
     p.add_argument("--from-value", type=int, default=64)
     p.add_argument("--to-value", type=int, default=512)
-    p.add_argument("--at-seconds", type=float, default=15.0)
-    p.add_argument("--duration-seconds", type=float, default=900.0)
+    p.add_argument("--at-seconds", type=float, default=120.0)
+    p.add_argument("--duration-seconds", type=float, default=720.0)
     args = p.parse_args(argv)
     try:
         case = case_named(args.case)
