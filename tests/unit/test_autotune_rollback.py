@@ -179,3 +179,28 @@ def test_a_lower_that_served_no_better_bars_further_lowers_at_that_load() -> Non
     done = mem.decided(from_value=57, to_value=57, applied=False, rollback=False, now_s=t, horizon_s=1800.0)
     assert done.watch is None and done.last is not None and done.last.why == "ServesNoWorse"
     assert done.barred(57, 51, t, (30.0, 150.0)) is not None and done.barred(57, 64, t, (30.0, 150.0)) is None
+
+
+def test_the_reversal_budget_does_not_veto_a_protective_lower_when_most_requests_miss_tpot() -> None:
+    """Lowered twice for document Q&A, raised twice for chat: a lower now would be a second reversal within the
+    horizon. When most requests miss TPOT the measurements call for it, and the budget (like the what-if) does
+    not veto it; a milder TPOT miss is still held."""
+    history = (AppliedChange(NOW - timedelta(minutes=3), 57, 456), AppliedChange(NOW - timedelta(minutes=6), 36, 57),
+               AppliedChange(NOW - timedelta(minutes=20), 41, 36), AppliedChange(NOW - timedelta(minutes=25), 2048, 41))
+    severe = decide(inp(current=456, w=kv(active=450, tpot=90.0, tpot_misses=0.8), recent_changes=history,
+                        last_applied_at=NOW - timedelta(minutes=3)))
+    assert severe.action == "Lower" and severe.reason == "TpotObjectiveBroken", severe.message
+    mild = decide(inp(current=456, w=kv(active=450, tpot=63.0, tpot_misses=0.3), recent_changes=history,
+                      last_applied_at=NOW - timedelta(minutes=3)))
+    assert mild.action == "Hold" and mild.reason == "WouldOscillate", mild.message
+
+
+def test_a_change_without_a_baseline_holds_the_next_step_only_until_its_own_value_has_one() -> None:
+    at = NOW.timestamp() - 200
+    mem = Memory(watch=watch(Baseline(), 64, 57, at))  # made before 64 had a settled baseline
+    assert mem.pending(NOW.timestamp()) is not None
+    t = at + 15.0
+    while t <= NOW.timestamp():
+        mem = mem.observe(figures(t, 57, 0.7), 57, "", t)
+        t += 15.0
+    assert mem.baseline.side.seconds >= 60 and mem.pending(NOW.timestamp()) is None

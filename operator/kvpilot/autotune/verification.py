@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvpilot.autotune.window import KvWindow
-from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_REQUESTS, Bar, Outcome, Settle, Side, Verdict,
+from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS, Bar, Outcome, Settle, Side, Verdict,
                                      WindowFigures, Why, bar_after_rollback, clean, comparable, judge,
                                      undecided_or_give_up)
 
@@ -235,10 +235,14 @@ class Memory:
         return next((b for b in self.bars if b.refuses(current, target, now_s, load)), None)
 
     def pending(self, now_s: float) -> Watch | None:
-        """The change under verification while a verdict is on its way: not when the load has changed since (or
-        there was no baseline), which no amount of waiting would judge."""
+        """The change under verification while it has no verdict: not when the load has changed since (the
+        traffic moved on, and the next change follows it). A change made before its value's baseline settled
+        cannot be judged; it is pending until the value it set has a settled baseline of its own
+        (MIN_EVIDENCE_SECONDS), so the next step in its direction can be judged against it, rather than an
+        unmeasured step added to an unmeasured one."""
         verdict = self.verdict(now_s)
-        if verdict is None or verdict.outcome != Outcome.UNDECIDED or verdict.why in (Why.LOAD_CHANGED,
-                                                                                      Why.NO_BASELINE):
+        if verdict is None or verdict.outcome != Outcome.UNDECIDED or verdict.why == Why.LOAD_CHANGED:
+            return None
+        if verdict.why == Why.NO_BASELINE and self.baseline.side.seconds >= MIN_EVIDENCE_SECONDS:
             return None
         return self.watch
