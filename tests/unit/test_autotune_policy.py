@@ -322,11 +322,15 @@ def test_a_raise_past_where_a_recent_lower_started_follows_a_phase_shift() -> No
 
 def test_at_most_one_reversal_per_planning_horizon() -> None:
     """64 -> 32 (lower), then 32 -> 128 (undone on a phase shift); going back below 128's start again within
-    the horizon would be a second reversal: held whatever the evidence."""
+    the horizon would be a second reversal: held, unless most requests miss TPOT (issue 18: a protective lower
+    the measurements call for is vetoed neither by the what-if nor by the reversal budget)."""
     history = (AppliedChange(NOW - timedelta(minutes=5), 32, 128), AppliedChange(NOW - timedelta(minutes=20), 64, 32))
-    severe = replace(window(util=0.4, active=128, tpot=200), tpot_miss_fraction=0.9)
-    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=history, w=severe, surge=True))
+    broken = replace(window(util=0.4, active=128, tpot=200), tpot_miss_fraction=0.3)
+    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=history, w=broken, surge=True))
     assert (d.action, d.reason) == ("Hold", "WouldOscillate"), d.message
+    severe = replace(broken, tpot_miss_fraction=0.9)
+    d = decide(inp(current=128, spec=TPOT_SPEC, recent_changes=history, w=severe, surge=True))
+    assert d.action == "Lower" and d.reason == "TpotObjectiveBroken", d.message
 
 
 def test_with_the_simulation_a_protective_lower_is_sized_from_the_batch_that_runs() -> None:
@@ -410,7 +414,7 @@ def test_reasons_are_typed_and_their_values_are_the_api() -> None:
         "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "NoPressure",
         "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
         "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
-        "NoPredictedGain", "WhatIfBudgetSpent"}
+        "NoPredictedGain", "WhatIfBudgetSpent", "RolledBack", "BarredByVerification", "AwaitingVerification"}
 
 
 def test_the_gate_holds_unconfirmed_changes_only_when_its_budget_is_spent() -> None:

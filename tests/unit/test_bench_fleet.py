@@ -89,3 +89,62 @@ def test_surge_starts_as_many_new_pods_as_spare_gpus_and_never_drops_capacity() 
     assert _rollout_seconds(both) < 180.0
     for fleet in (one, both):
         assert len(fleet.replicas) == 2 and {r.config.max_batch_size for r in fleet.replicas} == {256}
+
+
+def test_a_canary_rolls_one_pod_then_is_promoted_or_rolled_back() -> None:
+    """roll_to(config, pods=1) pauses the rollout after the first pod (a canary); roll_to(config) promotes it;
+    roll_to(old) instead rolls only the canary back."""
+    for surge in (True, False):
+        old, new = engine_config(PROFILE, 512, 8), engine_config(PROFILE, 512, 256)
+        fleet = Fleet(old, 2, restart_s=10.0, surge=surge, max_surge=2)
+        fleet.roll_to(new, pods=1)
+        _rollout_seconds(fleet)
+        assert sorted(r.config.max_batch_size for r in fleet.replicas) == [8, 256], surge
+        fleet.roll_to(old)
+        _rollout_seconds(fleet)
+        assert {r.config.max_batch_size for r in fleet.replicas} == {8} and len(fleet.replicas) == 2
+        fleet.roll_to(new, pods=1)
+        _rollout_seconds(fleet)
+        fleet.roll_to(new)
+        _rollout_seconds(fleet)
+        assert {r.config.max_batch_size for r in fleet.replicas} == {256} and len(fleet.replicas) == 2
+
+
+def test_a_surge_pod_not_yet_ready_is_cancelled_when_the_change_is_taken_back() -> None:
+    old, new = engine_config(PROFILE, 512, 8), engine_config(PROFILE, 512, 256)
+    fleet = Fleet(old, 2, restart_s=90.0, surge=True, max_surge=2)
+    fleet.roll_to(new)
+    assert len(fleet.replicas) == 4
+    fleet.advance(10.0)
+    fleet.roll_to(old)
+    assert len(fleet.replicas) == 2 and not fleet.rolling()
+    assert {r.config.max_batch_size for r in fleet.replicas} == {8}
+
+
+def test_a_canary_is_sent_its_share_not_what_a_least_loaded_choice_gives_it() -> None:
+    """With one canary of two pods, every other request goes to it, although its larger limit leaves it more
+    room (least-loaded routing would favour it; a Service spreads connections evenly)."""
+    old, new = engine_config(PROFILE, 512, 8), engine_config(PROFILE, 512, 256)
+    fleet = Fleet(old, 2, restart_s=1.0, surge=True, max_surge=2)
+    fleet.roll_to(new, pods=1)
+    _rollout_seconds(fleet)
+    flood(fleet, 40, at=fleet.now)
+    sent = {r.name: sum(1 for x in fleet.records if fleet.pod_of(x) == r.name) for r in fleet.replicas}
+    canary = next(r.name for r in fleet.replicas if r.config == new)
+    assert sent[canary] == 20, sent
+
+
+def test_the_tally_counts_what_each_pod_resolved() -> None:
+    from kvpilot.bench.tally import Tally
+
+    fleet = Fleet(engine_config(PROFILE, 64, 8), 2, restart_s=0.0, queue_timeout_s=1.5)
+    tally = Tally(fleet, ttft_ms=3000.0, tpot_ms=60.0)
+    flood(fleet, 100, output=20)  # 16 run (8 per pod), some wait, the rest is shed
+    fleet.advance(15.0)
+    whole, pods = tally.interval(0.0, 15.0, 100, 2)
+    assert whole.offered == 100 and whole.resolved == 100  # answered, shed in a pod, or dropped at the balancer
+    assert 0 < whole.good == whole.answered < 100
+    assert sum(p.resolved for p in pods.values()) == 100 - fleet.dropped
+    assert sum(p.good for p in pods.values()) == whole.good
+    again, _ = tally.interval(15.0, 30.0, 0, 2)
+    assert again.resolved == 0  # each request counts once

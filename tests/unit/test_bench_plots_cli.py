@@ -75,6 +75,12 @@ def test_malformed_or_wrongly_shaped_json_is_one_line_exit_2(
     (lambda r: r["ratios"].pop("overOracle"), "cases[0].ratios.overOracle must be a number, got nothing"),
     (lambda r: r.update(case="../../escape"), "cases[0].case must be a name"),
     (lambda r: r.update(case=".hidden"), "cases[0].case must be a name"),
+    (lambda r: r["autotuned"]["history"][0].update(rollback="yes"), "history[0].rollback must be true or false"),
+    (lambda r: r["autotuned"].update(verifications={}), "cases[0].autotuned.verifications must be a list"),
+    (lambda r: r["autotuned"].update(verifications=[{"outcome": "Keep"}]), "verifications[0].atSeconds must be a"),
+    (lambda r: r["autotuned"].update(canaries=[{"startSeconds": 1, "endSeconds": "x"}]),
+     "canaries[0].endSeconds must be a number or null"),
+    (lambda r: r.update(autotunedFrom2048={"goodput": 1}), "cases[0].autotunedFrom2048.changes must be a number"),
 ])
 def test_missing_or_mistyped_fields_are_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate: Any, field: str,
@@ -116,3 +122,21 @@ def test_a_well_formed_suite_is_drawn(tmp_path: Path, capsys: pytest.CaptureFixt
     assert drawn == ["burst-a100.svg", "light-chat.svg"]
     assert (tmp_path / "out" / "light-chat.svg").read_text().lstrip().startswith("<?xml")
     assert capsys.readouterr().out.count(".svg") == 2
+
+
+def test_verifications_rollbacks_and_canaries_are_drawn(tmp_path: Path) -> None:
+    """The marks issue 18 asks for: a rollback (red), each verification's verdict, each canary's span; and the
+    run started from 2048 on request, only for the rows asked for."""
+    pytest.importorskip("matplotlib")
+    row = suite_row("long-output-a100.decode0.8-perseq1.5")
+    row["autotuned"]["history"].append({"atSeconds": 90, "to": 64, "rollback": True})
+    row["autotuned"]["verifications"] = [{"atSeconds": 90, "outcome": "RollBack"}]
+    row["autotuned"]["canaries"] = [{"startSeconds": 60, "endSeconds": 90, "outcome": "RollBack"}]
+    row["autotunedFrom2048"] = {**row["autotuned"], "verifications": [{"atSeconds": 75, "outcome": "Keep"}]}
+    row["ratios"]["from2048OverOracle"] = 0.99
+    path = write(tmp_path, json.dumps({"cases": [row, suite_row("light-chat")]}))
+    assert main([str(path), str(tmp_path / "out"), "--from-2048", "--case", row["case"]]) == 0
+    drawn = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert drawn == [f"{row['case']}.from2048.svg", f"{row['case']}.svg"]
+    svg = (tmp_path / "out" / f"{row['case']}.svg").read_text()
+    assert "rollback -&gt;64" in svg and "#d62728" in svg  # the rollback's label and tab:red

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from kvpilot.bench.suite import CASES, Case, criteria
+from kvpilot.bench.cases import CASES, Case
+from kvpilot.bench.report import criteria
 
 STEADY = Case("x", "llama-3.1-8b-fp8-h100", "", ((600, 1.0),), (100, 80), (100, 80), 256, 2000, 50)
 
 
 def row(over_start: float, over_oracle: float, hindsight: float, history: list[int]) -> dict:
     return {"ratios": {"overStart": over_start, "overOracle": over_oracle, "hindsightOverOracle": hindsight},
-            "autotuned": {"history": [{"to": v} for v in history]}}
+            "autotuned": {"history": [{"to": v} for v in history]}, "start": {"maxBatchSize": 64}}
 
 
 def test_the_suite_is_large_and_varied_enough() -> None:
@@ -36,7 +37,7 @@ def test_criteria() -> None:
 
 
 def test_the_reactive_bound_follows_the_hindsight_schedule_one_evidence_delay_late() -> None:
-    from kvpilot.bench.suite import REACT_SECONDS, reactive_changes
+    from kvpilot.bench.runs import REACT_SECONDS, reactive_changes
 
     assert reactive_changes([64], []) == []
     assert reactive_changes([512], []) == [(REACT_SECONDS, 512)]
@@ -45,7 +46,7 @@ def test_the_reactive_bound_follows_the_hindsight_schedule_one_evidence_delay_la
 
 
 def test_phase_best_keeps_the_value_in_force_unless_another_is_clearly_better() -> None:
-    from kvpilot.bench.suite import phase_best
+    from kvpilot.bench.runs import phase_best
 
     per_phase = {64: [100, 100, 50], 128: [100, 100, 80], 256: [100, 99, 79]}
     assert phase_best(per_phase, 3) == [64, 64, 128]
@@ -53,7 +54,7 @@ def test_phase_best_keeps_the_value_in_force_unless_another_is_clearly_better() 
 
 
 def test_every_case_runs_thirty_minutes_on_a_cluster_with_a_spare_gpu() -> None:
-    from kvpilot.bench.suite import CASE_SECONDS
+    from kvpilot.bench.cases import CASE_SECONDS
 
     assert {c.duration_s for c in CASES} == {CASE_SECONDS}
     assert all(c.spare_gpu for c in CASES)
@@ -69,7 +70,7 @@ def test_an_unknown_case_is_named_in_the_error() -> None:
 
 
 def test_the_reactive_bound_acts_one_default_tuning_interval_after_the_evidence() -> None:
-    from kvpilot.bench.suite import REACT_SECONDS
+    from kvpilot.bench.runs import REACT_SECONDS
     from kvpilot.bench.tuner import Slo, tuned_engine
 
     e = tuned_engine("llama-3.1-8b-fp8-l40s", 1024, Slo(3000, 60), 64, 2)
@@ -94,7 +95,7 @@ def test_phases_written_as_shares_keep_every_earlier_case_unchanged() -> None:
 
 
 def test_phase_shares_always_add_up_to_the_case_length() -> None:
-    from kvpilot.bench.suite import CASE_SECONDS, _phases
+    from kvpilot.bench.cases import CASE_SECONDS, _phases
 
     for weights in ((1,), (1, 1), (1, 2), (1, 6), (3, 5, 7), (1, 1, 1, 1, 1, 1, 1)):
         phases = _phases(*((w, 1.0) for w in weights))
@@ -125,7 +126,7 @@ def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
     phase a low one (32). Checked on 120 s phases (the suite runs 900 s each) so that it stays a unit test."""
     from dataclasses import replace
 
-    from kvpilot.bench.suite import _phase_goodput, _run_static_records
+    from kvpilot.bench.runs import Served, phase_goodput, run_static_records
 
     for name, prefers in (("chat-then-rag-a100", (256, 32)), ("rag-then-chat-a100", (32, 256))):
         case = next(c for c in CASES if c.name == name)
@@ -133,25 +134,115 @@ def test_the_mix_shift_cases_prefer_a_different_limit_in_each_phase() -> None:
         reqs = short.requests()
         good = {}
         for mbs in (32, 256):
-            _, records = _run_static_records(reqs, short, mbs, short.duration_s + 60.0)
-            good[mbs] = [_phase_goodput(records, short, 0.0, 120.0), _phase_goodput(records, short, 120.0, 240.0)]
+            served = Served(short)
+            _, records = run_static_records(reqs, served, served.config(mbs), short.duration_s + 60.0)
+            good[mbs] = [phase_goodput(records, short, 0.0, 120.0), phase_goodput(records, short, 120.0, 240.0)]
         for k, best in enumerate(prefers):
             other = 256 if best == 32 else 32
             assert good[best][k] > 1.03 * good[other][k], (name, k, good)
 
 
 def test_a_failed_oracle_criterion_is_marked_only_where_the_instant_reference_misses_it_too() -> None:
-    from kvpilot.bench.suite import _verdict, missed_by_instant
+    from kvpilot.bench.report import missed_by_instant, verdict
 
     failing = row(1.5, 0.94, 1.0, [512])
     failing["criteria"] = criteria(failing, STEADY)
     failing["ratios"]["instantOverOracle"] = 0.95
     assert missed_by_instant(failing) == ["nearOracle"]
     failing["missedByInstant"] = missed_by_instant(failing)
-    assert _verdict(failing).startswith("FAIL: nearOracle (the instant reference misses it too: 0.950x")
+    assert verdict(failing).startswith("FAIL: nearOracle (the instant reference misses it too: 0.950x")
     failing["ratios"]["instantOverOracle"] = 0.99  # a tuner acting at once could pass: a plain failure
     assert missed_by_instant(failing) == []
     passing = row(1.0, 1.0, 1.0, [])
     passing["criteria"] = criteria(passing, STEADY)
     passing["ratios"]["instantOverOracle"] = 0.5
-    assert missed_by_instant(passing) == [] and _verdict(passing) == "pass"
+    assert missed_by_instant(passing) == [] and verdict(passing) == "pass"
+
+
+def test_the_perturbed_set_covers_each_parameter_both_ways_within_the_model_error_and_combined() -> None:
+    """Issue 18: each calibrated parameter and the GPU memory, in both directions, within +/-30%, alone and at
+    least two combined, and the issue's own example (decode x0.8, per_seq x1.5)."""
+    from dataclasses import fields
+
+    from kvsim.perturb import Perturbation
+
+    from kvpilot.bench.perturb import PERTURBATIONS
+    from kvpilot.bench.suite_file import CASE_NAME
+
+    keys = [f.name for f in fields(Perturbation)]
+    alone = [p for p in PERTURBATIONS.values() if sum(getattr(p, k) != 1.0 for k in keys) == 1]
+    for key in keys:
+        moved = [getattr(p, key) for p in alone if getattr(p, key) != 1.0]
+        assert any(f < 1.0 for f in moved) and any(f > 1.0 for f in moved), key
+        assert all(0.7 <= f <= 1.3 for f in moved), key
+    combined = [p for p in PERTURBATIONS.values() if sum(getattr(p, k) != 1.0 for k in keys) > 1]
+    assert len(combined) >= 2
+    assert Perturbation(decode=0.8, per_seq=1.5) in PERTURBATIONS.values()
+    assert all(CASE_NAME.fullmatch(f"{c.name}.{name}") for c in CASES for name in PERTURBATIONS)
+
+
+def test_a_perturbed_row_serves_the_perturbed_engine_and_a_nominal_one_the_profile_itself() -> None:
+    from kvsim.profiles import get_profile
+
+    from kvpilot.bench.perturb import perturbation_named
+    from kvpilot.bench.runs import Served
+
+    case = next(c for c in CASES if c.name == "long-output-a100")
+    assert Served(case).config(64).profile == case.profile  # the name: nominal runs are exactly as before
+    slow = Served(case, perturbation_named("decode0.8-perseq1.5")).config(64).resolved_profile
+    nominal = get_profile(case.profile)
+    assert slow.calibration.hbm_efficiency == nominal.calibration.hbm_efficiency * 0.8
+    assert slow.calibration.per_sequence_s == nominal.calibration.per_sequence_s * 1.5
+    assert slow.gpu == nominal.gpu and slow.name == nominal.name
+
+
+def test_an_unknown_perturbation_is_named_in_the_error() -> None:
+    import pytest
+
+    from kvpilot.bench.suite import run_suite
+
+    with pytest.raises(SystemExit, match="decode9"):
+        run_suite(False, ["light-chat"], perturbations=["decode9"])
+
+
+def test_an_oscillation_counts_but_a_rollback_to_the_value_that_served_well_does_not() -> None:
+    from kvpilot.bench.report import oscillates
+
+    assert oscillates(64, [{"to": 512}, {"to": 64}])
+    assert not oscillates(64, [{"to": 512}, {"to": 64, "rollback": True}])
+    assert not oscillates(64, [{"to": 512}, {"to": 64, "rollback": True}, {"to": 128}])
+    assert oscillates(64, [{"to": 128}, {"to": 256}, {"to": 128}])
+
+
+def test_a_rollback_is_false_only_on_a_steady_row_where_the_value_left_served_as_well() -> None:
+    from kvpilot.bench.suite import false_rollbacks
+
+    static = {64: 16.8, 512: 2.8, 128: 23.9}.__getitem__
+    bad = {"history": [{"to": 512}, {"to": 64, "rollback": True}]}
+    assert false_rollbacks(bad, 64, True, static) == 0  # 512 was worse: a true rollback
+    good = {"history": [{"to": 128}, {"to": 64, "rollback": True}]}
+    assert false_rollbacks(good, 64, True, static) == 1  # 128 serves more than 64: rolled back for nothing
+    assert false_rollbacks(good, 64, False, static) == 0  # a phase shift: static figures cannot judge it
+
+
+def test_a_row_reuses_the_tuner_independent_figures_of_an_earlier_run(tmp_path) -> None:
+    """--bounds: the static sweep, the peer and the bounds come from the file; only the tuned runs run, and
+    the row is the same as when everything ran (light-l4 is cheap)."""
+    import json
+
+    import pytest
+
+    from kvpilot.bench.suite import load_bounds, run_suite
+
+    full = run_suite(True, ["light-l4"])
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(full["cases"][0]) + "\n")
+    again = run_suite(True, ["light-l4"], bounds=load_bounds(str(path)), partial=str(tmp_path / "out.jsonl"))
+    a, b = full["cases"][0], again["cases"][0]
+    assert {k: a[k] for k in ("sweep", "oracle", "trtllmDefault", "ratios")} == \
+        {k: b[k] for k in ("sweep", "oracle", "trtllmDefault", "ratios")}
+    assert b["cpuSeconds"] < a["cpuSeconds"]
+    assert json.loads((tmp_path / "out.jsonl").read_text())["case"] == "light-l4"
+    (tmp_path / "bad.json").write_text('{"cases": [{"case": "light-l4"}]}')
+    with pytest.raises(SystemExit, match="--bounds"):
+        load_bounds(str(tmp_path / "bad.json"))

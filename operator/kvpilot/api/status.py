@@ -186,6 +186,70 @@ class ModelStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class VerificationSide:
+    """The pooled figures of the windows on one side of a change (autotune/verify.Side, in integers)."""
+
+    windows_milli: int | None = None
+    seconds: int | None = None
+    offered: int | None = None
+    resolved: int | None = None
+    good: int | None = None
+    answered: int | None = None
+    share_permille: int | None = None  # the windows' mean share served in time
+    last_share_permille: int | None = None
+    successive_squares_micro: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationWatch:
+    """An applied change under verification."""
+
+    changed_at: str | None = None
+    from_batch_size: int | None = None
+    to_batch_size: int | None = None
+    before: VerificationSide | None = None
+    after: VerificationSide | None = None
+    in_force_at: str | None = None
+    last_batch: int | None = None
+    calm_at: str | None = None
+    other_load: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationBar:
+    """After a rollback (or a lower that did not help): no change in ``direction`` to ``batchSize`` or beyond it
+    until ``until``, while the load is the one it was measured at."""
+
+    direction: Literal["Raise", "Lower"] | None = None
+    batch_size: int | None = None
+    until: str | None = None
+    requests_per_minute: int | None = None  # the load it was measured at (it holds only at that load)
+    prompt_tokens: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationStatus:
+    """``status.autotune.verification``: what the tuner measured of its last change, and what it keeps to judge
+    the next one (issue 18: what is measured overrules what is predicted)."""
+
+    outcome: Literal["Keep", "RollBack", "Undecided"] | None = None
+    reason: str | None = None
+    message: str | None = None
+    decided_at: str | None = None
+    watch: VerificationWatch | None = None
+    baseline_batch_size: int | None = None
+    baseline: VerificationSide | None = None
+    baseline_in_force_at: str | None = None
+    baseline_last_batch: int | None = None
+    baseline_calm_at: str | None = None
+    bars: tuple[VerificationBar, ...] | None = None
+    seen_until: str | None = None
+    pods: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AutotuneStatus:
     """``status.autotune``: what the tuner recommends and what it did."""
 
@@ -196,6 +260,7 @@ class AutotuneStatus:
     history: tuple[DecisionRecord, ...] | None = None
     what_if_declined_at: str | None = None
     model: ModelStatus | None = None
+    verification: VerificationStatus | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -177,6 +177,72 @@ def _model() -> Schema:
     )
 
 
+def _verification_side() -> Schema:
+    return obj(
+        "The pooled figures of the windows on one side of a change.",
+        {
+            "windowsMilli": integer("Windows pooled, in thousandths (older ones fade).", 0, fmt="int64"),
+            "seconds": integer("Seconds of windows pooled.", 0, fmt="int64"),
+            "offered": integer("Requests that arrived.", 0, fmt="int64"),
+            "resolved": integer("Requests answered, shed or given up.", 0, fmt="int64"),
+            "good": integer("Resolved requests that met both objectives.", 0, fmt="int64"),
+            "answered": integer("Resolved requests that were answered.", 0, fmt="int64"),
+            "sharePermille": integer("The windows' mean share of requests served in time, in thousandths.", 0),
+            "lastSharePermille": integer("The last window's share, in thousandths.", 0),
+            "successiveSquaresMicro": integer("Sum of the squared differences of successive windows' shares, in "
+                                              "millionths (their scatter).", 0, fmt="int64"),
+            "promptTokens": integer("Mean prompt tokens of the traffic.", 0),
+            "outputTokens": integer("Mean output tokens of the traffic.", 0),
+        },
+    )
+
+
+def _verification() -> Schema:
+    return obj(
+        "What the tuner measured of its last change, and what it keeps to judge the next one.",
+        {
+            "outcome": string("The last verdict: Keep, RollBack or Undecided.", enum=("Keep", "RollBack", "Undecided")),
+            "reason": string("Why (PascalCase).", 64),
+            "message": string("The verdict with both windows' figures.", 1024),
+            "decidedAt": string("When the last verdict was reached.", 64, fmt="date-time"),
+            "watch": obj(
+                "The applied change under verification.",
+                {
+                    "changedAt": string("When it was applied.", 64, fmt="date-time"),
+                    "fromBatchSize": integer("The value before.", 0),
+                    "toBatchSize": integer("The value it set.", 0),
+                    "before": _verification_side(),
+                    "after": _verification_side(),
+                    "inForceAt": string("When every pod first ran the new value.", 64, fmt="date-time"),
+                    "lastBatch": integer("The mean batch of the last window at the new value.", 0),
+                    "calmAt": string("When the evidence starts (the batch settled, one request later).", 64,
+                                     fmt="date-time"),
+                    "otherLoad": integer("Settled windows left out because the load had changed.", 0),
+                },
+            ),
+            "baselineBatchSize": integer("The value the baseline was measured at.", 0),
+            "baseline": _verification_side(),
+            "baselineInForceAt": string("When every pod first ran that value.", 64, fmt="date-time"),
+            "baselineLastBatch": integer("The mean batch of the last window at that value.", 0),
+            "baselineCalmAt": string("When its batch had settled (the baseline counts from then).", 64,
+                                     fmt="date-time"),
+            "bars": array("After a rollback (or a lower that did not help), the values barred for the planning "
+                          "horizon at the load they were measured at.", obj(
+                "No change in this direction to this value or beyond it until then, at this load.",
+                {
+                    "direction": string("Raise or Lower.", enum=("Raise", "Lower")),
+                    "batchSize": integer("The barred value (and beyond).", 0),
+                    "until": string("When the bar ends.", 64, fmt="date-time"),
+                    "requestsPerMinute": integer("The offered load it was measured at (0: any).", 0),
+                    "promptTokens": integer("The mean prompt it was measured at (0: any).", 0),
+                },
+            ), 8),
+            "seenUntil": string("The end of the last window taken in.", 64, fmt="date-time"),
+            "pods": string("The serving pods and their restarts when last seen (a digest).", 64),
+        },
+    )
+
+
 def _autotune() -> Schema:
     return obj(
         "What the tuner recommends and what it did.",
@@ -194,6 +260,7 @@ def _autotune() -> Schema:
             "history": array(f"The last {HISTORY_LIMIT} decisions that changed something.", _decision(),
                              HISTORY_LIMIT),
             "model": _model(),
+            "verification": _verification(),
         },
     )
 

@@ -75,6 +75,9 @@ class Fleet:
         self.shed = 0  # by the gateway's queue timeout (at the balancer or cancelled in a replica)
         self.records: list[RequestRecord] = []
         self.lost: list[RequestRecord] = []
+        self.placed: dict[int, str] = {}  # id of a request's record -> the replica it was sent to
+        self.canary_config: EngineConfig | None = None  # a paused rollout's new configuration (see roll_to)
+        self._split = 0  # requests routed while a canary is judged (its share, see _canary_split)
         self.now = 0.0
 
     # -- traffic ------------------------------------------------------------------------------------------
@@ -101,6 +104,8 @@ class Fleet:
         # least loaded among the replicas with room: during a rollout a pod with the new, larger limit has
         # room while an old one is full, and the balancer must not stop at the old one
         open_ = [r for r in self.replicas if r.state == "up" and self._room(r) > 0]
+        if self.canary_config is not None:
+            open_ = self._canary_split(open_)
         if not open_:
             return False
         target = min(open_, key=lambda r: (r.load(), r.name))
@@ -109,6 +114,7 @@ class Fleet:
         except RequestRejected:
             return True  # never servable: it counts as a miss (its arrival is in the workload total)
         target.held.append(record)
+        self.placed[id(record)] = target.name
         target.unstarted.append(record)
         if self.queue_timeout_s is not None:
             target.unscheduled.append(record)
@@ -147,6 +153,20 @@ class Fleet:
                 else:
                     break
 
+    def _canary_split(self, open_: list[Replica]) -> list[Replica]:
+        """While a canary is judged, it is sent its share of the requests (canary pods over serving pods, every
+        k-th request, as a Service spreads connections over its endpoints), not what a least-loaded choice would
+        give it: a pod with a larger limit has more room, and would otherwise be judged on a load it will never
+        see once every pod runs that limit."""
+        up = [r for r in self.replicas if r.state == "up"]
+        canary = [r for r in up if r.config == self.canary_config]
+        if not canary or len(canary) == len(up):
+            return open_
+        self._split += 1
+        k, n = len(canary), len(up)
+        to_canary = (self._split * k) // n != ((self._split - 1) * k) // n
+        return [r for r in open_ if (r.config == self.canary_config) == to_canary]
+
     @property
     def gave_up(self) -> int:
         """Requests that left without an answer: clients that gave up, and load the gateway shed."""
@@ -164,12 +184,33 @@ class Fleet:
     def rolling(self) -> bool:
         return any(r.state != "up" or r.next_config is not None for r in self.replicas)
 
-    def roll_to(self, config: EngineConfig) -> None:
-        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1; or with surge)."""
+    def roll_to(self, config: EngineConfig, pods: int | None = None) -> None:
+        """Replace every replica's configuration, one at a time (maxSurge 0, maxUnavailable 1; or with surge).
+
+        ``pods``: roll at most that many of the replicas still to roll, and hold the rest (a paused rollout: the
+        first replaced pod is a canary; ``roll_to`` again promotes it, or rolls it back with the old config). A
+        replica already at ``config`` forgets a change it was waiting for, and a surge pod not yet Ready that
+        would bring another configuration is cancelled (its old pod stays)."""
+        todo = pods if pods is not None else len(self.replicas)
+        self.canary_config = config if pods is not None else None
         for r in self.replicas:
-            if r.config != config and not r.retire:  # a pod draining out of a surge rollout is gone already
+            if r.retire or (r.replaces is not None and r.state == "down"):
+                continue  # draining out, or a surge pod still starting: handled through the pod it replaces
+            if r.config == config:
+                r.next_config = None
+            elif todo > 0 or r.next_config is not None:
+                if r.next_config is None:
+                    todo -= 1
                 r.next_config = config
+        starting = [r for r in self.replicas if r.replaces is not None and r.state == "down"]
+        for r in starting:
+            if r.replaces is not None and r.replaces.next_config != r.config:
+                self.replicas.remove(r)  # cancelled before it served: its GPU goes back
         self._start_next_restart()
+
+    def pod_of(self, record: RequestRecord) -> str | None:
+        """The name of the replica a request was sent to (None: it never left the balancer)."""
+        return self.placed.get(id(record))
 
     def configs(self) -> set[EngineConfig]:
         return {r.config for r in self.replicas}

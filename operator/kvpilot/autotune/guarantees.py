@@ -16,6 +16,7 @@ from kvpilot.autotune.constants import (
     MIN_CAPACITY_GAIN,
     MIN_RELATIVE_STEP,
     PLANNING_HORIZON_SECONDS,
+    SEVERE_MISSES,
     REVERSAL_MIN_TPOT_MISSES,
     REVERSAL_MIN_TTFT_MISSES,
     UNDO_MIN_TPOT_MISSES,
@@ -24,7 +25,7 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.signals import capacity_gain, tpot_margin
 from kvpilot.autotune.window import KvWindow
-from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 
 
 def undo_evidence(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
@@ -50,7 +51,11 @@ def oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
     lower = decision.action == Action.LOWER
     directions = [lower] + [c.to_value < c.from_value for c in recent]
     flips = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
-    if len(directions) > 1 and directions[0] != directions[1] and flips > 1:
+    # A protective lower with most requests missing TPOT is a measurement calling for it (issue 18): the reversal
+    # budget, like the what-if, does not veto it (measured: on an engine decoding 30% slower than its profile, a
+    # raise to 456 for chat traffic after a lower for document Q&A broke TPOT and was held there for 13 minutes).
+    severe = lower and decision.reason in PROTECTIVE_REASONS and (w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES
+    if len(directions) > 1 and directions[0] != directions[1] and flips > 1 and not severe:
         return hold(inp, TunerReason.WOULD_OSCILLATE, f"{decision.message}; but the limit changed direction once already "
                     f"less than {horizon:.0f}s ago: at most one reversal per planning horizon")
     band = 1.0 + MIN_RELATIVE_STEP

@@ -17,6 +17,7 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.constants import MIN_RELATIVE_STEP
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.verification import Memory
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import TunerReason
@@ -55,6 +56,9 @@ class TunerHistory:
     recent_changes: tuple[AppliedChange, ...] = ()
     # When the what-if simulation last ran and declined a change (status.autotune.whatIfDeclinedAt).
     declined_since: datetime | None = None
+    # What verification keeps (status.autotune.verification): the change under verification, its evidence, and
+    # the bars rollbacks left (autotune/verification.py, autotune/rollback.py).
+    verification: Memory = Memory()
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.guarantees import no_harm
+from kvpilot.autotune.rollback import rolled_back, verified_first, within_bars
 from kvpilot.autotune.rules import decide_from_signals
 from kvpilot.autotune.signals import load as load_of
 from kvpilot.autotune.signals import tpot_margin
@@ -51,7 +52,10 @@ def decide(inp: TunerInput) -> Decision:
     w = _observable(inp, lo, hi)
     if isinstance(w, Decision):
         return w
-    decision = no_harm(inp, w, decide_from_signals(inp, w, lo, hi))
+    back = rolled_back(inp)  # measured worse: undone at once, before any rule, guarantee or simulation
+    if back is not None:
+        return back
+    decision = verified_first(inp, w, within_bars(inp, no_harm(inp, w, decide_from_signals(inp, w, lo, hi))))
     waiting = _cooldown(inp, w, decision)
     if waiting is not None:
         return waiting
@@ -111,7 +115,7 @@ def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int)
     for c in what_if_candidates(inp.current, decision.target, lo, hi):
         if c == decision.target:
             continue
-        d = no_harm(inp, w, replace(decision, target=c))
+        d = within_bars(inp, no_harm(inp, w, replace(decision, target=c)))
         if d.changes and d.target != inp.current:
             options.add(d.target)
     return sorted(options)
@@ -119,9 +123,15 @@ def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int)
 
 def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine, lo: int, hi: int) -> Decision:
     """The rules' change as the what-if simulation confirms (or resizes) it, or a hold when no candidate
-    beats staying put."""
+    beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
+    TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
+    slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes)."""
+    protective = decision.reason in PROTECTIVE_REASONS
     recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
     if recheck is not None:
+        if protective:
+            return replace(decision, message=f"{decision.message}; the simulation, which declined it recently, "
+                           f"cannot veto a change the measurements call for")
         return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
     load = 1.0 if w.mean_queued >= 1 else load_of(inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
@@ -129,6 +139,9 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     best, why = what_if_verdict(model, w, inp.current, _options(inp, w, decision, lo, hi),
                                 restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin, tpot_near)
     if best is None and why != "no traffic fit":
+        if protective:
+            return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
+                           f"model, but the measurements call for it and the model cannot veto it", simulated=True)
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
         return replace(held, simulated=True)
     if best is None:

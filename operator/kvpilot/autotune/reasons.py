@@ -35,6 +35,12 @@ class TunerReason(StrEnum):
     WOULD_OSCILLATE = "WouldOscillate"
     RECENT_RAISE = "RecentRaise"
     NO_CAPACITY_GAIN = "NoCapacityGain"
+    # What is measured overrules what is predicted (rollback.py): a change that served measurably worse is
+    # rolled back; a change into a direction verification barred waits out the planning horizon; a change in the
+    # direction of one still being verified waits for its verdict.
+    ROLLED_BACK = "RolledBack"
+    BARRED_BY_VERIFICATION = "BarredByVerification"
+    AWAITING_VERIFICATION = "AwaitingVerification"
     # Timing and the what-if simulation.
     COOLDOWN = "Cooldown"
     NO_PREDICTED_GAIN = "NoPredictedGain"

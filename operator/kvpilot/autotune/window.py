@@ -61,3 +61,8 @@ class KvWindow:
     # The inter-arrival gaps' coefficient of variation (1: Poisson; > 1: bursty), from the scatter of the arrivals
     # counted per sample (autotune/burst.py). None: too little evidence; the what-if then draws Poisson arrivals.
     arrival_cv: float | None = None
+    # For the verification of an applied change (autotune/verify.py): requests resolved in the window (answered,
+    # shed or given up) and of those the ones that met both objectives, per second per pod. 0: not counted
+    # (the pods' histograms give misses per objective, not per request; verification then estimates from them).
+    resolved_rate: float = 0.0
+    good_rate: float = 0.0

@@ -14,6 +14,21 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-spare-gpu", action="store_true",
                    help="With --suite: a cluster with no free GPU of the pods' product, so every rollout is "
                         "maxSurge 0 / maxUnavailable 1 (capacity drops while a pod restarts).")
+    p.add_argument("--perturbed", action="store_true",
+                   help="With --suite: also run every case on each perturbed engine (the served engine is not the "
+                        "profile the tuner's what-if starts from; see docs/tuner-suite.md). About 13x the CPU of "
+                        "the nominal suite: see --jobs.")
+    p.add_argument("--perturbation", action="append", default=None, metavar="NAME",
+                   help="With --suite: run only on this served engine (repeatable; 'nominal' for the profile "
+                        "itself, or a perturbation name such as decode0.7 or all-slow).")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="With --suite: rows run in this many processes at once (the figures do not depend on it).")
+    p.add_argument("--bounds", metavar="FILE", default=None,
+                   help="With --suite: reuse the tuner-independent figures (static sweep, TensorRT-LLM's default, "
+                        "oracle, hindsight, reactive and instant bounds) of the rows in FILE (a --json result or a "
+                        "--partial file of the same kvsim); only the tuned runs run (a third of the CPU).")
+    p.add_argument("--partial", metavar="FILE", default=None,
+                   help="With --suite: append each row to FILE (one JSON line) as soon as it is done.")
     p.add_argument("--workload", help="kvsim workload: a bundled name (chat, code) or a YAML path.")
     p.add_argument("--profile", help="kvsim profile, e.g. llama-3.1-8b-fp8-h100.")
     p.add_argument("--slo-ttft-ms", type=float, help="Time-to-first-token objective (ms).")

@@ -15,9 +15,15 @@ NUMBER_FLAGS = (("--replicas", "replicas", 1, True), ("--restart-seconds", "rest
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.suite:
+        if args.jobs < 1:
+            print(f"kvpilot bench tuner: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+            return 2
+        from kvpilot.bench.perturb import PERTURBATIONS
         from kvpilot.bench.suite import main as suite_main
 
-        return suite_main(args.json, args.case, spare_gpu=not args.no_spare_gpu)
+        perturbations = args.perturbation or (["nominal", *PERTURBATIONS] if args.perturbed else ["nominal"])
+        return suite_main(args.json, args.case, spare_gpu=not args.no_spare_gpu, perturbations=perturbations,
+                          jobs=args.jobs, bounds=args.bounds, partial=args.partial)
     missing = [flag for flag, value in (("--workload", args.workload), ("--profile", args.profile),
                                         ("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms))
                if value is None]

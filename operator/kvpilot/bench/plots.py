@@ -2,7 +2,9 @@
 
 One SVG per case, what a platform engineer looks at before turning on ``mode: Auto``: offered load and the
 limit in force, KV-pool utilization, p95 TTFT and TPOT against the objectives, SLO attainment per tuning
-interval, and every applied change as a vertical marker. Needs the ``bench`` extra (matplotlib).
+interval, every applied change as a vertical marker (red: a rollback), each verification's verdict on the
+attainment panel (a triangle: kept; a cross: rolled back) and each canary as a shaded span. Needs the ``bench``
+extra (matplotlib).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 from kvpilot.bench.suite_file import SuiteFileError, load_suite_rows
 
 
-def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = None) -> Path:
-    """Draw ``row`` (checked by ``suite_file``) into ``out/<case>.svg``."""
+def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = None, run: str = "autotuned") -> Path:
+    """Draw the tuned run ``run`` of ``row`` (checked by ``suite_file``) into ``out/<case>.svg`` (``autotuned``,
+    from 64) or ``out/<case>.from2048.svg``."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -26,7 +29,8 @@ def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = 
     matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small files
     import matplotlib.pyplot as plt
 
-    series = row["autotuned"].get("series") or []
+    tuned = row[run]
+    series = tuned.get("series") or []
     t = [p["t"] / 60 for p in series]
     fig, axes = plt.subplots(4, 1, figsize=(8, 8), sharex=True)
     ax = axes[0]
@@ -59,19 +63,36 @@ def plot_case(row: dict[str, Any], out: Path, slo: tuple[float, float] | None = 
     axes[3].set_ylabel("SLO met %")
     axes[3].set_ylim(0, 105)
     axes[3].set_xlabel("minutes")
-    for change in row["autotuned"]["history"]:
-        for a in axes:
-            a.axvline(change["atSeconds"] / 60, color="black", linestyle="--", linewidth=0.8)
-        axes[0].annotate(f"->{change['to']}", (change["atSeconds"] / 60, 0), fontsize=7,
-                         xycoords=("data", "axes fraction"))
-    fig.suptitle(f"{row['case']} ({row['profile']}): autotuned {row['autotuned']['goodput']:.2f} req/s good, "
-                 f"x{row['ratios']['overOracle']:.2f} oracle static, {row['autotuned']['changes']} changes",
-                 fontsize=9)
+    _marks(axes, tuned)
+    start = "from 2048" if run == "autotunedFrom2048" else "from 64"
+    fig.suptitle(f"{row['case']} ({row['profile']}): autotuned {start} {tuned['goodput']:.2f} req/s good, "
+                 f"x{row['ratios']['overOracle' if run == 'autotuned' else 'from2048OverOracle']:.2f} oracle static, "
+                 f"{tuned['changes']} changes", fontsize=9)
     fig.tight_layout()
-    path = out / f"{row['case']}.svg"
+    path = out / f"{row['case']}{'' if run == 'autotuned' else '.from2048'}.svg"
     fig.savefig(path, metadata={"Date": None})
     plt.close(fig)
     return path
+
+
+def _marks(axes: Any, tuned: dict[str, Any]) -> None:
+    """Applied changes (black dashed; a rollback red), verification verdicts on the attainment panel, canaries
+    as shaded spans."""
+    for change in tuned["history"]:
+        back = change.get("rollback", False)
+        for a in axes:
+            a.axvline(change["atSeconds"] / 60, color="tab:red" if back else "black", linestyle="--", linewidth=0.8)
+        axes[0].annotate(f"{'rollback ' if back else ''}->{change['to']}", (change["atSeconds"] / 60, 0), fontsize=7,
+                         xycoords=("data", "axes fraction"))
+    for mark in tuned.get("verifications", []):
+        kept = mark.get("outcome") == "Keep"
+        axes[3].plot([mark["atSeconds"] / 60], [4], marker="^" if kept else "x", color="tab:green" if kept
+                     else "tab:red", markersize=7, linestyle="none")
+    for canary in tuned.get("canaries", []):
+        end = canary.get("endSeconds")
+        for a in axes:
+            a.axvspan(canary["startSeconds"] / 60, (end if end is not None else canary["startSeconds"]) / 60,
+                      color="tab:orange", alpha=0.15, linewidth=0)
 
 
 def _pct(value: float | None) -> float | None:
@@ -87,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("suite", type=Path, metavar="SUITE.json",
                         help="the JSON object printed by `kvpilot bench tuner --suite --json`")
     parser.add_argument("out", type=Path, metavar="OUTPUT_DIR", help="folder for the SVG files (created if missing)")
+    parser.add_argument("--case", action="append", default=None, metavar="ROW",
+                        help="draw only this row (repeatable; a row is a case, or case.perturbation)")
+    parser.add_argument("--from-2048", action="store_true",
+                        help="also draw each row's run started from 2048 (ROW.from2048.svg)")
     return parser
 
 
@@ -103,11 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"kvpilot bench plots: cannot create the output folder {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    from kvpilot.bench.suite import CASES
+    from kvpilot.bench.cases import CASES
 
     slos = {c.name: (c.ttft_ms, c.tpot_ms) for c in CASES}
     for row in rows:
-        print(plot_case(row, out, slos.get(row["case"])))
+        if args.case and row["case"] not in args.case:
+            continue
+        base = row.get("baseCase")
+        slo = slos.get(base if isinstance(base, str) else row["case"])
+        print(plot_case(row, out, slo))
+        if args.from_2048 and row.get("autotunedFrom2048") is not None:
+            print(plot_case(row, out, slo, "autotunedFrom2048"))
     return 0
 
 

@@ -59,23 +59,43 @@ def _check_row(row: Any, where: str) -> None:
                              f"file), got {case!r}")
     _text(row, "profile", where)
     _number(_mapping(row.get("ratios"), f"{where}.ratios"), "overOracle", f"{where}.ratios")
-    tuned = _mapping(row.get("autotuned"), f"{where}.autotuned")
-    _number(tuned, "goodput", f"{where}.autotuned")
-    _number(tuned, "changes", f"{where}.autotuned")
+    _check_tuned(_mapping(row.get("autotuned"), f"{where}.autotuned"), f"{where}.autotuned")
+    if row.get("autotunedFrom2048") is not None:
+        _check_tuned(_mapping(row["autotunedFrom2048"], f"{where}.autotunedFrom2048"), f"{where}.autotunedFrom2048")
+
+
+def _check_tuned(tuned: dict[str, Any], where: str) -> None:
+    """One tuned run: goodput, changes, the applied history, and optionally its verifications, canaries and
+    time series."""
+    _number(tuned, "goodput", where)
+    _number(tuned, "changes", where)
     history = tuned.get("history")
     if not isinstance(history, list):
-        raise SuiteFileError(f"{where}.autotuned.history must be a list of changes, got {_kind(history)}")
+        raise SuiteFileError(f"{where}.history must be a list of changes, got {_kind(history)}")
     for i, change in enumerate(history):
-        at = f"{where}.autotuned.history[{i}]"
+        at = f"{where}.history[{i}]"
         _number(_mapping(change, at), "atSeconds", at)
         _number(change, "to", at)
+        if not isinstance(change.get("rollback", False), bool):
+            raise SuiteFileError(f"{at}.rollback must be true or false, got {_kind(change.get('rollback'))}")
+    for key, times in (("verifications", ("atSeconds",)), ("canaries", ("startSeconds",))):
+        marks = tuned.get(key, [])
+        if not isinstance(marks, list):
+            raise SuiteFileError(f"{where}.{key} must be a list, got {_kind(marks)}")
+        for i, mark in enumerate(marks):
+            at = f"{where}.{key}[{i}]"
+            for name in times:
+                _number(_mapping(mark, at), name, at)
+            _number(mark, "endSeconds", at, optional=True)
+            if not isinstance(mark.get("outcome") or "", str):
+                raise SuiteFileError(f"{at}.outcome must be a string or null, got {_kind(mark.get('outcome'))}")
     series = tuned.get("series")
     if series is None:
         return  # a suite run without --json has no series: the figure shows the changes only
     if not isinstance(series, list):
-        raise SuiteFileError(f"{where}.autotuned.series must be a list of points, got {_kind(series)}")
+        raise SuiteFileError(f"{where}.series must be a list of points, got {_kind(series)}")
     for i, point in enumerate(series):
-        at = f"{where}.autotuned.series[{i}]"
+        at = f"{where}.series[{i}]"
         _mapping(point, at)
         for key in SERIES_NUMBERS:
             _number(point, key, at)

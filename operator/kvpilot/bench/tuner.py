@@ -15,18 +15,18 @@ Goodput = requests per second that meet both SLOs; unfinished and rejected reque
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import math
 import time
 import sys
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
 from kvsim.config import CapacityPolicy
+from kvsim.profiles import Profile
 from kvsim.workload import load_workload
 
 from kvpilot.api.crd import spec_openapi
@@ -41,19 +41,13 @@ from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.plan import plan
 from kvpilot.desired.settings import Settings
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS
+from kvpilot.bench.window import Slo as Slo
+from kvpilot.bench.window import PodReadings, fleet_window, per_period
 from kvpilot.observe.scrape import sample_seconds
-from kvpilot.autotune.summarize import summarize as summarize_window
 from kvpilot.planning import Planner
-from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
 
 SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_ms: float
-    tpot_ms: float
 
 
 def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: float) -> dict[str, float]:
@@ -67,7 +61,7 @@ def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: floa
             "finished": finished, "requests": total}
 
 
-def engine_config(profile: str, ceiling: int, runtime: int, in_engine_tuner: bool = False,
+def engine_config(profile: str | Profile, ceiling: int, runtime: int, in_engine_tuner: bool = False,
                   policy: str = "GuaranteedNoEvict") -> EngineConfig:
     capacity = CapacityPolicy.MAX_UTILIZATION if policy == "MaxUtilization" else CapacityPolicy.GUARANTEED_NO_EVICT
     return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=runtime,
@@ -87,16 +81,21 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
 
 def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
                  policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
-                 surge: bool = False, strategy: str | None = None) -> InferenceEngine:
+                 surge: bool = False, strategy: str | None = None,
+                 in_engine_tuner: bool | None = None) -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults.
-    ``strategy``: the rollout strategy (default: Surge or NoSurge by ``surge``)."""
+    ``strategy``: the rollout strategy (default: Surge or NoSurge by ``surge``). ``in_engine_tuner``:
+    ``batching.dynamicBatchSizeTuning`` (None: the schema's default)."""
+    batching: dict[str, Any] = {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy}
+    if in_engine_tuner is not None:
+        batching["dynamicBatchSizeTuning"] = in_engine_tuner
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
         "spec": {
             "model": {"source": "pvc://models/bench", "architecture": "llama"},
             "runtime": {"backend": "simulated", "simulation": {"profile": profile}},
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
-            "batching": {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy},
+            "batching": batching,
             "engineCache": {"claimName": "engines"},
             "serving": {"replicas": replicas, "rollout": {"strategy": strategy or ("Surge" if surge else "NoSurge")}},
             "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling,
@@ -109,106 +108,30 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
     return InferenceEngine(ObjectRef("bench", "bench", "uid", 1), parse_spec(defaulted["spec"]))
 
 
-@dataclass(frozen=True)
-class PodReadings:
-    """What the window was made of, per warm pod, for the tuner's engine fit (the live sampler's ``fresh``):
-    the parsed iteration stats, and the prompts of the requests finished (what the 1.3 counters grow by)."""
-
-    samples: dict[str, list[IterationSample]]
-    prompts: dict[str, PromptWork]
-
-
-def _window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float, ready_at: dict[str, float],
-            slo: Slo, fleet_arrivals: int = 0, gave_up: int = 0,
-            arrival_counts: list[float | None] | None = None,
-            readings: PodReadings | None = None) -> KvWindow | None:
-    """What the operator's sampler would see: each warm pod's drained /metrics, and the latency its
-    /prometheus/metrics histograms would show (here from the requests that finished in the window).
-    ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
-    out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them.
-    ``arrival_counts``: the fleet's arrivals per sample period over the sampler's burstiness history."""
-    samples, ttfts, tpots, completed = {}, [], [], 0
-    prompts: list[int] = []
-    outputs: list[int] = []
-    limits: list[int] = []
-    for r in fleet.replicas:
-        if r.state != "up":
-            continue
-        stats = r.engine.drain_iteration_stats()
-        finished = r.engine.pop_finished()
-        if now_s - ready_at.get(r.name, 0.0) < warmup_s:
-            continue  # the operator skips pods still warming up
-        samples[r.name] = parse_iteration_stats(stats, now_s)
-        if readings is not None:
-            readings.samples[r.name] = samples[r.name]
-            readings.prompts[r.name] = PromptWork(float(sum(x.prompt_tokens for x in finished)), float(len(finished)))
-        ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
-        tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
-        completed += len(finished)
-        prompts += [x.prompt_tokens for x in finished]
-        outputs += [x.output_tokens for x in finished]
-        limits += [x.max_tokens for x in finished]
-    window = summarize_window(samples, window_seconds=interval_s, arrival_counts=arrival_counts)
-    if window is None:
-        return None
-    rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
-    arrivals = fleet_arrivals / interval_s / max(1, len(samples))
-    return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
-                   arrival_rate=arrivals, prompt_mean=_mean(prompts), output_mean=_mean(outputs),
-                   max_tokens_mean=_mean(limits),
-                   ttft_miss_fraction=_miss_share(ttfts, slo.ttft_ms, gave_up),
-                   tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
-
-
-def _per_period(arrivals: list[float], start: float, end: float, period: float) -> list[float | None]:
-    """Arrivals (sorted times) in each ``period`` of [start, end): the sampler's counts for the interval."""
-    edges = [start + k * period for k in range(int(round((end - start) / period)) + 1)]
-    at = [bisect.bisect_left(arrivals, e) for e in edges]
-    return [float(b - a) for a, b in zip(at, at[1:])]
-
-
-def _mean(values: list[int]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(0.95 * len(values)))]
-
-
-def _miss_share(ttfts: list[float], limit: float, gave_up: int) -> float | None:
-    """Share of the interval's requests that missed the TTFT objective, counting those that got no answer."""
-    total = len(ttfts) + gave_up
-    return (sum(1 for v in ttfts if v > limit) + gave_up) / total if total else None
-
-
-def _share_over(values: list[float], limit: float) -> float | None:
-    return sum(1 for v in values if v > limit) / len(values) if values else None
-
-
 def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas: int, restart_s: float,
                   slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
                   autotune_max: int | None = None, series: bool = False, surge: bool = False,
-                  queue_timeout_s: float | None = None, spare_gpu: bool | None = None) -> dict[str, Any]:
+                  queue_timeout_s: float | None = None, spare_gpu: bool | None = None,
+                  served: Profile | str | None = None, in_engine_tuner: bool = False) -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions).
     ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (free
     GPUs of the pods' product for every replica: the rollout surges them all at once); otherwise ``surge``
-    picks Surge (one pod at a time) or NoSurge explicitly."""
+    picks Surge (one pod at a time) or NoSurge explicitly. ``served``: the engine the pods run (default: the
+    ``profile`` the spec names; the tuner's what-if always simulates that named profile). ``in_engine_tuner``:
+    the pods run TensorRT-LLM's in-engine batch-size tuner too."""
+    engine_of = served if served is not None else profile
     if spare_gpu is not None:
         surge = spare_gpu
     room = (replicas if spare_gpu else 0) if spare_gpu is not None else None
     engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge,
-                          "Auto" if spare_gpu is not None else None)
+                          "Auto" if spare_gpu is not None else None, in_engine_tuner)
     interval = float(engine.spec.autotune.interval_seconds)
     status = EngineStatus()
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
-    fleet = Fleet(engine_config(profile, ceiling, engine.spec.batching.max_batch_size, policy=policy), replicas,
-                  restart_s, surge=surge, queue_timeout_s=queue_timeout_s,
-                  max_surge=room or 1)
+    fleet = Fleet(engine_config(engine_of, ceiling, engine.spec.batching.max_batch_size, in_engine_tuner, policy),
+                  replicas, restart_s, surge=surge, queue_timeout_s=queue_timeout_s, max_surge=room or 1)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     planner = Planner(cpu_seconds_per_hour=math.inf)  # simulated time: no CPU budget
@@ -222,6 +145,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     # on for a serving Deployment reads warm pods from its first interval.
     ready_at = {r.name: -float(engine.spec.autotune.warmup_seconds) for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
+    verifications: list[dict[str, Any]] = []
     while True:
         t = min(requests[i].arrival_s if i < len(requests) else math.inf, next_tick, fleet.next_transition(),
                 horizon_s)
@@ -236,11 +160,11 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             fleet.submit(requests[i])
             i += 1
         if t >= next_tick:
-            counts.extend(_per_period(arrival_times, t - interval, t, period))
+            counts.extend(per_period(arrival_times, t - interval, t, period))
             next_tick += interval
             readings = PodReadings({}, {})
-            window = _window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo, i - arrived_before,
-                             fleet.gave_up - gave_up_before, list(counts), readings)
+            window = fleet_window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo,
+                                  i - arrived_before, fleet.gave_up - gave_up_before, list(counts), readings)
             gave_up_before = fleet.gave_up
             observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
                                 startup_seconds=restart_s, surge_room=room)
@@ -255,22 +179,35 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             want = batching.max_batch_size
             assert want is not None, "the plan always says which max_batch_size is in force"
             if _target(fleet) != want:
-                fleet.roll_to(engine_config(profile, ceiling, want, policy=policy))
+                fleet.roll_to(engine_config(engine_of, ceiling, want, in_engine_tuner, policy))
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": batching.reason,
+                                "rollback": batching.reason == "AutotuneRolledBack",
                                 "message": (p.decision.message if p.decision is not None else "")[:600]})
+            verdict = _verdict(status, verifications)
+            if verdict is not None:
+                verifications.append({"atSeconds": round(t), **verdict})
             if series:
                 points.append(_point(t, interval, i - arrived_before, _target(fleet), window, slo, fleet))
             arrived_before = i
     planner.close()
     result: dict[str, Any] = {**goodput(fleet.records, len(requests), slo, duration_s)}
-    result.update({"changes": changes, "final": _target(fleet), "history": history,
+    result.update({"changes": changes, "final": _target(fleet), "history": history, "verifications": verifications,
                    "restarts": sum(r.restarts for r in fleet.replicas),
                    "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),
                                      "max": 1e3 * max(decision_cpu, default=0.0), "decisions": len(decision_cpu)}})
     if series:
         result["series"] = points
     return result
+
+
+def _verdict(status: EngineStatus, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A verification verdict the plan reached this interval (status.autotune.verification), once."""
+    # getattr: the bench also drives a tuner from before verification existed (the suite's "before" figures).
+    v = getattr(status.autotune, "verification", None) if status.autotune is not None else None
+    if v is None or v.decided_at is None or (seen and seen[-1]["decidedAt"] == v.decided_at):
+        return None
+    return {"decidedAt": v.decided_at, "outcome": v.outcome, "reason": v.reason, "message": (v.message or "")[:600]}
 
 
 def _point(t: float, interval: float, arrivals: int, limit: int, w: KvWindow | None, slo: Slo,

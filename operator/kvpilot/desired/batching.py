@@ -15,7 +15,8 @@ from enum import StrEnum
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.api.enums import MAX_BATCH
-from kvpilot.api.status import Action, AutotuneStatus, BatchingSource, BatchingStatus, DecisionRecord
+from kvpilot.api.status import (Action, AutotuneStatus, BatchingSource, BatchingStatus, DecisionRecord,
+                                VerificationStatus)
 from kvpilot.api.status_schema import HISTORY_LIMIT
 from kvpilot.autotune.constants import MIN_RELATIVE_STEP
 from kvpilot.autotune.decision import Decision
@@ -28,6 +29,7 @@ class BatchingReason(StrEnum):
     SPEC_VALUE = "SpecValue"
     AUTOTUNE_RAISED = "AutotuneRaised"
     AUTOTUNE_LOWERED = "AutotuneLowered"
+    AUTOTUNE_ROLLED_BACK = "AutotuneRolledBack"  # a change verification found harmful, undone (issue 18)
     ENGINE_CEILING = "EngineCeiling"
 
 
@@ -89,9 +91,12 @@ def decision_record(decision: Decision, current: int, applied: bool, now: dateti
 
 def autotune_status(
     previous: AutotuneStatus, decision: Decision | None, *, current: int, applied: bool, now: datetime,
-    spec_ceiling: int = 0,
+    spec_ceiling: int = 0, verification: VerificationStatus | None = None,
 ) -> AutotuneStatus:
-    """Recommendation (refreshed only when it changes, to keep status writes rare) and bounded history."""
+    """Recommendation (refreshed only when it changes, to keep status writes rare), bounded history, and what
+    verification keeps (``verification``: None leaves it as it was)."""
+    if verification is not None:
+        previous = replace(previous, verification=verification)
     if decision is None:
         return previous
     record = decision_record(decision, current, applied, now)

@@ -51,7 +51,11 @@ def events_between(old: EngineStatus, new: EngineStatus) -> list[Event]:
     if ne and oe and ne != oe:
         out.append(Event("Normal", "RolloutStarted", f"Rolling out engine {ne[:10]} (was {oe[:10]})"))
     obat, nbat = old.batching or BatchingStatus(), new.batching or BatchingStatus()
-    if obat.max_batch_size and nbat.max_batch_size != obat.max_batch_size:
+    if obat.max_batch_size and nbat.max_batch_size != obat.max_batch_size and nbat.reason == "AutotuneRolledBack":
+        # A change the tuner made served measurably worse: a Warning, with both windows' figures (issue 18).
+        out.append(Event("Warning", "AutotuneRolledBack", f"Runtime max_batch_size {obat.max_batch_size} -> "
+                         f"{nbat.max_batch_size}: {nbat.message or ''}"[:1024]))
+    elif obat.max_batch_size and nbat.max_batch_size != obat.max_batch_size:
         out.append(
             Event("Normal", "BatchSizeChanged",
                   f"Runtime max_batch_size {obat.max_batch_size} -> {nbat.max_batch_size} ({nbat.reason}): "

@@ -23,11 +23,15 @@ from kvpilot.api.status import (
     KvCacheStatus,
     ModelStatus,
     TrafficStatus,
+    VerificationStatus,
     to_wire,
 )
+from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.trust import MODEL_TRUSTED, model_condition, model_status
+from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.verification import Memory
 from kvpilot.desired.rollout import rolling_update
 from kvpilot.desired.tuning import tune
 from kvpilot.desired import labels as L
@@ -43,6 +47,7 @@ from kvpilot.desired.observed import DeploymentState, Observed
 from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
+from kvpilot.desired.verifying import observed_memory, verification_status
 from kvpilot.desired.contract import METRICS_VALID, metrics_condition, release_condition
 from kvpilot.trtllm.probe import refusal_in
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
@@ -185,19 +190,30 @@ class _InForce:
 
 
 def _decided(spec: InferenceEngineSpec, observed: Observed, what: _Served, current: _InForce, *, rolling: bool,
-             building: bool, now: datetime, what_if: WhatIfGate) -> _InForce:
+             building: bool, now: datetime, what_if: WhatIfGate, verification: Memory) -> _InForce:
     """The value in force once the tuner has decided (from the value before it, ``current``)."""
     if not what.can_serve:
         return current
     tuner_ceiling = what.ceiling if what.ceiling is not None else spec.autotune.max_batch_size
     decision = tune(spec, observed, current=current.batch, ceiling=tuner_ceiling, rolling=rolling,
-                    building=building, now=now, what_if=what_if)
+                    building=building, now=now, what_if=what_if, verification=verification)
     out = replace(current, decision=decision, applied=bool(decision and decision.changes and tuning_applies(spec)))
     if not out.moved or decision is None:
         return out
-    raised = decision.action == Action.RAISE
-    return replace(out, batch=decision.target, message=decision.message,
-                   reason=BatchingReason.AUTOTUNE_RAISED if raised else BatchingReason.AUTOTUNE_LOWERED)
+    reason = (BatchingReason.AUTOTUNE_ROLLED_BACK if decision.reason == TunerReason.ROLLED_BACK
+              else BatchingReason.AUTOTUNE_RAISED if decision.action == Action.RAISE else BatchingReason.AUTOTUNE_LOWERED)
+    return replace(out, batch=decision.target, message=decision.message, reason=reason)
+
+
+def _verified(memory: Memory | None, before: _InForce, after: _InForce, previous: AutotuneStatus | None,
+              now: datetime) -> VerificationStatus | None:
+    """What verification keeps once this pass has decided (None: tuning is off, status.autotune stays)."""
+    if memory is None:
+        return None
+    rollback = after.decision is not None and after.decision.reason == TunerReason.ROLLED_BACK
+    kept = memory.decided(from_value=before.batch, to_value=after.batch, applied=after.moved, rollback=rollback,
+                          now_s=now.timestamp(), horizon_s=PLANNING_HORIZON_SECONDS)
+    return verification_status(kept, previous.verification if previous is not None else None)
 
 
 def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime, *,
@@ -230,8 +246,10 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
 
     cm = config_map(before.batch)
     conds, rolling = conditions(before.batch, cm)
+    memory = observed_memory(observed.status, observed, current=before.batch, rolling=rolling,
+                             expected_pods=spec.serving.replicas, now=now) if spec.autotune.enabled else None
     after = _decided(spec, observed, what, before, rolling=rolling, building=build.building, now=now,
-                     what_if=what_if)
+                     what_if=what_if, verification=memory or Memory())
     if after.moved:
         cm = config_map(after.batch)
         conds, _ = conditions(after.batch, cm)
@@ -251,14 +269,15 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     model = _model_status(spec, observed)
     if model is not None:
         conds.append(model_condition(model))
-    status = _status(engine, observed, now, conds, build, what, previous_batching, before, after)
+    status = _status(engine, observed, now, conds, build, what, previous_batching, before, after,
+                     _verified(memory, before, after, observed.status.autotune, now))
     return Plan(apply, job, index, status, events_between(observed.status, status), after.decision,
                 build.fingerprint, create_once=once)
 
 
 def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: list[Condition],
             build: BuildDecision, what: _Served, previous_batching: BatchingStatus, before: _InForce,
-            after: _InForce) -> EngineStatus:
+            after: _InForce, verification: VerificationStatus | None = None) -> EngineStatus:
     spec, meta = engine.spec, engine.meta
     dep_state = observed.deployment
     return EngineStatus(
@@ -269,7 +288,8 @@ def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: l
                                  message=after.message, ceiling=what.ceiling, now=now),
         autotune=_with_model(autotune_status(observed.status.autotune or AutotuneStatus(), after.decision,
                                              current=before.batch, applied=after.applied, now=now,
-                                             spec_ceiling=spec.build.max_batch_size), _model_status(spec, observed)),
+                                             spec_ceiling=spec.build.max_batch_size, verification=verification),
+                             _model_status(spec, observed)),
         replicas=dep_state.pods if dep_state else 0,
         ready_replicas=dep_state.ready_replicas if dep_state else 0,
         groups=groups_status(dep_state, list(observed.group_pods), spec.nodes_per_replica, observed.status.groups, now)

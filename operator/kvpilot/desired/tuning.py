@@ -17,6 +17,8 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate, engine_model
 from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
 from kvpilot.autotune.policy import decide
+from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.verification import Memory
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.rollout import surge_pods_in_force
@@ -54,10 +56,11 @@ def last_build_seconds(status: EngineStatus, now: datetime) -> float | None:
 
 def tune(
     spec: InferenceEngineSpec, observed: Observed, *, current: int, ceiling: int, rolling: bool, building: bool,
-    now: datetime, what_if: WhatIfGate,
+    now: datetime, what_if: WhatIfGate, verification: Memory = Memory(),
 ) -> Decision | None:
     """The tuner's decision for this pass; None when tuning is off. ``what_if``: the planner's gate, to which
-    the served engine's model is bound here."""
+    the served engine's model is bound here; ``verification``: what verification keeps, with this pass's window
+    taken in (desired/verifying.observed_memory)."""
     if not spec.autotune.enabled:
         return None
     replicas = spec.serving.replicas
@@ -84,6 +87,7 @@ def tune(
                 last_applied_at=when((observed.status.autotune or AutotuneStatus()).last_applied_at, now),
                 recent_changes=recent_changes(observed.status, now),
                 declined_since=declined_since(observed.status.autotune, now),
+                verification=verification,
             ),
             what_if=replace(what_if, model=what_if_model(spec, ceiling, observed)),
         )
@@ -105,13 +109,24 @@ def declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | Non
 
 
 def recent_changes(status: EngineStatus, now: datetime) -> tuple[AppliedChange, ...]:
-    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory)."""
-    out = []
+    """Applied Raise/Lower records of status.autotune.history, newest first (the tuner's anti-oscillation memory).
+
+    A rollback and the change it undid are left out together: the pair cancels out, so it is no A->B->A and
+    takes nothing from the reversal budget (issue 18); the direction that failed is barred instead
+    (status.autotune.verification.bars)."""
+    out: list[AppliedChange] = []
+    undone: tuple[int, int] | None = None  # (from, to) of the change the newer rollback undid
     for record in (status.autotune or AutotuneStatus()).history or ():
         if not record.applied or record.action not in (Action.RAISE, Action.LOWER):
             continue
         at = when(record.at, now)
         if at is None or record.from_batch_size is None or record.to_batch_size is None:
             continue  # a hand-edited or older record: ignored, not fatal
+        if record.reason == TunerReason.ROLLED_BACK:
+            undone = (record.to_batch_size, record.from_batch_size)
+            continue
+        if undone == (record.from_batch_size, record.to_batch_size):
+            undone = None
+            continue
         out.append(AppliedChange(at, record.from_batch_size, record.to_batch_size))
     return tuple(out)

@@ -1,0 +1,84 @@
+"""What is measured overrules what is predicted (issue 18): the rule that rolls back a change verification found
+harmful, and the bars a rollback leaves. Pure.
+
+* ``rolled_back``: when the change under verification serves measurably worse than the value before it did
+  (autotune/verify.py), the decision is to go back to that value at once. It waits for nothing: not the
+  cooldown, not the what-if (a model that was wrong about the change cannot veto undoing it), not the
+  guarantees against flapping (a rollback is no oscillation: the pair cancels out, and
+  ``desired/tuning.recent_changes`` leaves both out of the reversal budget).
+* ``within_bars``: a change proposed into a direction verification barred is moved to just inside the bar when
+  that is still a step worth a restart, else held. A rollback bars the failed half of its direction for the
+  planning horizon (all of it after a second failure: ``verify.bar_after_rollback``); a lower kept because it
+  served no worse, but no better, bars further lowers (it did not remove the cause). Bars hold at the load they
+  were measured at.
+* ``verified_first``: no second change in the same direction while the first has no verdict, unless most
+  requests miss (or requests are paused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from kvpilot.api.status import Action
+from kvpilot.autotune.constants import MIN_RELATIVE_STEP, SEVERE_MISSES
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.inputs import TunerInput, bounds, hold
+from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.verify import Outcome
+from kvpilot.autotune.window import KvWindow
+
+
+def rolled_back(inp: TunerInput) -> Decision | None:
+    """Back to the value that served well, when verification says the change in force serves worse; None
+    otherwise (no change under verification, no verdict yet, or the value moved since by other means)."""
+    memory = inp.history.verification
+    watch, verdict = memory.watch, memory.verdict(inp.now.timestamp())
+    if watch is None or verdict is None or verdict.outcome != Outcome.ROLL_BACK or inp.current != watch.to_value:
+        return None
+    lo, hi = bounds(inp)
+    target = max(lo, min(hi, watch.from_value))
+    if target == inp.current:
+        return None
+    action = Action.LOWER if target < inp.current else Action.RAISE
+    return Decision(action, target, TunerReason.ROLLED_BACK,
+                    f"Rolled back {inp.current}->{target}: {verdict.message}")
+
+
+def _load(w: KvWindow | None) -> tuple[float, float] | None:
+    if w is None or w.arrival_rate <= 0:
+        return None
+    return w.arrival_rate * max(1, w.pods), w.prompt_mean
+
+
+def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
+    """No second change in the same direction before the first one has a verdict: steps that are each within
+    the noise add up unseen (a limit lowered three times for a TPOT objective that lowering does not fix).
+    Most requests missing an objective waits for nothing."""
+    pending = inp.history.verification.pending(inp.now.timestamp())
+    if pending is None or not decision.changes or decision.reason == TunerReason.OUT_OF_BOUNDS:
+        return decision
+    if (decision.target > inp.current) != (pending.to_value > pending.from_value):
+        return decision
+    if max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES or w.paused > 0:
+        return decision
+    return hold(inp, TunerReason.AWAITING_VERIFICATION, f"{decision.message}; but the change {pending.from_value}->"
+                f"{pending.to_value} has no verdict yet: one step at a time")
+
+
+def within_bars(inp: TunerInput, decision: Decision) -> Decision:
+    """``decision`` kept clear of the bars verification left: moved to just inside one, or held."""
+    if decision.action not in (Action.RAISE, Action.LOWER) or decision.reason == TunerReason.OUT_OF_BOUNDS:
+        return decision
+    now = inp.now.timestamp()
+    bar = inp.history.verification.barred(inp.current, decision.target, now, _load(inp.window))
+    if bar is None:
+        return decision
+    until = datetime.fromtimestamp(bar.until_s, timezone.utc).strftime("%H:%M:%SZ")
+    inside = bar.limit - 1 if bar.upward else bar.limit + 1
+    why = (f"{decision.message}; but verification barred {'raises to' if bar.upward else 'lowers to'} {bar.limit} "
+           f"and beyond at this load until {until}")
+    worth = abs(inside - inp.current) >= MIN_RELATIVE_STEP * inp.current
+    if (inside > inp.current) != bar.upward or not worth:
+        return hold(inp, TunerReason.BARRED_BY_VERIFICATION, why)
+    return replace(decision, target=inside, message=f"{why}: {inside} instead")

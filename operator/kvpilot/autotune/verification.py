@@ -1,0 +1,248 @@
+"""What the tuner keeps between decisions to verify its changes (issue 18), one window at a time. Pure.
+
+The policy is a pure function of what status holds and of this interval's window, so the evidence for a
+verdict is kept as running sums (``verify.Side``), never as a list of windows: status stays small however long a
+verification takes.
+
+* ``Baseline``: the clean windows at the limit in force, faded so that it weighs about the last two to four
+  minutes, restarted when the limit or the load changes (the next change is judged against it);
+* ``Watch``: one applied change under verification (the baseline it started from, the settling of the new
+  limit, the comparable evidence since, and what was skipped);
+* ``CanaryWatch``: one canary pod at the new limit beside pods at the old one, over the same windows.
+
+``verify`` and ``verify_canary`` fold a sequence of windows through them (the tests' and the bench's way in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS, Bar, Outcome, Settle, Side, Verdict,
+                                     WindowFigures, Why, bar_after_rollback, clean, comparable, judge,
+                                     undecided_or_give_up)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The clean windows at ``limit`` once its batch has settled (``Settle``: a limit just put in force, or pods
+    just started, serve an emptier batch than they will), the recent ones weighing most. Measured on the suite:
+    without settling, the first 45 s of pods at 2048 under document Q&A traffic (95% served in time, before the
+    batch filled and TPOT broke) made a right lower to 25 read as 30% worse."""
+
+    limit: int | None = None
+    side: Side = Side()
+    settle: Settle = Settle()
+
+    def observe(self, w: WindowFigures | None, limit: int) -> Baseline:
+        """After this interval's window (None: no window) with ``limit`` in force."""
+        if limit != self.limit:
+            return Baseline(limit).observe(w, limit)
+        if w is None or not clean(w, limit):
+            return self
+        settle = self.settle.step(w)
+        if not settle.counts(w):
+            return replace(self, settle=settle)
+        side = self.side if self.side.windows == 0 or comparable(w, self.side) else Side()  # the load moved
+        side = side.add(w)
+        if side.seconds > 2 * BASELINE_SECONDS:
+            side = side.faded()
+        return Baseline(limit, side, settle)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """An applied change ``from_value`` -> ``to_value`` (applied at ``change_at_s``) under verification."""
+
+    change_at_s: float
+    from_value: int
+    to_value: int
+    baseline: Side
+    settle: Settle = Settle()
+    after: Side = Side()
+    other_load: int = 0  # settled windows left out because the load had changed
+
+    def observe(self, w: WindowFigures | None) -> Watch:
+        if w is None or w.end_s <= self.change_at_s or not clean(w, self.to_value):
+            return self
+        settle = self.settle.step(w)
+        if not settle.counts(w):
+            return replace(self, settle=settle)
+        if not comparable(w, self.baseline):
+            return replace(self, settle=settle, other_load=self.other_load + 1)
+        return replace(self, settle=settle, after=self.after.add(w))
+
+    def verdict(self, now_s: float) -> Verdict:
+        base, new = self.baseline, self.after
+        if base.resolved < MIN_REQUESTS:
+            return undecided_or_give_up(Why.NO_BASELINE, "no clean baseline window before the change", None, None,
+                                        self.change_at_s, now_s)
+        if new.windows == 0:
+            if self.other_load:
+                return undecided_or_give_up(Why.LOAD_CHANGED, f"the load changed since the change (baseline "
+                                            f"{base.offered_per_s:.1f} req/s)", base, None, self.change_at_s, now_s)
+            return undecided_or_give_up(Why.SETTLING, f"{self.to_value} is not yet in force on every pod, or its "
+                                        f"batch has not settled", base, None, self.change_at_s, now_s)
+        outcome, why, message = judge(base, new, f"at {self.from_value}", f"at {self.to_value}")
+        if outcome == Outcome.UNDECIDED:
+            return undecided_or_give_up(why, message, base, new, self.change_at_s, now_s)
+        return Verdict(outcome, why, message, base, new)
+
+
+def watch(baseline: Baseline, from_value: int, to_value: int, at_s: float) -> Watch:
+    """Start verifying a change applied at ``at_s``, against the baseline at ``from_value`` (an empty one when
+    the baseline was at another limit)."""
+    return Watch(at_s, from_value, to_value, baseline.side if baseline.limit == from_value else Side())
+
+
+@dataclass(frozen=True)
+class CanaryWatch:
+    """A canary pod at ``new_value`` beside pods at ``old_value``, started at ``started_at_s``. Both sides are the
+    same windows (the same traffic at the same time, so no load change can confound them), the canary's from
+    when its batch settled; each side counts the requests sent to its pods."""
+
+    started_at_s: float
+    old_value: int
+    new_value: int
+    settle: Settle = Settle()
+    canary: Side = Side()
+    others: Side = Side()
+
+    def observe(self, canary: WindowFigures | None, others: WindowFigures | None) -> CanaryWatch:
+        if canary is None or canary.end_s <= self.started_at_s or not clean(canary, self.new_value):
+            return self
+        settle = self.settle.step(canary)
+        if not settle.counts(canary) or others is None or not clean(others, self.old_value):
+            return replace(self, settle=settle)
+        return replace(self, settle=settle, canary=self.canary.add(canary), others=self.others.add(others))
+
+    def verdict(self, now_s: float) -> Verdict:
+        if self.canary.windows == 0:
+            return undecided_or_give_up(Why.SETTLING, f"the canary at {self.new_value} is not Ready yet, or its "
+                                        f"batch has not settled", None, None, self.started_at_s, now_s)
+        if self.others.resolved < MIN_REQUESTS:
+            return undecided_or_give_up(Why.NO_BASELINE, f"the pods at {self.old_value} resolved too few requests "
+                                        f"beside the canary", None, self.canary, self.started_at_s, now_s)
+        outcome, why, message = judge(self.others, self.canary, f"the pods at {self.old_value} meanwhile",
+                                      f"the canary at {self.new_value}")
+        if outcome == Outcome.UNDECIDED:
+            return undecided_or_give_up(why, message, self.others, self.canary, self.started_at_s, now_s)
+        return Verdict(outcome, why, message, self.others, self.canary)
+
+
+def verify(change_at_s: float, from_value: int, to_value: int, before: Sequence[WindowFigures],
+           after: Sequence[WindowFigures], now_s: float) -> Verdict:
+    """Keep, roll back or wait, for the change ``from_value`` -> ``to_value`` applied at ``change_at_s``, from the
+    windows before it (``before``: those that ended by then count) and after it (``after``: those that ended
+    since), in time order."""
+    base = Baseline()
+    for w in sorted((w for w in before if w.end_s <= change_at_s), key=lambda w: w.end_s):
+        base = base.observe(w, from_value)
+    state = watch(base, from_value, to_value, change_at_s)
+    for w in sorted(after, key=lambda w: w.end_s):
+        state = state.observe(w)
+    return state.verdict(now_s)
+
+
+def verify_canary(old_value: int, new_value: int, canary: Sequence[WindowFigures],
+                  others: Sequence[WindowFigures], started_at_s: float, now_s: float) -> Verdict:
+    """Promote (``Keep``), roll back or wait, for a canary pod at ``new_value`` beside pods at ``old_value``:
+    ``canary`` and ``others`` are their windows (matched by ``end_s``)."""
+    by_end = {w.end_s: w for w in others}
+    state = CanaryWatch(started_at_s, old_value, new_value)
+    for w in sorted(canary, key=lambda w: w.end_s):
+        state = state.observe(w, by_end.get(w.end_s))
+    return state.verdict(now_s)
+
+
+def figures_from_window(w: KvWindow, end_s: float, limit: int | None, expected_pods: int,
+                        restarted: bool = False) -> WindowFigures:
+    """Verification's view of the tuner's window. Where the window counted the requests that met both
+    objectives (``good_rate``, the benchmark's) they are used; otherwise the misses per objective bound them: at
+    least 1 - TTFT misses - TPOT misses of the answered met both (the same estimate on both sides of a change, so
+    the comparison stays fair). The batch is the mean batch; a request's lifetime about its p95 TTFT plus its mean
+    output at the p95 TPOT."""
+    seconds = w.window_seconds
+    scale = max(1, w.pods) * seconds
+    answered = w.completion_rate * scale
+    if w.resolved_rate > 0:
+        resolved, good = w.resolved_rate * scale, w.good_rate * scale
+    else:
+        met = max(0.0, 1.0 - (w.ttft_miss_fraction or 0.0) - (w.tpot_miss_fraction or 0.0))
+        resolved, good = answered, answered * met
+    lifetime = ((w.ttft_p95_ms or 0.0) + w.output_mean * (w.tpot_p95_ms or 0.0)) / 1e3
+    return WindowFigures(end_s, seconds, limit, w.pods, expected_pods, w.arrival_rate * scale, resolved, good,
+                         answered, w.mean_active, lifetime, w.prompt_mean, w.output_mean,
+                         restarted or w.rejected_samples > 0)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Everything verification keeps between decisions (status.autotune.verification): the baseline at the limit
+    in force, the change under verification, the bars rollbacks left, and what was seen last (a plan between two
+    windows sees the same window again; a pod that restarted or changed makes its window no evidence)."""
+
+    baseline: Baseline = Baseline()
+    watch: Watch | None = None
+    bars: tuple[Bar, ...] = ()
+    seen_until_s: float | None = None
+    pods: str = ""
+    last: Verdict | None = None  # the last verdict reached (for status; not used to decide)
+    decided_at_s: float | None = None
+
+    def observe(self, w: WindowFigures | None, limit: int, pods: str, now_s: float) -> Memory:
+        """Take this interval's window (None: none) with ``limit`` in force; ``pods``: the serving pods and their
+        restart counts. A window that overlaps the last one taken is skipped (it is mostly the same requests)."""
+        bars = tuple(b for b in self.bars if b.until_s > now_s)
+        if w is None or (self.seen_until_s is not None and w.start_s < self.seen_until_s - 0.1 * w.seconds):
+            return replace(self, bars=bars)
+        if self.pods and pods != self.pods:
+            w = replace(w, restarted=True)  # a pod came, went or restarted: this window mixes two lives
+        watch = self.watch.observe(w) if self.watch is not None else None
+        return replace(self, baseline=self.baseline.observe(w, limit), watch=watch, bars=bars, seen_until_s=w.end_s,
+                       pods=pods)
+
+    def verdict(self, now_s: float) -> Verdict | None:
+        return self.watch.verdict(now_s) if self.watch is not None else None
+
+    def decided(self, *, from_value: int, to_value: int, applied: bool, rollback: bool, now_s: float,
+                horizon_s: float) -> Memory:
+        """After this interval's decision: a rollback bars the direction that failed and ends the watch; another
+        applied change is watched (against the baseline at the value it left); a watch whose verdict is final
+        (kept, or unverifiable) ends."""
+        verdict = self.verdict(now_s)
+        out = self
+        if verdict is not None and verdict.outcome != Outcome.UNDECIDED:
+            out = replace(out, last=verdict, decided_at_s=now_s, watch=None)
+            w = self.watch
+            if w is not None and verdict.outcome == Outcome.KEEP and w.to_value < w.from_value \
+                    and verdict.why != Why.BETTER:
+                # A lower is protective (paused requests, KV pressure, TPOT broken): one that served no better
+                # did not remove the cause, and a further lower at this load would only give up capacity.
+                out = replace(out, bars=(*out.bars, Bar(False, w.to_value - 1, now_s + horizon_s,
+                                                        w.baseline.offered_per_s, w.baseline.prompt_mean))[-8:])
+        if not applied or from_value == to_value:
+            return out
+        if rollback and self.watch is not None:
+            bar = bar_after_rollback(self.watch.from_value, self.watch.to_value, now_s, horizon_s, self.bars,
+                                     self.watch.baseline)
+            return replace(out, watch=None, bars=(*self.bars, bar)[-8:], last=verdict, decided_at_s=now_s)
+        return replace(out, watch=watch(self.baseline, from_value, to_value, now_s))
+
+    def barred(self, current: int, target: int, now_s: float, load: tuple[float, float] | None = None) -> Bar | None:
+        """The bar that refuses ``current`` -> ``target`` now at ``load`` (requests per second, mean prompt), if any."""
+        return next((b for b in self.bars if b.refuses(current, target, now_s, load)), None)
+
+    def pending(self, now_s: float) -> Watch | None:
+        """The change under verification while it has no verdict: not when the load has changed since (the
+        traffic moved on, and the next change follows it). A change made before its value's baseline settled
+        cannot be judged; it is pending until the value it set has a settled baseline of its own
+        (MIN_EVIDENCE_SECONDS), so the next step in its direction can be judged against it, rather than an
+        unmeasured step added to an unmeasured one."""
+        verdict = self.verdict(now_s)
+        if verdict is None or verdict.outcome != Outcome.UNDECIDED or verdict.why == Why.LOAD_CHANGED:
+            return None
+        if verdict.why == Why.NO_BASELINE and self.baseline.side.seconds >= MIN_EVIDENCE_SECONDS:
+            return None
+        return self.watch
