@@ -147,3 +147,27 @@ def test_bursty_arrivals_keep_the_fitted_rate_when_the_request_cap_binds() -> No
         reqs = _requests(TrafficFit(200.0, 500.0, 200.0, 1024, cv), 180.0)
         rate = len(reqs) / reqs[-1].arrival_s
         assert 180 <= rate <= 220, (cv, rate)
+
+
+def test_a_model_that_cannot_place_a_limit_leaves_the_decision_to_the_rules() -> None:
+    """A model whose GPU memory its fit sized too small for some limits: kvsim's memory plan refuses them. A
+    candidate it refuses is no candidate; a limit in force it refuses makes the model unusable this pass (the
+    rules decide alone), never a traceback out of the tuner."""
+    from kvsim import get_profile
+
+    from kvpilot.autotune.gate import model_check
+    from kvpilot.autotune.whatif import UNPLACEABLE, unplaceable
+
+    base = get_profile("llama-3.1-8b-bf16-a100")
+    small = replace(base, name="small", gpu=replace(base.gpu, memory_bytes=int(base.weights_resident_bytes + 3e9)))
+    model = replace(A100, profile=small, ceiling=2048)
+    assert unplaceable(model, 8) is None
+    refused = unplaceable(model, 2048)
+    assert refused is not None and refused.startswith(UNPLACEABLE) and "do not fit" in refused
+    best, why = verdict(model, window(5.0), 2048, [8, 64], 10.0, 1800.0)
+    assert best is None and why.startswith(UNPLACEABLE)
+    best, why = verdict(model, window(5.0), 64, [32, 2048], 10.0, 1800.0)
+    assert "at 2048" not in why and "at 32" in why
+    at_2048 = replace(window(5.0), runtime_batch_size=2048)
+    assert (model_check(model, at_2048, rendered=2048) or "").startswith(UNPLACEABLE)
+    assert model_check(model, window(5.0), rendered=64) is None

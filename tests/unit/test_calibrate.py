@@ -169,3 +169,15 @@ def test_old_evidence_decays_so_the_fit_follows_a_changed_engine() -> None:
     serve(A100, fit, seconds=240.0)
     serve(SLOW, fit, seconds=600.0, start=240.0)
     assert fit.result().calibration.hbm_efficiency == pytest.approx(0.72, rel=0.03)
+
+
+def test_the_pool_is_labelled_by_the_configured_limit_not_the_in_engine_tuners_value() -> None:
+    """The pool is carved at load for maxBatchSizeStatic; with the in-engine tuner on, maxBatchSizeRuntime moves
+    below it. Labelled by the runtime value, a 2048 engine's small pool read as the pool at 8 sized the model's
+    memory too small to place 2048 at all (the suite's longctx-maxutil-l4 from 2048 stopped on it)."""
+    fit = EngineFit(A100)
+    samples = [sample(iteration=i, timestamp_s=float(i), max_batch_size_runtime=40, max_batch_size_static=2048,
+                      max_blocks=3000) for i in range(1, 40)]
+    fit.observe({"p": samples}, 40.0, 2048, None)
+    pools = fit.result().pool_tokens
+    assert pools and pools[-1] == (2048, 3000 * 32)

@@ -37,7 +37,7 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 from kvpilot.autotune.signals import limit_in_force, waiting_beside_full_batch
 from kvpilot.autotune.trust import ModelView, goodput_error
-from kvpilot.autotune.whatif import SHED_SHARE, Engine, fit_traffic, quantized, steady_goodput
+from kvpilot.autotune.whatif import SHED_SHARE, UNPLACEABLE, Engine, unplaceable, fit_traffic, quantized, steady_goodput
 from kvpilot.autotune.window import KvWindow
 
 # Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
@@ -96,7 +96,10 @@ def goodput_check(model: Engine, w: KvWindow, limit: int) -> float | None:
     fit = fit_traffic(w)
     if fit is None or limit <= 0 or (w.ttft_miss_fraction is None and w.tpot_miss_fraction is None):
         return None
-    return goodput_error(steady_goodput(model, quantized(fit), min(limit, model.ceiling)), w)
+    try:
+        return goodput_error(steady_goodput(model, quantized(fit), min(limit, model.ceiling)), w)
+    except ValueError:  # kvsim's memory plan cannot place the limit on the model: model_check says why
+        return None
 
 
 def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_parallel: int = 1) -> str | None:
@@ -110,6 +113,9 @@ def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_paral
     limit in force and "batch full" are read where the pods report no batch size (the PyTorch backend:
     signals.limit_in_force, signals.waiting_beside_full_batch)."""
     limit = limit_in_force(w, rendered, pipeline_parallel)
+    refused = unplaceable(model, min(limit, model.ceiling)) if limit > 0 else None
+    if refused is not None:
+        return refused
     if w.ttft_miss_fraction is None and w.tpot_miss_fraction is None:
         # No latency histograms (1.2's TensorRT backend serves no Prometheus page): requests waiting beside a full
         # batch are the evidence the rules act on.
@@ -122,7 +128,10 @@ def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_paral
     if fit is None:
         return None
     fit = quantized(fit)
-    simulated = steady_goodput(model, fit, min(limit, model.ceiling))
+    try:
+        simulated = steady_goodput(model, fit, min(limit, model.ceiling))
+    except ValueError as exc:  # a calibrated memory the plan cannot place the limit in force on
+        return f"{UNPLACEABLE} ({exc})"
     if simulated < MODEL_ALL_SERVED * fit.rate_per_s:
         return None  # the model sees the misses too (overload): it can rank the candidates
     return (f"the what-if model serves {simulated:.2f} of {fit.rate_per_s:.2f} req/s within the objectives where "

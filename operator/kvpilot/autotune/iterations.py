@@ -44,6 +44,8 @@ class IterationSample(Protocol):
     @property
     def max_batch_size_runtime(self) -> int: ...
     @property
+    def max_batch_size_static(self) -> int: ...
+    @property
     def iter_latency_ms(self) -> float: ...
     @property
     def context_requests(self) -> int: ...
@@ -141,14 +143,14 @@ class IterationReader:
         good: list[tuple[IterationSample, float]] = []
         bad = 0
         prev = self._last_iter.pop(pod, None)
-        last: dict[int, IterationSample] = {}  # the latest sample at each runtime limit: the pool it reports
+        last: dict[int, IterationSample] = {}  # the latest sample at each configured limit: the pool it reports
         for s in samples:
             if not _sane(s):
                 bad += 1
                 continue
             step = s.iteration - prev if prev is not None and s.iteration > prev else 1
             prev = s.iteration
-            last[s.max_batch_size_runtime] = s
+            last[s.max_batch_size_static] = s
             if s.iter_latency_ms > 0 and (s.active_requests > 0 or s.generation_requests + s.context_requests > 0):
                 good.append((s, float(min(step, MAX_STEP_WEIGHT))))
         for s in last.values():
@@ -188,7 +190,12 @@ class IterationReader:
         return rows
 
     def _note_pool(self, s: IterationSample, limit: int) -> None:
-        at = s.max_batch_size_runtime or limit
+        # The pool is carved at load for the configured limit (maxBatchSizeStatic, the executor's mMaxBatchSize);
+        # maxBatchSizeRuntime is the in-engine tuner's value of the moment (TrtGptModelInflightBatching::
+        # setRuntimeBatchSize, cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp; see
+        # shared/reference/trtllm.md), so a pool labelled by it would size the model's memory for a limit the
+        # pool was not carved for. The PyTorch backend reports both as 0: the limit rendered stands in.
+        at = s.max_batch_size_static or limit
         if s.max_blocks > 0 and s.tokens_per_block > 0 and at > 0:
             self._pools.pop(at, None)
             self._pools[at] = s.max_blocks * s.tokens_per_block

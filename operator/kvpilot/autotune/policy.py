@@ -39,6 +39,7 @@ from kvpilot.autotune.rules import decide_from_signals
 from kvpilot.autotune.signals import load as load_of
 from kvpilot.autotune.signals import tpot_margin
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
+from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
@@ -138,12 +139,12 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
     best, why = what_if_verdict(model, w, inp.current, _options(inp, w, decision, lo, hi),
                                 restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin, tpot_near)
-    if best is None and why != "no traffic fit":
+    if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
         if protective:
             return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
                            f"model, but the measurements call for it and the model cannot veto it", simulated=True)
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
         return replace(held, simulated=True)
     if best is None:
-        return decision
+        return decision if why == "no traffic fit" else replace(decision, message=f"{decision.message}; {why}")
     return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)

@@ -23,6 +23,7 @@ from functools import lru_cache
 
 from kvsim import EngineConfig, Profile, Request, RequestRecord
 from kvsim.config import Backend, CapacityPolicy
+from kvsim.memory import plan_for
 from kvsim.workload import Phase
 
 from kvpilot.autotune.fleet import Fleet
@@ -269,6 +270,30 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     return max(c for c in near if results[c].margin(e) >= widest - tolerance)
 
 
+# The reason verdict gives when kvsim's memory plan cannot place the limit in force on the model (a calibrated
+# profile whose memory a capped or mislabelled pool sized wrongly, a template far from the engine): the model is
+# then unusable this pass and the rules decide alone, as for an engine without one.
+UNPLACEABLE = "the model cannot place the limit in force"
+
+
+def unplaceable(e: Engine, limit: int) -> str | None:
+    """Why kvsim's memory plan cannot place ``limit`` on the model (None: it can). Numbers only, no simulation."""
+    try:
+        plan_for(_config(e, limit).resolved())
+    except ValueError as exc:
+        return f"{UNPLACEABLE} ({exc})"
+    return None
+
+
+def _placed(e: Engine, fit: TrafficFit, limit: int, budget: int) -> Outcome | str:
+    """The steady run at ``limit``, or why kvsim's memory plan refuses that configuration of the model (a
+    candidate that does not fit the modelled GPU is no candidate; it never reaches a served pod)."""
+    try:
+        return steady_run(e, fit, limit, budget)
+    except ValueError as exc:
+        return str(exc)
+
+
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
             horizon_s: float, margin: float = MARGIN, tpot_near: bool = False) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
@@ -288,8 +313,11 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     started = time.process_time()
     others = [c for c in candidates if c != current]
     budget = requests_per_run(1 + len(others))
-    stay = steady_run(e, fit, current, budget)
-    results = {c: steady_run(e, fit, c, budget) for c in others}
+    stay = _placed(e, fit, current, budget)
+    if isinstance(stay, str):
+        return None, f"{UNPLACEABLE} ({stay})"
+    placed = {c: _placed(e, fit, c, budget) for c in others}
+    results = {c: o for c, o in placed.items() if not isinstance(o, str)}
     cpu = time.process_time() - started
     rollout_s = e.replicas * e.restart_seconds
     lost = restart_cost_s * stay.goodput

@@ -33,7 +33,6 @@ from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.status import BatchingStatus, EngineStatus
 from kvpilot.api.validate import validate_manifest
-from kvpilot.autotune.calibrate import PromptWork
 from kvpilot.autotune.whatif import SHED_SHARE
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
