@@ -310,6 +310,19 @@ def test_undoing_a_recent_raise_past_its_start_needs_most_requests_to_miss_tpot(
     assert "undoing the change from 64" in d.message
 
 
+def test_a_severe_tpot_break_lowers_back_to_a_floor_the_raise_left() -> None:
+    """The floor is the value a recent raise left (64): past it is out of bounds. Most requests missing TPOT at
+    128 is the measured harm: back to 64, never held at 128 for the horizon; a mild break still holds."""
+    floor = replace(TPOT_SPEC, min_batch_size=64)
+    raised = (AppliedChange(NOW - timedelta(minutes=10), 64, 128),)
+    broken = replace(window(util=0.4, active=128, tpot=100), tpot_miss_fraction=0.8)
+    d = decide(inp(current=128, spec=floor, recent_changes=raised, w=broken, surge=True))
+    assert (d.action, d.target) == ("Lower", 64), d.message
+    mild = replace(broken, tpot_miss_fraction=0.3)
+    d = decide(inp(current=128, spec=floor, recent_changes=raised, w=mild, surge=True))
+    assert d.action == "Hold", d.message
+
+
 def test_a_raise_past_where_a_recent_lower_started_follows_a_phase_shift() -> None:
     lowered = (AppliedChange(NOW - timedelta(minutes=14), 64, 32),)
     queue = replace(window(util=0.2, active=32, queued=20, tpot=20), ttft_miss_fraction=0.35, tpot_miss_fraction=0.0)

@@ -82,6 +82,12 @@ def oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
                 # Never back to A itself: past it, by a step worth a restart, or not at all.
                 past = math.floor(a / band) if lower else math.ceil(a * band)
                 if not lo <= past <= hi or (past >= inp.current if lower else past <= inp.current):
+                    if severe and lo <= a < inp.current:
+                        # The floor is A: past it is out of bounds, and holding would keep most requests missing
+                        # TPOT at B for the horizon. Back to A is the measured way out (as a rollback would be).
+                        decision = replace(decision, target=a, message=f"{decision.message}; back to {a}, the "
+                                           f"floor: most requests miss TPOT at {inp.current}")
+                        continue
                     return hold(inp, TunerReason.WOULD_OSCILLATE, f"{held}: no A->B->A, and past {a} is out of bounds")
                 decision = replace(decision, target=past, message=f"{decision.message}; past {a}, not back to it")
                 moved = True
