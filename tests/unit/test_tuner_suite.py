@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvpilot.bench.cases import CASES, Case
 from kvpilot.bench.report import criteria
+from kvpilot.bench.suite import row_name
 
 STEADY = Case("x", "llama-3.1-8b-fp8-h100", "", ((600, 1.0),), (100, 80), (100, 80), 256, 2000, 50)
 
@@ -246,3 +249,24 @@ def test_a_row_reuses_the_tuner_independent_figures_of_an_earlier_run(tmp_path) 
     (tmp_path / "bad.json").write_text('{"cases": [{"case": "light-l4"}]}')
     with pytest.raises(SystemExit, match="--bounds"):
         load_bounds(str(tmp_path / "bad.json"))
+
+
+def test_a_pytorch_row_serves_the_pytorch_backend_and_its_peer_has_no_in_engine_tuner() -> None:
+    """Issue 19: the suite on the PyTorch backend. Its rows are named CASE.pytorch, their pods are kvsim's PyTorch
+    backend, and TensorRT-LLM's default there is static 2048 alone (the in-engine tuner is TensorRT's only)."""
+    from kvsim.config import Backend
+
+    from kvpilot.bench.runs import Served
+    from kvpilot.bench.suite import suite_jobs
+    from kvpilot.bench.tuner import tuned_engine
+    from kvpilot.bench.window import Slo
+
+    jobs = suite_jobs(["long-output-a100"], True, ["nominal", "decode0.7"], "pytorch")
+    assert [row_name(c, p) for c, p in jobs] == ["long-output-a100.pytorch", "long-output-a100.decode0.7.pytorch"]
+    case = jobs[0][0]
+    peer = Served(case).config(2048, 2048, in_engine_tuner=True)
+    assert peer.backend is Backend.PYTORCH and not peer.enable_batch_size_tuning
+    assert Served(replace(case, backend="tensorrt")).config(2048, 2048, True).enable_batch_size_tuning
+    engine = tuned_engine(case.profile, 2048, Slo(case.ttft_ms, case.tpot_ms), 2048, 2, in_engine_tuner=True,
+                          backend="pytorch")
+    assert engine.spec.trtllm_backend == "pytorch"

@@ -60,7 +60,7 @@ def engine_model(spec: InferenceEngineSpec, ceiling: int, *, restart_seconds: fl
     once fitted); without, the profile the simulated backend names (None for any other engine: the rules
     decide alone). ``surge_pods``: the pods a rollout starts ahead of the old ones
     (desired/rollout.surge_pods_in_force)."""
-    backend = "pytorch" if spec.runtime.backend == "pytorch" else "tensorrt"
+    backend = spec.trtllm_backend  # the simulated backend plays runtime.simulation.backend
     sim = spec.runtime.simulation
     named = sim.profile if spec.runtime.backend == "simulated" and sim is not None and sim.profile else None
     profile = model.profile(ceiling, spec.batching.scheduler_policy, backend) if model is not None else named

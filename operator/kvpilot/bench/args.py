@@ -21,6 +21,10 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perturbation", action="append", default=None, metavar="NAME",
                    help="With --suite: run only on this served engine (repeatable; 'nominal' for the profile "
                         "itself, or a perturbation name such as decode0.7 or all-slow).")
+    p.add_argument("--backend", choices=("tensorrt", "pytorch"), default="tensorrt",
+                   help="With --suite: the TensorRT-LLM backend the pods run (kvsim plays it): tensorrt (a built "
+                        "engine; TensorRT-LLM's default there has the in-engine batch tuner) or pytorch (no engine, "
+                        "CUDA graphs, no in-engine tuner; rows named CASE.pytorch).")
     p.add_argument("--jobs", type=int, default=1,
                    help="With --suite: rows run in this many processes at once (the figures do not depend on it).")
     p.add_argument("--bounds", metavar="FILE", default=None,

@@ -53,6 +53,9 @@ class Case:
     # node), so the tuner's `rollout.strategy: Auto` rolls with maxSurge 2 / maxUnavailable 0 (both new pods
     # start at once); False: no spare, maxSurge 0.
     spare_gpu: bool = True
+    # The TensorRT-LLM backend the pods run (kvsim plays either): tensorrt (a built engine, the in-engine batch
+    # tuner) or pytorch (no engine, CUDA graphs, no in-engine tuner); ``--backend`` of the suite.
+    backend: str = "tensorrt"
     extra: dict[str, Any] = field(default_factory=dict)
     # Per phase, (prompt, output) lognormal (mean, median) in place of ``prompt``/``output`` (the traffic mix
     # changes, not only its rate); empty: every phase draws from ``prompt``/``output``.

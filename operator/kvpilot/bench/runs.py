@@ -39,7 +39,7 @@ class Served:
 
     def config(self, limit: int, ceiling: int = CEILING, in_engine_tuner: bool = False) -> EngineConfig:
         return engine_config(served_profile(self.case.profile, self.perturbation), ceiling, limit,
-                             in_engine_tuner=in_engine_tuner, policy=self.case.policy)
+                             in_engine_tuner=in_engine_tuner, policy=self.case.policy, backend=self.case.backend)
 
     @property
     def slo(self) -> Slo:

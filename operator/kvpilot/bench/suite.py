@@ -78,7 +78,8 @@ def _tuned(requests: list[Request], served: Served, start: int, ceiling: int, in
     return run_autotuned(requests, case.profile, ceiling, case.replicas, case.restart_s, served.slo, horizon,
                          case.duration_s, start=start, policy=case.policy, autotune_max=ceiling, series=series,
                          spare_gpu=case.spare_gpu, queue_timeout_s=case.queue_timeout_s,
-                         served=served_profile(case.profile, served.perturbation), in_engine_tuner=in_engine_tuner)
+                         served=served_profile(case.profile, served.perturbation),
+                         in_engine_tuner=in_engine_tuner and case.backend != "pytorch", backend=case.backend)
 
 
 def false_rollbacks(tuned: dict[str, Any], start: int, steady: bool, static: Callable[[int], float]) -> int:
@@ -94,8 +95,10 @@ def false_rollbacks(tuned: dict[str, Any], start: int, steady: bool, static: Cal
 
 
 def row_name(case: Case, perturbation: str) -> str:
-    """The row's name (it names the row's SVG file): the case, and the perturbation unless nominal."""
-    return case.name if perturbation == "nominal" else f"{case.name}.{perturbation}"
+    """The row's name (it names the row's SVG file): the case, the perturbation unless nominal, and the backend
+    unless TensorRT."""
+    name = case.name if perturbation == "nominal" else f"{case.name}.{perturbation}"
+    return name if case.backend == "tensorrt" else f"{name}.{case.backend}"
 
 
 def tuner_free(requests: list[Request], served: Served, horizon: float) -> dict[str, Any]:
@@ -150,10 +153,10 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     out = {
         "case": row_name(case, perturbation), "baseCase": case.name, "perturbation": perturbation,
         "perturbationFactors": served.perturbation.to_text(), "profile": case.profile, "covers": case.covers,
-        "policy": case.policy, "spareGpu": case.spare_gpu, "requests": len(requests),
+        "policy": case.policy, "spareGpu": case.spare_gpu, "backend": case.backend, "requests": len(requests),
         "sweep": {str(k): v for k, v in sweep.items()},
         "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
-        "trtllmDefault": {"maxBatchSize": TRTLLM_DEFAULT, "inEngineTuner": True, "goodput": p},
+        "trtllmDefault": {"maxBatchSize": TRTLLM_DEFAULT, "inEngineTuner": case.backend != "pytorch", "goodput": p},
         "hindsight": bounds["hindsight"], "reactive": bounds["reactive"], **tuned,
         "ratios": {"overStart": _ratio(a, s), "overOracle": _ratio(a, o), "hindsightOverOracle": _ratio(h, o),
                    "overReactive": _ratio(a, bounds["reactive"]["goodput"]),
@@ -201,7 +204,7 @@ def load_bounds(path: str) -> dict[str, dict[str, Any]]:
     out = {}
     for row in doc.get("cases", []):
         case = replace(next((c for c in CASES if c.name == row.get("baseCase", row.get("case"))), CASES[0]),
-                       spare_gpu=bool(row.get("spareGpu", True)))
+                       spare_gpu=bool(row.get("spareGpu", True)), backend=str(row.get("backend", "tensorrt")))
         out[row_key(case, row.get("perturbation", "nominal"))] = reused(row)
     return out
 
@@ -213,8 +216,10 @@ def _kept(row: dict[str, Any], partial: str | None) -> dict[str, Any]:
     return row
 
 
-def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]) -> list[tuple[Case, str]]:
-    """The rows to run: every case (or those in ``only``) on each served engine in ``perturbations``."""
+def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str],
+               backend: str = "tensorrt") -> list[tuple[Case, str]]:
+    """The rows to run: every case (or those in ``only``) on each served engine in ``perturbations``, its pods on
+    ``backend``."""
     unknown = sorted(set(only or ()) - {c.name for c in CASES})
     if unknown:
         raise SystemExit(f"kvpilot bench tuner --case: unknown case(s) {', '.join(unknown)}; "
@@ -223,13 +228,15 @@ def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]
     if bad:
         raise SystemExit(f"kvpilot bench tuner --perturbation: unknown perturbation(s) {', '.join(bad)}; "
                          f"perturbations: nominal, {', '.join(PERTURBATIONS)}")
-    cases = [c if spare_gpu else replace(c, spare_gpu=False) for c in CASES if not only or c.name in only]
+    cases = [replace(c, spare_gpu=c.spare_gpu and spare_gpu, backend=backend) for c in CASES
+             if not only or c.name in only]
     return [(c, p) for p in perturbations for c in cases]
 
 
 def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False, spare_gpu: bool = True,
               perturbations: list[str] | None = None, jobs: int = 1,
-              bounds: dict[str, dict[str, Any]] | None = None, partial: str | None = None) -> dict[str, Any]:
+              bounds: dict[str, dict[str, Any]] | None = None, partial: str | None = None,
+              backend: str = "tensorrt") -> dict[str, Any]:
     """Every row (or those of the cases named in ``only``), on each served engine in ``perturbations`` (default:
     the nominal profile only). ``spare_gpu=False``: the same cases on a cluster with no free GPU, where every
     rollout drops a pod's capacity while it restarts. ``jobs``: rows run in that many processes at once (the
@@ -237,7 +244,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
     ``row_key`` (``load_bounds``). ``partial``: a file each row is appended to (one JSON line) once it is done, so
     a long run that is stopped keeps what it measured."""
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
-    work = suite_jobs(only, spare_gpu, perturbations or ["nominal"])
+    work = suite_jobs(only, spare_gpu, perturbations or ["nominal"], backend)
     started = time.perf_counter()
     cpu = time.process_time()
     jobs_in = [(c, p, series, (bounds or {}).get(row_key(c, p))) for c, p in work]
@@ -258,7 +265,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
                           / max(1, sum(d["decisions"] for d in decision)),
                           "max": max((d["max"] for d in decision), default=0.0)},
         "allPass": all(all(r["criteria"].values()) for r in rows), "spareGpu": spare_gpu,
-        "perturbations": perturbations or ["nominal"],
+        "perturbations": perturbations or ["nominal"], "backend": backend,
         # Every failed criterion is one the instant reference misses too (see missed_by_instant()).
         "failuresAllMissedByInstant": all(set(k for k, v in r["criteria"].items() if not v) <= set(r["missedByInstant"])
                                           for r in rows),
@@ -267,9 +274,9 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
 
 def main(as_json: bool, only: list[str] | None = None, spare_gpu: bool = True,
          perturbations: list[str] | None = None, jobs: int = 1, bounds: str | None = None,
-         partial: str | None = None) -> int:
+         partial: str | None = None, backend: str = "tensorrt") -> int:
     out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu, perturbations=perturbations, jobs=jobs,
-                    bounds=load_bounds(bounds) if bounds else None, partial=partial)
+                    bounds=load_bounds(bounds) if bounds else None, partial=partial, backend=backend)
     if as_json:
         print(json.dumps(out, indent=2))
     else:

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
-from kvsim.config import CapacityPolicy
+from kvsim.config import Backend, CapacityPolicy
 from kvsim.profiles import Profile
 from kvsim.workload import load_workload
 
@@ -61,11 +61,14 @@ def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: floa
 
 
 def engine_config(profile: str | Profile, ceiling: int, runtime: int, in_engine_tuner: bool = False,
-                  policy: str = "GuaranteedNoEvict") -> EngineConfig:
+                  policy: str = "GuaranteedNoEvict", backend: str = "tensorrt") -> EngineConfig:
+    """A pod's kvsim configuration. On the PyTorch backend the in-engine batch tuner does not exist (kvsim refuses
+    it, and kvpilot renders no dynamic_batch_config there), so ``in_engine_tuner`` is ignored."""
     capacity = CapacityPolicy.MAX_UTILIZATION if policy == "MaxUtilization" else CapacityPolicy.GUARANTEED_NO_EVICT
+    pytorch = backend == "pytorch"
     return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=runtime,
-                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner,
-                        capacity_policy=capacity)
+                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner and not pytorch,
+                        capacity_policy=capacity, backend=Backend.PYTORCH if pytorch else Backend.TENSORRT)
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
@@ -81,18 +84,18 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
 def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
                  policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
                  surge: bool = False, strategy: str | None = None,
-                 in_engine_tuner: bool | None = None) -> InferenceEngine:
+                 in_engine_tuner: bool | None = None, backend: str = "tensorrt") -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults.
     ``strategy``: the rollout strategy (default: Surge or NoSurge by ``surge``). ``in_engine_tuner``:
     ``batching.dynamicBatchSizeTuning`` (None: the schema's default)."""
     batching: dict[str, Any] = {"maxBatchSize": min(start, ceiling), "schedulerPolicy": policy}
-    if in_engine_tuner is not None:
+    if in_engine_tuner is not None and backend != "pytorch":
         batching["dynamicBatchSizeTuning"] = in_engine_tuner
     manifest = {
         "apiVersion": "serving.kvpilot.io/v1alpha1", "kind": "InferenceEngine", "metadata": {"name": "bench"},
         "spec": {
             "model": {"source": "pvc://models/bench", "architecture": "llama"},
-            "runtime": {"backend": "simulated", "simulation": {"profile": profile}},
+            "runtime": {"backend": "simulated", "simulation": {"profile": profile, "backend": backend}},
             "build": {"maxBatchSize": ceiling, "maxNumTokens": 8192},
             "batching": batching,
             "engineCache": {"claimName": "engines"},
@@ -111,7 +114,8 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                   slo: Slo, horizon_s: float, duration_s: float, start: int = 64, policy: str = "GuaranteedNoEvict",
                   autotune_max: int | None = None, series: bool = False, surge: bool = False,
                   queue_timeout_s: float | None = None, spare_gpu: bool | None = None,
-                  served: Profile | str | None = None, in_engine_tuner: bool = False) -> dict[str, Any]:
+                  served: Profile | str | None = None, in_engine_tuner: bool = False,
+                  backend: str = "tensorrt") -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions).
     ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (free
@@ -124,12 +128,12 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
         surge = spare_gpu
     room = (replicas if spare_gpu else 0) if spare_gpu is not None else None
     engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge,
-                          "Auto" if spare_gpu is not None else None, in_engine_tuner)
+                          "Auto" if spare_gpu is not None else None, in_engine_tuner, backend)
     interval = float(engine.spec.autotune.interval_seconds)
     status = EngineStatus()
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
-    fleet = Fleet(engine_config(engine_of, ceiling, engine.spec.batching.max_batch_size, in_engine_tuner, policy),
+    fleet = Fleet(engine_config(engine_of, ceiling, engine.spec.batching.max_batch_size, in_engine_tuner, policy, backend),
                   replicas, restart_s, surge=surge, queue_timeout_s=queue_timeout_s, max_surge=room or 1)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
@@ -178,7 +182,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             want = batching.max_batch_size
             assert want is not None, "the plan always says which max_batch_size is in force"
             if _target(fleet) != want:
-                fleet.roll_to(engine_config(engine_of, ceiling, want, in_engine_tuner, policy))
+                fleet.roll_to(engine_config(engine_of, ceiling, want, in_engine_tuner, policy, backend))
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": batching.reason,
                                 "rollback": batching.reason == "AutotuneRolledBack",
