@@ -36,6 +36,7 @@ from kvpilot.autotune.gate import (
 )
 from kvpilot.autotune.signals import limit_in_force
 from kvpilot.autotune.trust import ModelMonitor
+from kvpilot.autotune.whatif import unplaceable
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
@@ -61,6 +62,18 @@ def model_reproduces(engine: InferenceEngine, observed: Observed) -> bool:
     log.info("InferenceEngine %s/%s: staying put, %s: the tuner's rules decide alone",
              engine.meta.namespace, engine.meta.name, why)
     return False
+
+
+def _places(engine: InferenceEngine, observed: Observed) -> bool:
+    """Whether kvsim's memory plan places the limit in force on the engine's model (a calibrated memory a capped
+    or mislabelled pool sized wrong may not): a model that cannot is no model this pass, so the rules take their
+    own branches, not those that count on a simulation to vet them (model_check says why and logs it)."""
+    w = observed.kv
+    model = what_if_model(engine.spec, _ceiling(engine, observed), observed) if w is not None else None
+    if model is None or w is None:
+        return True
+    limit = limit_in_force(w, _in_force(engine, observed), engine.spec.build.pipeline_parallel_size)
+    return limit <= 0 or unplaceable(model, min(limit, model.ceiling)) is None
 
 
 class Planner:
@@ -134,7 +147,7 @@ class Planner:
         # A calibrated model is judged by its trust verdict (measured_only); the datasheet (no fit yet, or none
         # possible) still by whether it reproduces the pods' misses.
         measured_only = _measured_only(observed)
-        calibrated = observed.model is not None and observed.model.fit is not None
+        calibrated = observed.model is not None and observed.model.fit is not None and _places(engine, observed)
         gate = WhatIfGate(model_valid=measured_only or calibrated or model_reproduces(engine, observed),
                           measured_only=measured_only)
         return plan(engine, observed, settings, now, what_if=gate)

@@ -166,6 +166,17 @@ def test_one_step_at_a_time_unless_most_requests_miss() -> None:
     assert d.action == "Lower", d.message
 
 
+def test_a_rollback_verdict_the_policy_did_not_act_on_is_reached_again_next_pass() -> None:
+    """The verdict says RollBack in a pass where the policy held first (a rollout under way, a thin window): the
+    watch stays, so the next pass rolls back; once rolled back, the watch ends and the direction is barred."""
+    mem = memory(after_share=0.2, now_s=10_000.0)
+    assert mem.verdict(10_000.0) is not None and mem.verdict(10_000.0).outcome == "RollBack"
+    held = mem.decided(from_value=512, to_value=512, applied=False, rollback=False, now_s=10_000.0, horizon_s=1800.0)
+    assert held.watch is not None and held.last is not None and held.last.outcome == "RollBack"
+    done = held.decided(from_value=512, to_value=64, applied=True, rollback=True, now_s=10_015.0, horizon_s=1800.0)
+    assert done.watch is None and done.barred(64, 512, 10_015.0) is not None
+
+
 def test_a_lower_that_served_no_better_bars_further_lowers_at_that_load() -> None:
     at = 10_000.0
     base = Baseline()
@@ -204,3 +215,25 @@ def test_a_change_without_a_baseline_holds_the_next_step_only_until_its_own_valu
         mem = mem.observe(figures(t, 57, 0.7), 57, "", t)
         t += 15.0
     assert mem.baseline.side.seconds >= 60 and mem.pending(NOW.timestamp()) is None
+
+
+def test_a_target_a_bar_moved_is_vetted_again_by_the_guarantees() -> None:
+    """The limit left 200 for 100 a few minutes ago; a raise past 200 (by a step worth a restart) is allowed with
+    evidence, but a raise bar at 210 would move it to 209, back next to 200: an A->B->A the guarantees forbid.
+    The bars' move is vetted again, and the result holds instead."""
+    from kvpilot.api.status import Action
+    from kvpilot.autotune.decision import Decision
+    from kvpilot.autotune.guarantees import no_harm
+    from kvpilot.autotune.policy import _clear_of_bars
+    from kvpilot.autotune.reasons import TunerReason
+
+    bar = Bar(True, 210, NOW.timestamp() + 600.0)
+    lowered = (AppliedChange(NOW - timedelta(minutes=5), 200, 100),)
+    w = replace(kv(active=100, queued=30.0, tpot=20.0), ttft_miss_fraction=0.6, runtime_batch_size=100)
+    state = inp(current=100, w=w, mem=Memory(bars=(bar,)), recent_changes=lowered)
+    vetted = no_harm(state, w, Decision(Action.RAISE, 300, TunerReason.QUEUE_WITH_HEADROOM, "queue"))
+    assert vetted.target == 300, vetted.message  # past 200 by a step worth a restart: allowed
+    d = _clear_of_bars(state, w, vetted)
+    assert d.action == "Hold" and d.reason == "BarredByVerification", d.message
+    unbarred = _clear_of_bars(inp(current=100, w=w, recent_changes=lowered), w, vetted)
+    assert unbarred.target == 300

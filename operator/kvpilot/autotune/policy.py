@@ -56,7 +56,7 @@ def decide(inp: TunerInput) -> Decision:
     back = rolled_back(inp)  # measured worse: undone at once, before any rule, guarantee or simulation
     if back is not None:
         return back
-    decision = verified_first(inp, w, within_bars(inp, no_harm(inp, w, decide_from_signals(inp, w, lo, hi))))
+    decision = verified_first(inp, w, _clear_of_bars(inp, w, no_harm(inp, w, decide_from_signals(inp, w, lo, hi))))
     waiting = _cooldown(inp, w, decision)
     if waiting is not None:
         return waiting
@@ -65,6 +65,19 @@ def decide(inp: TunerInput) -> Decision:
     if decision.action in (Action.RAISE, Action.LOWER) and model is not None:
         return _simulated(inp, w, decision, model, lo, hi)
     return inp.what_if.withheld(decision, inp.current)
+
+
+def _clear_of_bars(inp: TunerInput, w: KvWindow, vetted: Decision) -> Decision:
+    """``vetted`` (guarantees passed) kept clear of verification's bars. A target the bars moved is vetted again
+    (moved inside a bar, it may land back near a value the limit recently left); if the guarantees then move it
+    into the bar again, or hold, nothing is changed."""
+    barred = within_bars(inp, vetted)
+    if not barred.changes or barred.target == vetted.target:
+        return barred
+    again = no_harm(inp, w, barred)
+    if again.changes and again.target == barred.target:
+        return barred
+    return hold(inp, TunerReason.BARRED_BY_VERIFICATION, f"{barred.message}; but {again.message.rsplit('; ', 1)[-1]}")
 
 
 def _observable(inp: TunerInput, lo: int, hi: int) -> KvWindow | Decision:

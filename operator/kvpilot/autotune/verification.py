@@ -214,7 +214,11 @@ class Memory:
         verdict = self.verdict(now_s)
         out = self
         if verdict is not None and verdict.outcome != Outcome.UNDECIDED:
-            out = replace(out, last=verdict, decided_at_s=now_s, watch=None)
+            # A RollBack this pass did not act on (the policy held first: a rollout or build under way, a thin
+            # window) keeps its watch, so the next pass reaches it again and rolls back; dropping it lost the
+            # verdict and left the harmful limit in force.
+            unacted = verdict.outcome == Outcome.ROLL_BACK and not rollback
+            out = replace(out, last=verdict, decided_at_s=now_s, watch=self.watch if unacted else None)
             w = self.watch
             if w is not None and verdict.outcome == Outcome.KEEP and w.to_value < w.from_value \
                     and verdict.why != Why.BETTER:
