@@ -192,11 +192,11 @@ async def _one(session: aiohttp.ClientSession, endpoint: str, prompt_words: int,
             stats.errors += 1
 
 
-async def _send(session: aiohttp.ClientSession, endpoint: str, prompt_words: int, max_tokens: int,
-                stats: LoadStats, outstanding: dict[str, int]) -> None:
-    outstanding[endpoint] = outstanding.get(endpoint, 0) + 1
-    body = {"model": "model", "prompt": " ".join(["hello"] * prompt_words), "max_tokens": max_tokens,
-            "stream": True}
+async def stream_completion(session: aiohttp.ClientSession, endpoint: str, prompt: str, max_tokens: int,
+                            stats: LoadStats) -> None:
+    """One streamed /v1/completions request to ``endpoint``: its TTFT into ``stats``, an error counted. A refused
+    connection is raised (the pod is gone: the caller picks another endpoint or counts it)."""
+    body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     start = time.monotonic()
     first = None
     try:
@@ -215,6 +215,13 @@ async def _send(session: aiohttp.ClientSession, endpoint: str, prompt_words: int
         raise
     except (aiohttp.ClientError, asyncio.TimeoutError):
         stats.errors += 1
+
+
+async def _send(session: aiohttp.ClientSession, endpoint: str, prompt_words: int, max_tokens: int,
+                stats: LoadStats, outstanding: dict[str, int]) -> None:
+    outstanding[endpoint] = outstanding.get(endpoint, 0) + 1
+    try:
+        await stream_completion(session, endpoint, " ".join(["hello"] * prompt_words), max_tokens, stats)
     finally:
         outstanding[endpoint] -= 1
 

@@ -59,21 +59,9 @@ async def completion(session: aiohttp.ClientSession, endpoint: str, prompt: str,
     """One streamed completion; TTFT into ``stats``. Every prompt is distinct: kvsim, like TensorRT-LLM, reuses
     the KV blocks of a repeated prefix, so identical prompts would cost no prefill (measured on the first run of
     this test: cache hit rate 0.99, and no TPOT cliff at all)."""
-    body = {"model": "model", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "stream": True}
-    start, first = time.monotonic(), None
     try:
-        async with session.post(f"http://{endpoint}/v1/completions", json=body,
-                                timeout=aiohttp.ClientTimeout(total=300)) as resp:
-            if resp.status != 200:
-                stats.errors += 1
-                return
-            async for line in resp.content:
-                if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
-                    first = time.monotonic()
-        stats.ok += 1
-        if first is not None:
-            stats.ttft_ms.append((time.time(), (first - start) * 1000))
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+        await closedloop.stream_completion(session, endpoint, prompt, OUTPUT_TOKENS, stats)
+    except aiohttp.ClientConnectorError:
         stats.errors += 1
 
 

@@ -1,6 +1,6 @@
 """Verification through plan() (issue 18): status keeps what it needs window after window, a change that serves
 worse is rolled back with both windows' figures in status and in a Warning Event, the direction is barred, and a
-hostile status.autotune.verification can never cause a rollback."""
+malformed status.autotune.verification can never cause a rollback."""
 
 from __future__ import annotations
 

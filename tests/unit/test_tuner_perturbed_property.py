@@ -1,5 +1,5 @@
 """Property (issue 18): on a served engine that is NOT the profile the tuner's what-if starts from, perturbed at
-random within kvsim's measured error (each calibrated parameter within +/-30%, the GPU memory within +/-20%), and
+random within kvsim's measured error (each calibrated parameter and the GPU memory within +/-30%), and
 for random traffic, the tuner never ends below 0.98x the static value it started from.
 
 Each example runs the operator's own observe/fit/plan path (``run_autotuned``: ``Planner.observe_pods`` and
@@ -32,8 +32,9 @@ NEVER_BELOW = 0.98
 factor = st.floats(0.7, 1.3)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(decode=factor, prefill=factor, overhead=factor, per_seq=factor, memory=st.floats(0.8, 1.2),
+# derandomize: the same examples on every run, so a failure in CI reproduces on a laptop.
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(decode=factor, prefill=factor, overhead=factor, per_seq=factor, memory=factor,
        rate=st.floats(1.0, 30.0), prompt=st.integers(200, 3000), output=st.integers(100, 800),
        tpot=st.sampled_from([40, 60, 100]), seed=st.integers(0, 1000))
 def test_on_a_perturbed_engine_the_tuner_never_ends_below_its_start(decode: float, prefill: float, overhead: float,

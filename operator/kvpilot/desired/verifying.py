@@ -1,8 +1,10 @@
 """The tuner's verification memory (autotune/verification.Memory) in and out of status.autotune.verification.
 
-Status is user-writable: a value that does not parse, is negative or names a time that is not RFC 3339 is read
-as absent, so a hand-edited or foreign status can start a verification afresh but never cause a rollback (a
-rollback needs a baseline and evidence, which an empty memory does not have).
+Status is writable by whoever may write the status subresource: a value that does not parse, is negative or
+names a time that is not RFC 3339 is read as absent, so a malformed status starts a verification afresh and
+never causes a rollback (a rollback needs a baseline and evidence, which an empty memory does not have). A
+well-formed one is trusted as the operator's own: a forged watch can cause a rollback, within the bounds like
+any change. Tenants cannot forge one: the chart's kvpilot-edit role may read the status, not write it.
 """
 
 from __future__ import annotations
