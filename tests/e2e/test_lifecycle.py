@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hack.testenv import cluster
 from tests.cases.engines import base, override
 from tests.e2e.conftest import apply, condition, get, kubectl, wait_for
 
@@ -137,17 +138,38 @@ def test_deleting_the_engine_removes_every_child(ns: str) -> None:
     assert get("inferenceengine", "llama", ns) is None
 
 
+def shared_claim(ns: str, name: str) -> None:
+    """A hostPath PersistentVolume pre-bound to the claim ``name`` the operator will create (no provisioner here)."""
+    path = cluster.testenv_dir() / "volumes" / ns / name
+    path.mkdir(parents=True, exist_ok=True)
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-{name}"},
+          "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                   "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": str(path)},
+                   "claimRef": {"namespace": ns, "name": name}}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(pv))
+
+
+def drop_shared_claim(ns: str, name: str) -> None:
+    kubectl("delete", "pv", f"{ns}-{name}", "--wait=false", check=False)
+
+
 def test_a_claim_the_operator_applies_outlives_the_engine_that_asked_for_it(ns: str) -> None:
     """Issue 13: with one owner, deleting that engine had the garbage collector delete the cache every other
-    engine on the claim serves from."""
-    apply(engine(ns, name="a", engineCache={"claimName": "engines", "size": "100Gi", "accessMode": "ReadWriteMany"}))
-    apply(engine(ns, name="b"))
-    wait_for(lambda: available(ns, "a") and available(ns, "b"), 120, "both Available")
-    claim = get("persistentvolumeclaim", "engines", ns) or {}
-    assert "ownerReferences" not in claim["metadata"], claim["metadata"].get("ownerReferences")
-    assert claim["metadata"]["annotations"]["serving.kvpilot.io/retention"]
-    kubectl("delete", "ie", "a", "-n", ns, "--timeout=60s")
-    wait_for(lambda: get("deployment", "a", ns) is None, 90, "a's Deployment deleted by the garbage collector")
-    claim = get("persistentvolumeclaim", "engines", ns) or {}
-    assert claim and "deletionTimestamp" not in claim["metadata"]
-    assert available(ns, "b")
+    engine on the claim serves from. The claim is one the operator creates (issue 22: it never writes a claim of
+    that name it did not create, such as the namespace's pre-made ``engines``), on a volume pre-bound to it."""
+    shared_claim(ns, "shared")
+    try:
+        apply(engine(ns, name="a", engineCache={"claimName": "shared", "size": "100Gi", "accessMode": "ReadWriteMany"}))
+        apply(engine(ns, name="b", engineCache={"claimName": "shared"}))
+        wait_for(lambda: available(ns, "a") and available(ns, "b"), 120, "both Available")
+        claim = get("persistentvolumeclaim", "shared", ns) or {}
+        assert claim["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvpilot"
+        assert "ownerReferences" not in claim["metadata"], claim["metadata"].get("ownerReferences")
+        assert claim["metadata"]["annotations"]["serving.kvpilot.io/retention"]
+        kubectl("delete", "ie", "a", "-n", ns, "--timeout=60s")
+        wait_for(lambda: get("deployment", "a", ns) is None, 90, "a's Deployment deleted by the garbage collector")
+        claim = get("persistentvolumeclaim", "shared", ns) or {}
+        assert claim and "deletionTimestamp" not in claim["metadata"]
+        assert available(ns, "b")
+    finally:
+        drop_shared_claim(ns, "shared")
