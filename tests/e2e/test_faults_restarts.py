@@ -188,5 +188,13 @@ def test_the_operator_recovers_from_the_api_server_stopped(home: str, operator: 
              "the spec change to be reconciled")
     print(f"API server stopped {seconds} s: Service restored and spec change reconciled "
           f"{time.monotonic() - came_back:.0f} s after it answered again")
-    wait_for(lambda: settled(home), 180, "the engine to settle")
+    try:
+        wait_for(lambda: settled(home), 180, "the engine to settle")
+    except AssertionError as exc:
+        engine, dep = ie(home), deployment(home)
+        pods = json.loads(kubectl("get", "pods", "-n", home, "-o", "json"))["items"]
+        ready = [(p["metadata"]["name"], [(c["type"], c["status"], c.get("reason")) for c in
+                                          (p.get("status") or {}).get("conditions") or []]) for p in pods]
+        raise AssertionError(f"{exc}; conditions {(engine.get('status') or {}).get('conditions')}; deployment "
+                             f"status {dep.get('status')}; pods {ready}") from None
     assert len(jobs(home)) == 1
