@@ -37,7 +37,7 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 from kvpilot.autotune.signals import limit_in_force, waiting_beside_full_batch
 from kvpilot.autotune.trust import ModelView, goodput_error
-from kvpilot.autotune.whatif import SHED_SHARE, UNPLACEABLE, Engine, unplaceable, fit_traffic, quantized, steady_goodput
+from kvpilot.autotune.whatif import SHED_SHARE, Engine, unplaceable, fit_traffic, quantized, steady_goodput
 from kvpilot.autotune.window import KvWindow
 
 # Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
@@ -128,10 +128,7 @@ def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_paral
     if fit is None:
         return None
     fit = quantized(fit)
-    try:
-        simulated = steady_goodput(model, fit, min(limit, model.ceiling))
-    except ValueError as exc:  # a calibrated memory the plan cannot place the limit in force on
-        return f"{UNPLACEABLE} ({exc})"
+    simulated = steady_goodput(model, fit, min(limit, model.ceiling))  # placeable: checked above
     if simulated < MODEL_ALL_SERVED * fit.rate_per_s:
         return None  # the model sees the misses too (overload): it can rank the candidates
     return (f"the what-if model serves {simulated:.2f} of {fit.rate_per_s:.2f} req/s within the objectives where "
