@@ -141,11 +141,13 @@ def test_the_memory_round_trips_through_status() -> None:
     w = watch(base, 64, 512, 1120.0)
     for k in range(12):
         w = w.observe(WindowFigures(1210.0 + 15 * k, 15.0, 512, 2, 2, 450, 450, 45 + k, 450, 400, 10, 150, 600))
-    mem = Memory(baseline=base, watch=w, bars=(Bar(True, 182, 3000.0),), seen_until_s=1400.0, pods="ab")
+    mem = Memory(baseline=base, watch=w, bars=(Bar(True, 182, 3000.0),), seen_until_s=1400.0, pods="ab",
+                 change_load=(30.0, 150.0))
     now = datetime.fromtimestamp(1400.0, timezone.utc)
     from kvpilot.api.status import AutotuneStatus
 
     back = memory_of(AutotuneStatus(verification=verification_status(mem, None)), now)
     assert back.verdict(1400.0).outcome == mem.verdict(1400.0).outcome == "RollBack"
     assert back.bars == mem.bars and back.seen_until_s == mem.seen_until_s and back.pods == "ab"
+    assert back.change_load == (30.0, 150.0)
     assert abs(back.watch.after.share - mem.watch.after.share) < 1e-3  # type: ignore[union-attr]

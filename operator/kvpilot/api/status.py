@@ -246,6 +246,8 @@ class VerificationStatus:
     bars: tuple[VerificationBar, ...] | None = None
     seen_until: str | None = None
     pods: str | None = None
+    change_requests_per_minute: int | None = None
+    change_prompt_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
     MIN_SAMPLES,
     PLANNING_HORIZON_SECONDS,
+    REVERSAL_MIN_TTFT_MISSES,
     SEVERE_MISSES,
     TPOT_NEAR_MARGIN_FACTOR,
 )
@@ -34,10 +35,10 @@ from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.guarantees import no_harm
-from kvpilot.autotune.rollback import rolled_back, verified_first, within_bars
+from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, within_bars
 from kvpilot.autotune.rules import decide_from_signals
 from kvpilot.autotune.signals import load as load_of
-from kvpilot.autotune.signals import tpot_margin
+from kvpilot.autotune.signals import tpot_margin, tpot_trade_off
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
@@ -110,12 +111,31 @@ def _cooldown(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | No
     escalating = decision.action == Action.RAISE and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
     # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
     # only a couple of intervals, so the pods that restarted have been measured.
-    protective = decision.action == Action.LOWER and decision.reason in PROTECTIVE_REASONS
-    urgent = (escalating or protective) and elapsed >= 2 * inp.spec.interval_seconds
+    protective = decision.action == Action.LOWER and called_for(decision, w)
+    urgent = (escalating or protective or _followed(inp, w, decision)) and elapsed >= 2 * inp.spec.interval_seconds
     if elapsed < inp.spec.cooldown_seconds and not urgent:
         return hold(inp, TunerReason.COOLDOWN, f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
                     f"pending: {decision.action} to {decision.target}")
     return None
+
+
+def _followed(inp: TunerInput, w: KvWindow, decision: Decision) -> bool:
+    """A raise for queueing requests after the traffic changed since the last change (a phase shift): the
+    cooldown stops flapping at one load, and says nothing of another. Measured on the suite's document Q&A then
+    chat case: a lower for the Q&A phase 5 minutes before chat arrived held the limit at 44 for another 5
+    minutes of chat traffic at 30 req/s, a third of its requests missing TTFT."""
+    if decision.action != Action.RAISE or (w.ttft_miss_fraction or 0.0) < REVERSAL_MIN_TTFT_MISSES:
+        return False
+    return load_moved(w, inp.history.verification.change_load)
+
+
+def called_for(decision: Decision, w: KvWindow) -> bool:
+    """A protective change the measurements call for (paused requests, KV pressure, a broken TPOT objective),
+    which neither the what-if nor the cooldown may hold back. Not a TPOT break that trades against TTFT misses
+    (``signals.tpot_trade_off``): lowering there fixes some misses by causing others, and the what-if judges it."""
+    if decision.reason not in PROTECTIVE_REASONS:
+        return False
+    return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(w)
 
 
 def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int) -> list[int]:
@@ -140,7 +160,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes)."""
-    protective = decision.reason in PROTECTIVE_REASONS
+    protective = called_for(decision, w)
     recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
     if recheck is not None:
         if protective:

@@ -25,7 +25,7 @@ from kvpilot.autotune.constants import MIN_RELATIVE_STEP, SEVERE_MISSES
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.reasons import TunerReason
-from kvpilot.autotune.verify import Outcome
+from kvpilot.autotune.verify import Outcome, same_load
 from kvpilot.autotune.window import KvWindow
 
 
@@ -45,18 +45,31 @@ def rolled_back(inp: TunerInput) -> Decision | None:
                     f"Rolled back {inp.current}->{target}: {verdict.message}")
 
 
-def _load(w: KvWindow | None) -> tuple[float, float] | None:
+def window_load(w: KvWindow | None) -> tuple[float, float] | None:
+    """The window's load: offered requests per second over all its pods, and the mean prompt (None: unknown)."""
     if w is None or w.arrival_rate <= 0:
         return None
     return w.arrival_rate * max(1, w.pods), w.prompt_mean
 
 
+def load_moved(w: KvWindow, reference: tuple[float, float] | None) -> bool:
+    """The window's load is not ``reference``'s (offered requests per second, mean prompt) within verification's
+    tolerances: the traffic changed (a phase shift). False when either is unknown."""
+    now = window_load(w)
+    return reference is not None and now is not None and not same_load(now, reference, w.window_seconds)
+
+
 def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
     """No second change in the same direction before the first one has a verdict: steps that are each within
     the noise add up unseen (a limit lowered three times for a TPOT objective that lowering does not fix).
-    Most requests missing an objective waits for nothing."""
+    Most requests missing an objective waits for nothing, and nor does traffic that changed since the change
+    (its verdict could only be reached at the old load; measured on the suite's document Q&A then chat case, a
+    raise for chat waited 8 minutes on the verdict of a raise made for the Q&A traffic)."""
     pending = inp.history.verification.pending(inp.now.timestamp())
     if pending is None or not decision.changes or decision.reason == TunerReason.OUT_OF_BOUNDS:
+        return decision
+    base = pending.baseline
+    if base.seconds > 0 and load_moved(w, (base.offered_per_s, base.prompt_mean)):
         return decision
     if (decision.target > inp.current) != (pending.to_value > pending.from_value):
         return decision
@@ -71,7 +84,7 @@ def within_bars(inp: TunerInput, decision: Decision) -> Decision:
     if decision.action not in (Action.RAISE, Action.LOWER) or decision.reason == TunerReason.OUT_OF_BOUNDS:
         return decision
     now = inp.now.timestamp()
-    bar = inp.history.verification.barred(inp.current, decision.target, now, _load(inp.window))
+    bar = inp.history.verification.barred(inp.current, decision.target, now, window_load(inp.window))
     if bar is None:
         return decision
     until = datetime.fromtimestamp(bar.until_s, timezone.utc).strftime("%H:%M:%SZ")

@@ -31,6 +31,16 @@ def slo_broken(slo: SloSpec | None, w: KvWindow) -> str | None:
     return None
 
 
+def tpot_trade_off(w: KvWindow) -> bool:
+    """True when TPOT misses are no more than the TTFT misses beside them: the engine is at capacity on both
+    sides, and a lower trades TPOT misses for more TTFT misses (it admits fewer while requests already queue).
+    Whether that pays is the what-if's call, not a measurement's: measured on the suite's overloaded case with a
+    22 ms TPOT objective (an engine decoding 30% off its profile), every lower from 64 on a p95 that brushed the
+    objective (11% TPOT misses beside 23% TTFT misses) served less than 64 did."""
+    tpot, ttft = w.tpot_miss_fraction, w.ttft_miss_fraction
+    return tpot is not None and ttft is not None and tpot <= ttft
+
+
 def tpot_margin(slo: SloSpec | None, w: KvWindow) -> bool:
     """True when raising is unlikely to break the TPOT objective (within 80% of it, or no objective)."""
     if slo is None or not slo.time_per_output_token_millis or not w.tpot_p95_ms:

@@ -190,6 +190,9 @@ class Memory:
     pods: str = ""
     last: Verdict | None = None  # the last verdict reached (for status; not used to decide)
     decided_at_s: float | None = None
+    # The load (offered requests per second, mean prompt) at the old value just before the last applied change:
+    # a cooldown is for one load (autotune/policy.py). None: not measured.
+    change_load: tuple[float, float] | None = None
 
     def observe(self, w: WindowFigures | None, limit: int, pods: str, now_s: float) -> Memory:
         """Take this interval's window (None: none) with ``limit`` in force; ``pods``: the serving pods and their
@@ -232,7 +235,9 @@ class Memory:
             bar = bar_after_rollback(self.watch.from_value, self.watch.to_value, now_s, horizon_s, self.bars,
                                      self.watch.baseline)
             return replace(out, watch=None, bars=(*self.bars, bar)[-8:], last=verdict, decided_at_s=now_s)
-        return replace(out, watch=watch(self.baseline, from_value, to_value, now_s))
+        side = self.baseline.side
+        load = (side.offered_per_s, side.prompt_mean) if side.seconds > 0 else None
+        return replace(out, watch=watch(self.baseline, from_value, to_value, now_s), change_load=load)
 
     def barred(self, current: int, target: int, now_s: float, load: tuple[float, float] | None = None) -> Bar | None:
         """The bar that refuses ``current`` -> ``target`` now at ``load`` (requests per second, mean prompt), if any."""

@@ -209,6 +209,15 @@ def comparable(w: WindowFigures, base: Side) -> bool:
     return w.prompt_mean <= 0 or base.prompt_mean <= 0 or _near(w.prompt_mean, base.prompt_mean, MIX_TOLERANCE)
 
 
+def same_load(load: tuple[float, float], reference: tuple[float, float], window_s: float = 15.0) -> bool:
+    """``load`` (offered requests per second, mean prompt) is ``reference``'s within the tolerances that
+    ``comparable`` applies to a window of ``window_s`` seconds (0 for a figure: unknown, no difference)."""
+    rate = max(LOAD_TOLERANCE, 3.0 / math.sqrt(max(1.0, window_s * load[0])))
+    if reference[0] > 0 and not _near(load[0], reference[0], rate):
+        return False
+    return load[1] <= 0 or reference[1] <= 0 or _near(load[1], reference[1], MIX_TOLERANCE)
+
+
 def _near(a: float, b: float, tolerance: float) -> bool:
     if b <= 0:
         return a <= 0
@@ -307,9 +316,7 @@ class Bar:
         """``load``: the offered requests per second and the mean prompt now (None: unknown)."""
         if now_s >= self.until_s or (target > current) != self.upward:
             return False
-        if load is not None and self.offered_per_s > 0 and not (
-                _near(load[0], self.offered_per_s, max(LOAD_TOLERANCE, 3.0 / math.sqrt(max(1.0, 15.0 * load[0]))))
-                and (load[1] <= 0 or self.prompt_mean <= 0 or _near(load[1], self.prompt_mean, MIX_TOLERANCE))):
+        if load is not None and self.offered_per_s > 0 and not same_load(load, (self.offered_per_s, self.prompt_mean)):
             return False
         return target >= self.limit if self.upward else target <= self.limit
 

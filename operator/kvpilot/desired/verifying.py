@@ -79,7 +79,14 @@ def memory_of(status: AutotuneStatus | None, now: datetime) -> Memory:
     seen = _seconds(record.seen_until, now)
     return Memory(baseline=base, watch=_watch_of(record.watch, now), bars=bars,
                   seen_until_s=seen if seen is not None and seen <= now.timestamp() else None,
-                  pods=record.pods or "", decided_at_s=_seconds(record.decided_at, now))
+                  pods=record.pods or "", decided_at_s=_seconds(record.decided_at, now),
+                  change_load=_load_of(record.change_requests_per_minute, record.change_prompt_tokens))
+
+
+def _load_of(per_minute: int | None, prompt: int | None) -> tuple[float, float] | None:
+    """The load status holds for the last change (None: not measured, or not a count)."""
+    rate = _count(per_minute) / 60.0
+    return (rate, float(_count(prompt))) if rate > 0 else None
 
 
 def _watch_of(record: VerificationWatch | None, now: datetime) -> Watch | None:
@@ -123,7 +130,9 @@ def verification_status(memory: Memory, previous: VerificationStatus | None) -> 
         else None, baseline_calm_at=_stamp(memory.baseline.settle.calm_s),
         bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, _stamp(b.until_s),
                                    round(b.offered_per_s * 60), round(b.prompt_mean)) for b in memory.bars) or None,
-        seen_until=_stamp(memory.seen_until_s), pods=memory.pods or None)
+        seen_until=_stamp(memory.seen_until_s), pods=memory.pods or None,
+        change_requests_per_minute=round(memory.change_load[0] * 60) if memory.change_load else None,
+        change_prompt_tokens=round(memory.change_load[1]) if memory.change_load else None)
 
 
 def pods_digest(observed: Observed) -> str:
