@@ -318,6 +318,12 @@ def test_a_severe_tpot_break_lowers_back_to_a_floor_the_raise_left() -> None:
     broken = replace(window(util=0.4, active=128, tpot=100), tpot_miss_fraction=0.8)
     d = decide(inp(current=128, spec=floor, recent_changes=raised, w=broken, surge=True))
     assert (d.action, d.target) == ("Lower", 64), d.message
+    # undoing the last change on a measurement is that change's rollback, not a reversal (the budget and the
+    # oscillation count leave it out; verification bars the raise)
+    assert d.reason == "RolledBack", d.message
+    earlier = (AppliedChange(NOW - timedelta(minutes=5), 128, 128 + 64), *raised)
+    d = decide(inp(current=128, spec=floor, recent_changes=earlier, w=broken, surge=True))
+    assert d.reason != "RolledBack", d.message  # 128 is not what the last change set
     mild = replace(broken, tpot_miss_fraction=0.3)
     d = decide(inp(current=128, spec=floor, recent_changes=raised, w=mild, surge=True))
     assert d.action == "Hold", d.message

@@ -63,6 +63,8 @@ def test_candidates_follow_the_rules_direction_within_bounds() -> None:
     assert candidates(64, 96, 8, 1024) == [96, 128, 256, 512]
     assert candidates(64, 96, 8, 200) == [96, 128, 200]
     assert candidates(64, 48, 8, 1024) == [24, 32, 48]  # a lower also halves its target
+    # and offers the step between (target / sqrt 2) where the halving ladder has none near it
+    assert candidates(2048, 89, 8, 1024) == [44, 63, 89, 1024]
 
 
 def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:

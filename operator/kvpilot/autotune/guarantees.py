@@ -84,9 +84,12 @@ def oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
                 if not lo <= past <= hi or (past >= inp.current if lower else past <= inp.current):
                     if severe and lo <= a < inp.current:
                         # The floor is A: past it is out of bounds, and holding would keep most requests missing
-                        # TPOT at B for the horizon. Back to A is the measured way out (as a rollback would be).
-                        decision = replace(decision, target=a, message=f"{decision.message}; back to {a}, the "
-                                           f"floor: most requests miss TPOT at {inp.current}")
+                        # TPOT at B for the horizon. Back to A is the measured way out: when B is the last change,
+                        # it is that change's rollback (measured worse: most requests miss at B), not a reversal.
+                        last = change is recent[0] and change.to_value == inp.current
+                        decision = replace(decision, target=a, reason=TunerReason.ROLLED_BACK if last else
+                                           decision.reason, message=f"{decision.message}; back to {a}, the floor: "
+                                           f"most requests miss TPOT at {inp.current}")
                         continue
                     return hold(inp, TunerReason.WOULD_OSCILLATE, f"{held}: no A->B->A, and past {a} is out of bounds")
                 decision = replace(decision, target=past, message=f"{decision.message}; past {a}, not back to it")

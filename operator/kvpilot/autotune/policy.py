@@ -133,6 +133,8 @@ def called_for(decision: Decision, w: KvWindow) -> bool:
     """A protective change the measurements call for (paused requests, KV pressure, a broken TPOT objective),
     which neither the what-if nor the cooldown may hold back. Not a TPOT break that trades against TTFT misses
     (``signals.tpot_trade_off``): lowering there fixes some misses by causing others, and the what-if judges it."""
+    if decision.reason == TunerReason.ROLLED_BACK:
+        return True  # a severe TPOT break undoing the raise that caused it (guarantees.oscillation)
     if decision.reason not in PROTECTIVE_REASONS:
         return False
     return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(w)
