@@ -270,3 +270,23 @@ def test_a_pytorch_row_serves_the_pytorch_backend_and_its_peer_has_no_in_engine_
     engine = tuned_engine(case.profile, 2048, Slo(case.ttft_ms, case.tpot_ms), 2048, 2, in_engine_tuner=True,
                           backend="pytorch")
     assert engine.spec.trtllm_backend == "pytorch"
+
+
+def test_where_tensorrt_llms_default_cannot_start_the_row_says_so_and_runs_from_64_only() -> None:
+    """An L4 with 20% less memory than its profile cannot hold TensorRT-LLM's default engine (2048: the weights
+    and the activations it sizes do not fit): its pods would fail at load and serve nothing, and the tuner cannot
+    start from it either. The row says why, the peer serves 0, and the run from 64 is still measured."""
+    from kvpilot.bench.report import table
+    from kvpilot.bench.runs import Served, cannot_start
+    from kvpilot.bench.cases import case_named
+    from kvpilot.bench.perturb import perturbation_named
+    from kvpilot.bench.suite import run_suite
+
+    light = case_named("light-l4")
+    assert cannot_start(Served(light, perturbation_named("nominal")).config(2048, 2048, True)) is None
+    out = run_suite(True, ["light-l4"], perturbations=["memory0.8"])
+    (r,) = out["cases"]
+    assert "do not fit" in r["trtllmDefault"]["cannotStart"] and r["trtllmDefault"]["goodput"] == 0.0
+    assert "autotunedFrom2048" not in r and "from2048OverPeer" not in r["ratios"]
+    assert r["autotuned"]["goodput"] > 0 and r["criteria"]["aheadOfPeer"] and "neverLoseFrom2048" not in r["criteria"]
+    assert "light-l4.memory0.8" in table([r])

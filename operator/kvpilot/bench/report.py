@@ -50,7 +50,8 @@ def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
         # Started from TensorRT-LLM's default, the start is the peer: never below 0.98x of it.
         out["neverLoseFrom2048"] = r["from2048OverPeer"] >= 0.98
         out["noOscillationFrom2048"] = not oscillates(start, _moves(from_2048))
-        out["aheadOfPeer"] = r["overPeer"] >= 0.98
+    # A peer whose pods cannot start (its engine does not fit the GPU) serves nothing: any tuned run is ahead.
+    out["aheadOfPeer"] = bool(row.get("trtllmDefault", {}).get("cannotStart")) or r.get("overPeer", 0.0) >= 0.98
     if row.get("case") == EXAMPLE_ROW:
         out["issueExample"] = r["overOracle"] >= EXAMPLE_OVER_ORACLE
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
+from kvsim.memory import plan_for
 from kvsim.perturb import Perturbation
 
 from kvpilot.autotune.fleet import Fleet
@@ -54,6 +55,17 @@ def phase_goodput(records: list[RequestRecord], case: Case, start: float, end: f
         if start <= r.arrival_s < end and r.finish_s is not None and r.ttft_s is not None
         and r.ttft_s * 1e3 <= slo.ttft_ms and (r.tpot_s is None or r.tpot_s * 1e3 <= slo.tpot_ms)
     )
+
+
+def cannot_start(config: EngineConfig) -> str | None:
+    """Why a pod with ``config`` would not start on its GPU (kvsim's memory plan: the weights and the activations
+    that max_batch_size and max_num_tokens size do not fit), or None when it starts. TensorRT-LLM's default (2048)
+    does not fit an L4 with 20% less memory than kvsim's profile: its pods would fail at load, serving nothing."""
+    try:
+        plan_for(config.resolved())
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def run_static_records(requests: list[Request], served: Served, config: EngineConfig,

@@ -24,8 +24,8 @@ from kvsim import Request
 from kvpilot.bench.cases import CASES, Case
 from kvpilot.bench.perturb import PERTURBATIONS, perturbation_named, served_profile
 from kvpilot.bench.report import criteria, missed_by_instant, summary_line, table
-from kvpilot.bench.runs import (CEILING, START, SWEEP, TRTLLM_DEFAULT, Served, phase_best, phase_goodput,
-                                reactive_changes, run_changes, run_static_records, schedule_changes)
+from kvpilot.bench.runs import (CEILING, START, SWEEP, TRTLLM_DEFAULT, Served, cannot_start, phase_best,
+                                phase_goodput, reactive_changes, run_changes, run_static_records, schedule_changes)
 from kvpilot.bench.tuner import run_autotuned
 
 # The tuned runs: (name in the row, start, engine ceiling = the tuner's upper bound, in-engine tuner on). From 64 the
@@ -111,14 +111,17 @@ def tuner_free(requests: list[Request], served: Served, horizon: float) -> dict[
         result, records = run_static_records(requests, served, served.config(mbs), horizon)
         sweep[mbs] = result["goodput"]
         per_phase[mbs] = [phase_goodput(records, case, edges[k], edges[k + 1]) for k in range(len(edges) - 1)]
-    peer = run_static_records(requests, served, served.config(TRTLLM_DEFAULT, TRTLLM_DEFAULT, True), horizon)[0]
-    return {"sweep": sweep, "peer": peer["goodput"], **_bounds(requests, served, sweep, per_phase, horizon)}
+    peer_config = served.config(TRTLLM_DEFAULT, TRTLLM_DEFAULT, True)
+    down = cannot_start(peer_config)  # its pods would not start: it serves nothing
+    peer = 0.0 if down else run_static_records(requests, served, peer_config, horizon)[0]["goodput"]
+    return {"sweep": sweep, "peer": peer, "peerCannotStart": down, **_bounds(requests, served, sweep, per_phase, horizon)}
 
 
 def reused(row: dict[str, Any]) -> dict[str, Any]:
     """A previous run's row (``kvpilot bench tuner --suite --json``) as ``tuner_free`` returns it."""
     try:
         return {"sweep": {int(k): float(v) for k, v in row["sweep"].items()}, "peer": float(row["trtllmDefault"]["goodput"]),
+                "peerCannotStart": row["trtllmDefault"].get("cannotStart"),
                 "oracle": int(row["oracle"]["maxBatchSize"]), "hindsight": dict(row["hindsight"]),
                 "reactive": dict(row["reactive"]),
                 "instant": float(row["ratios"]["instantOverOracle"]) * float(row["oracle"]["goodput"])}
@@ -138,9 +141,13 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     bounds = reuse if reuse is not None else tuner_free(requests, served, horizon)
     sweep = bounds["sweep"]
     peer = {"goodput": bounds["peer"]}
+    down = bounds.get("peerCannotStart")
+    # From 2048 the engine is TensorRT-LLM's default: where its pods cannot start, neither can that run.
     tuned = {key: _tuned(requests, served, start, ceiling, tuner, horizon, series)
-             for key, start, ceiling, tuner in TUNED_RUNS}
+             for key, start, ceiling, tuner in TUNED_RUNS if not (down and start == TRTLLM_DEFAULT)}
     for (key, start, ceiling, tuner) in TUNED_RUNS:
+        if key not in tuned:
+            continue
         def static(m: int, c: int = ceiling, t: bool = tuner) -> float:
             if m in sweep and not t:
                 return float(sweep[m])
@@ -149,20 +156,22 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
         tuned[key]["falseRollbacks"] = false_rollbacks(tuned[key], start, case.steady, static)
     oracle = bounds["oracle"]
     a, o, s, h = tuned["autotuned"]["goodput"], sweep[oracle], sweep[START], bounds["hindsight"]["goodput"]
-    p, a2048 = peer["goodput"], tuned["autotunedFrom2048"]["goodput"]
+    p = peer["goodput"]
+    a2048 = tuned["autotunedFrom2048"]["goodput"] if "autotunedFrom2048" in tuned else math.nan
+    from_2048 = {"from2048OverPeer": _ratio(a2048, p), "from2048OverOracle": _ratio(a2048, o)} if not down else {}
     out = {
         "case": row_name(case, perturbation), "baseCase": case.name, "perturbation": perturbation,
         "perturbationFactors": served.perturbation.to_text(), "profile": case.profile, "covers": case.covers,
         "policy": case.policy, "spareGpu": case.spare_gpu, "backend": case.backend, "requests": len(requests),
         "sweep": {str(k): v for k, v in sweep.items()},
         "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
-        "trtllmDefault": {"maxBatchSize": TRTLLM_DEFAULT, "inEngineTuner": case.backend != "pytorch", "goodput": p},
+        "trtllmDefault": {"maxBatchSize": TRTLLM_DEFAULT, "inEngineTuner": case.backend != "pytorch", "goodput": p,
+                          **({"cannotStart": down} if down else {})},
         "hindsight": bounds["hindsight"], "reactive": bounds["reactive"], **tuned,
         "ratios": {"overStart": _ratio(a, s), "overOracle": _ratio(a, o), "hindsightOverOracle": _ratio(h, o),
                    "overReactive": _ratio(a, bounds["reactive"]["goodput"]),
                    "instantOverOracle": _ratio(bounds["instant"], o), "overPeer": _ratio(a, p),
-                   "from2048OverPeer": _ratio(a2048, p), "from2048OverOracle": _ratio(a2048, o),
-                   "peerOverStart": _ratio(p, s)},
+                   **from_2048, "peerOverStart": _ratio(p, s)},
         "knobMatters": (max(sweep.values()) - min(sweep.values())) > 0.03 * max(sweep.values()),
         "cpuSeconds": time.process_time() - started,
     }
@@ -170,9 +179,14 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     out["missedByInstant"] = missed_by_instant(out)
     log(f"{out['case']:34s} start {s:7.3f} oracle {o:7.3f}@{oracle:<4d} peer {p:7.3f} "
         f"tuned64 {a:7.3f} ({tuned['autotuned']['changes']} ch, final {tuned['autotuned']['final']}) "
-        f"tuned2048 {a2048:7.3f} ({tuned['autotunedFrom2048']['changes']} ch, final "
-        f"{tuned['autotunedFrom2048']['final']}) ({out['cpuSeconds']:.0f} CPU-s)")
+        f"{_from_2048_text(tuned.get('autotunedFrom2048'))} ({out['cpuSeconds']:.0f} CPU-s)")
     return out
+
+
+def _from_2048_text(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "tuned2048 n/a (TensorRT-LLM's default cannot start on this engine)"
+    return f"tuned2048 {run['goodput']:7.3f} ({run['changes']} ch, final {run['final']})"
 
 
 def _row_job(job: tuple[Case, str, bool, dict[str, Any] | None]) -> dict[str, Any]:
@@ -255,7 +269,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
             rows = [_kept(row, partial) for row in pool.map(_row_job, jobs_in)]
     else:
         rows = [_kept(run_case(c, series=series, log=log, perturbation=p, reuse=r), partial) for c, p, _s, r in jobs_in]
-    decision = [r[key]["decisionCpuMs"] for r in rows for key, *_ in TUNED_RUNS]
+    decision = [r[key]["decisionCpuMs"] for r in rows for key, *_ in TUNED_RUNS if r.get(key) is not None]
     return {
         "cases": rows,
         "wallSeconds": time.perf_counter() - started,
