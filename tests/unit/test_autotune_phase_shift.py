@@ -94,3 +94,21 @@ def test_a_tpot_break_beside_as_many_ttft_misses_is_for_the_what_if_to_judge(mon
     lower = replace(d, target=57)
     assert called_for(lower, tpot_only) and not called_for(lower, both)
     assert called_for(replace(lower, reason="RequestsPaused"), both)  # paused requests are never a trade-off
+
+
+def test_a_severe_tpot_break_that_undoes_the_last_raise_is_a_rollback_no_model_resizes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most requests miss TPOT at 128 since the raise from 64, and 64 is the floor: back to 64 exactly, reason
+    RolledBack, whatever the what-if would have chosen (and whether or not it has budget left)."""
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (96, "96 scores best"))
+    spec = replace(SPEC, min_batch_size=64)
+    raised = (AppliedChange(NOW - timedelta(minutes=10), 64, 128),)
+    broken = replace(kv(active=128, tpot=100.0, tpot_misses=0.8), peak_active=128)
+    d = decide(replace(inp(current=128, w=broken, recent_changes=raised, what_if=WhatIfGate(model=MODEL)), spec=spec))
+    assert (d.action, d.target, d.reason) == ("Lower", 64, "RolledBack"), d.message
+    spent = WhatIfGate(model=MODEL, budget_left=False)
+    d = decide(replace(inp(current=128, w=broken, recent_changes=raised, what_if=spent), spec=spec))
+    assert (d.action, d.target, d.reason) == ("Lower", 64, "RolledBack"), d.message

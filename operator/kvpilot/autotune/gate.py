@@ -168,7 +168,7 @@ class WhatIfGate:
         """The decision, or a hold when the budget is spent and the change is one the simulation would have had
         to confirm: unconfirmed, it may cost more than it gains, so it waits for the budget to refill."""
         if (self.model is None or not self.model_valid or self.measured_only or self.budget_left or not decision.changes
-                or decision.reason in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS)):
+                or decision.reason in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS, TunerReason.ROLLED_BACK)):
             return decision
         return Decision(Action.HOLD, current, TunerReason.WHAT_IF_BUDGET_SPENT,
                         f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "

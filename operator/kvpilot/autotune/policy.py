@@ -63,7 +63,8 @@ def decide(inp: TunerInput) -> Decision:
         return waiting
     # Last, so a hold for any other reason costs no simulation.
     model = inp.simulation
-    if decision.action in (Action.RAISE, Action.LOWER) and model is not None:
+    # A rollback goes back to the value measured to serve well: no model resizes it.
+    if decision.action in (Action.RAISE, Action.LOWER) and model is not None and decision.reason != TunerReason.ROLLED_BACK:
         return _simulated(inp, w, decision, model, lo, hi)
     return inp.what_if.withheld(decision, inp.current)
 
