@@ -19,6 +19,7 @@ from kvpilot.autotune.constants import (
     MIN_PROTECTIVE_STEP,
     MIN_RAISE_FACTOR,
     PLANNING_HORIZON_SECONDS,
+    REVERSAL_MIN_TPOT_MISSES,
     SATURATION,
 )
 from kvpilot.autotune.costs import lower_pays, worth_a_restart
@@ -82,7 +83,14 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
         worth, verdict = lower_pays(inp.cost, cur, w, misses)
         if not worth:
             return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{broken}; lowering would cost more than it saves ({verdict})")
-        return protect(inp, w, math.floor(running * scale), TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
+        target = math.floor(running * scale)
+        bound = tpot_bound(inp.spec.slo, w)
+        if misses >= REVERSAL_MIN_TPOT_MISSES and bound is not None and bound < target:
+            # Many misses: the p95's ratio sizes too mild a step near a cliff (each request fewer also shortens
+            # every other's step); the fitted step latency says where TPOT is met again.
+            target = max(math.floor(running * MAX_LOWER_FACTOR), bound)
+            verdict = f"{verdict}; the fitted step latency meets the objective at {bound}"
+        return protect(inp, w, target, TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
     return None
 
 
