@@ -31,9 +31,20 @@ def chat_queueing(arrivals: float = 15.0, prompt: float = 150.0) -> KvWindow:
                    peak_utilization=0.05, arrival_rate=arrivals, prompt_mean=prompt)
 
 
-def lowered_for_documents(load: tuple[float, float] | None) -> Memory:
-    """The memory after a lower 49 -> 44 made at the load ``load`` (requests per second over both pods, prompt)."""
-    return Memory(change_load=load)
+def baseline_at(limit: int, offered_per_s: float = 30.0, prompt: float = 150.0, windows: int = 8) -> Baseline:
+    """The settled windows at ``limit`` of a load (requests per second over both pods, mean prompt)."""
+    base = Baseline()
+    for k in range(windows):
+        w = replace(figures(NOW.timestamp() - 15.0 * (windows - k), limit, 0.6), offered=15.0 * offered_per_s,
+                    prompt_mean=prompt)
+        base = base.observe(w, limit)
+    return base
+
+
+def lowered_for_documents(load: tuple[float, float] | None, windows: int = 8) -> Memory:
+    """The memory after a lower 49 -> 44 made at the load ``load`` (requests per second over both pods, prompt),
+    with ``windows`` settled windows of chat traffic at 44 since."""
+    return Memory(change_load=load, baseline=baseline_at(44, windows=windows))
 
 
 @pytest.mark.parametrize(("load", "waits"), [
@@ -59,6 +70,10 @@ def test_a_raise_after_a_phase_shift_still_waits_two_intervals_and_needs_ttft_mi
     few = replace(chat_queueing(), ttft_miss_fraction=0.1)
     d = decide(inp(current=44, w=few, mem=memory, last_applied_at=LOWERED_AT, recent_changes=LOWER))
     assert d.action == "Hold", d.message
+    # one window at another load is no phase shift: the baseline at 44 must hold two windows of it
+    once = lowered_for_documents((8.0, 2000.0), windows=0)
+    d = decide(inp(current=44, w=chat_queueing(), mem=once, last_applied_at=LOWERED_AT, recent_changes=LOWER))
+    assert d.reason == "Cooldown", d.message
 
 
 def test_a_raise_after_a_phase_shift_does_not_wait_for_a_verdict_at_the_old_load() -> None:
@@ -67,13 +82,14 @@ def test_a_raise_after_a_phase_shift_does_not_wait_for_a_verdict_at_the_old_load
     base = Baseline()
     for k in range(8):
         base = base.observe(replace(figures(at - 105.0 + 15.0 * k, 26, 0.7), offered=120.0, prompt_mean=2000.0), 26)
-    pending = Memory(baseline=base, watch=watch(base, 26, 41, at), change_load=(8.0, 2000.0))
     changed = NOW - timedelta(seconds=240)
     history = dict(last_applied_at=changed, recent_changes=(AppliedChange(changed, 26, 41),))
     same = replace(chat_queueing(4.0, 2000.0), peak_active=41, mean_active=41)
-    held = decide(inp(current=41, w=same, mem=pending, **history))
+    at_documents = Memory(baseline=baseline_at(41, 8.0, 2000.0), watch=watch(base, 26, 41, at), change_load=(8.0, 2000.0))
+    held = decide(inp(current=41, w=same, mem=at_documents, **history))
     assert held.action == "Hold", held.message
     moved = replace(chat_queueing(), peak_active=41, mean_active=41)
+    pending = Memory(baseline=baseline_at(41), watch=watch(base, 26, 41, at), change_load=(8.0, 2000.0))
     d = decide(inp(current=41, w=moved, mem=pending, **history))
     assert d.action == "Raise" and d.target > 41, d.message
 
@@ -92,8 +108,15 @@ def test_a_tpot_break_beside_as_many_ttft_misses_is_for_the_what_if_to_judge(mon
     d = decide(replace(inp(current=64, w=tpot_only, what_if=WhatIfGate(model=MODEL), last_applied_at=None), spec=spec))
     assert d.action == "Lower" and "cannot veto" in d.message, d.message
     lower = replace(d, target=57)
-    assert called_for(lower, tpot_only) and not called_for(lower, both)
-    assert called_for(replace(lower, reason="RequestsPaused"), both)  # paused requests are never a trade-off
+    assert called_for(lower, tpot_only, spec.slo) and not called_for(lower, both, spec.slo)
+    assert called_for(replace(lower, reason="RequestsPaused"), both, spec.slo)  # paused requests never are
+    # A cliff is never a trade-off, however many requests also miss TTFT (slow decoding queues them): the
+    # reviewer's case, p95 100 ms over 60 with 60% TPOT misses beside 70% TTFT misses, goes ahead.
+    cliff = replace(kv(active=500, tpot=100.0, tpot_misses=0.6, queued=20.0), peak_active=500, ttft_miss_fraction=0.7)
+    d = decide(inp(current=512, w=cliff, what_if=WhatIfGate(model=MODEL), last_applied_at=NOW - timedelta(seconds=60)))
+    assert d.action == "Lower" and "cannot veto" in d.message, d.message
+    over = replace(both, tpot_p95_ms=30.0)  # few misses, but p95 36% over the objective: no trade-off either
+    assert called_for(lower, over, spec.slo)
 
 
 def test_a_severe_tpot_break_that_undoes_the_last_raise_is_a_rollback_no_model_resizes(
@@ -131,3 +154,50 @@ def test_many_tpot_misses_lower_to_where_the_fitted_step_latency_meets_the_objec
     few = replace(many, tpot_miss_fraction=0.08)
     d = decide_from_signals(inp(current=512, w=few), few, 8, 1024)
     assert d.target > 380, d.message  # a mild step, or none where it would not bind
+
+
+def test_an_applied_change_keeps_its_load_and_a_rollback_bars_at_the_load_now_and_is_never_watched() -> None:
+    """The load at the last change is what the cooldown compares with (it must be set on every applied change,
+    a rollback's included). The severe TPOT rule's rollback (the raise it undoes may have been kept already, so
+    no watch is running) bars the failed direction at the load now, and is not itself watched: otherwise
+    verification could roll back the rollback (A->B->A->B) and the reversal budget, which leaves rollback pairs
+    out, would not stop it."""
+    now = NOW.timestamp()
+    chat = Memory(baseline=baseline_at(64, 30.0, 150.0))
+    raised = chat.decided(from_value=64, to_value=128, applied=True, rollback=False, now_s=now, horizon_s=1800.0)
+    assert raised.change_load is not None and abs(raised.change_load[0] - 30.0) < 1e-6
+    assert raised.watch is not None and (raised.watch.from_value, raised.watch.to_value) == (64, 128)
+    kept = Memory(baseline=baseline_at(128, 30.0, 150.0))  # the raise was kept: no watch runs
+    back = kept.decided(from_value=128, to_value=64, applied=True, rollback=True, now_s=now, horizon_s=1800.0)
+    assert back.watch is None and back.change_load is not None
+    (bar,) = back.bars
+    assert bar.upward and 64 < bar.limit <= 128 and bar.refuses(64, 128, now + 60, (30.0, 150.0))
+    assert not bar.refuses(64, 128, now + 60, (8.0, 2000.0))  # measured at chat, it says nothing of documents
+
+
+def test_after_a_rollback_at_the_same_load_a_raise_waits_out_the_cooldown_and_the_bar() -> None:
+    """The reviewer's A->B->A->B: min 64, 64 -> 128 raised, rolled back to 64 by the severe TPOT rule; 45 s later
+    a third of the requests miss TTFT at 64. The raise was made for document traffic and rolled back by
+    verification once chat had arrived: the load kept for the cooldown is the chat load of the rollback, not the
+    documents' of the raise, so neither the cooldown nor the bar give way."""
+    now = NOW.timestamp()
+    documents = baseline_at(64, 8.0, 2000.0)
+    raised = Memory(baseline=baseline_at(128), watch=watch(documents, 64, 128, now - 300), change_load=(8.0, 2000.0))
+    back = raised.decided(from_value=128, to_value=64, applied=True, rollback=True, now_s=now - 45, horizon_s=1800.0)
+    assert back.change_load is not None and abs(back.change_load[0] - 30.0) < 1e-6
+    spec = replace(SPEC, min_batch_size=64)
+    at = NOW - timedelta(seconds=45)
+    history = dict(last_applied_at=at, recent_changes=(AppliedChange(at, 128, 64),
+                                                       AppliedChange(NOW - timedelta(minutes=5), 64, 128)))
+    queue = replace(chat_queueing(), peak_active=64, mean_active=64)
+    d = decide(replace(inp(current=64, w=queue, mem=replace(back, baseline=baseline_at(64)), **history), spec=spec))
+    assert d.action == "Hold", d.message
+
+
+def test_a_tpot_bound_lower_goes_no_deeper_than_half_the_running_batch() -> None:
+    from kvpilot.autotune.rules import decide_from_signals
+
+    far = replace(kv(active=440, tpot=65.0, tpot_misses=0.38), peak_active=440, mean_generation=440.0,
+                  step_ms_intercept=30.0, step_ms_per_request=0.08)  # the bound: (48 - 30) / 0.08 = 225
+    d = decide_from_signals(inp(current=512, w=far), far, 8, 1024)
+    assert (d.action, d.target) == ("Lower", 256), d.message  # max(512 * 0.5, bound): half of what runs

@@ -240,7 +240,7 @@ def _verification() -> Schema:
             "seenUntil": string("The end of the last window taken in.", 64, fmt="date-time"),
             "pods": string("The serving pods and their restarts when last seen (a digest).", 64),
             "changeRequestsPerMinute": integer("The offered load measured just before the last applied change "
-                                               "(the cooldown holds at that load only; 0: not measured).", 0),
+                                               "(the cooldown holds at that load only; absent: not measured).", 0),
             "changePromptTokens": integer("The mean prompt measured just before the last applied change.", 0),
         },
     )

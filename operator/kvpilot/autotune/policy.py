@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvpilot.api.models import SloSpec
 from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
     MIN_SAMPLES,
@@ -112,7 +113,7 @@ def _cooldown(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | No
     escalating = decision.action == Action.RAISE and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
     # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
     # only a couple of intervals, so the pods that restarted have been measured.
-    protective = decision.action == Action.LOWER and called_for(decision, w)
+    protective = decision.action == Action.LOWER and called_for(decision, w, inp.spec.slo)
     urgent = (escalating or protective or _followed(inp, w, decision)) and elapsed >= 2 * inp.spec.interval_seconds
     if elapsed < inp.spec.cooldown_seconds and not urgent:
         return hold(inp, TunerReason.COOLDOWN, f"Last change {elapsed:.0f}s ago (cooldown {inp.spec.cooldown_seconds}s); "
@@ -127,10 +128,10 @@ def _followed(inp: TunerInput, w: KvWindow, decision: Decision) -> bool:
     minutes of chat traffic at 30 req/s, a third of its requests missing TTFT."""
     if decision.action != Action.RAISE or (w.ttft_miss_fraction or 0.0) < REVERSAL_MIN_TTFT_MISSES:
         return False
-    return load_moved(w, inp.history.verification.change_load)
+    return load_moved(inp, w, inp.history.verification.change_load)
 
 
-def called_for(decision: Decision, w: KvWindow) -> bool:
+def called_for(decision: Decision, w: KvWindow, slo: SloSpec | None) -> bool:
     """A protective change the measurements call for (paused requests, KV pressure, a broken TPOT objective),
     which neither the what-if nor the cooldown may hold back. Not a TPOT break that trades against TTFT misses
     (``signals.tpot_trade_off``): lowering there fixes some misses by causing others, and the what-if judges it."""
@@ -138,7 +139,7 @@ def called_for(decision: Decision, w: KvWindow) -> bool:
         return True  # a severe TPOT break undoing the raise that caused it (guarantees.oscillation)
     if decision.reason not in PROTECTIVE_REASONS:
         return False
-    return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(w)
+    return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(slo, w)
 
 
 def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int) -> list[int]:
@@ -163,7 +164,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes)."""
-    protective = called_for(decision, w)
+    protective = called_for(decision, w, inp.spec.slo)
     recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
     if recheck is not None:
         if protective:

@@ -52,11 +52,16 @@ def window_load(w: KvWindow | None) -> tuple[float, float] | None:
     return w.arrival_rate * max(1, w.pods), w.prompt_mean
 
 
-def load_moved(w: KvWindow, reference: tuple[float, float] | None) -> bool:
-    """The window's load is not ``reference``'s (offered requests per second, mean prompt) within verification's
-    tolerances: the traffic changed (a phase shift). False when either is unknown."""
-    now = window_load(w)
-    return reference is not None and now is not None and not same_load(now, reference, w.window_seconds)
+def load_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float] | None) -> bool:
+    """The traffic changed since ``reference`` (offered requests per second, mean prompt) beyond verification's
+    tolerances, and stayed changed: this window, and the baseline at the limit in force, which restarts when the
+    load moves and so holds only windows at the new load, from at least two of them (one noisy window is no phase
+    shift). False when any is unknown."""
+    now, base = window_load(w), inp.history.verification.baseline.side
+    if reference is None or now is None or base.windows < 2 or base.seconds <= 0:
+        return False
+    return not same_load(now, reference, w.window_seconds) and \
+        not same_load((base.offered_per_s, base.prompt_mean), reference, base.seconds)
 
 
 def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
@@ -69,7 +74,7 @@ def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision
     if pending is None or not decision.changes or decision.reason == TunerReason.OUT_OF_BOUNDS:
         return decision
     base = pending.baseline
-    if base.seconds > 0 and load_moved(w, (base.offered_per_s, base.prompt_mean)):
+    if base.seconds > 0 and load_moved(inp, w, (base.offered_per_s, base.prompt_mean)):
         return decision
     if (decision.target > inp.current) != (pending.to_value > pending.from_value):
         return decision
@@ -81,8 +86,9 @@ def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision
 
 def within_bars(inp: TunerInput, decision: Decision) -> Decision:
     """``decision`` kept clear of the bars verification left: moved to just inside one, or held."""
-    if decision.action not in (Action.RAISE, Action.LOWER) or decision.reason == TunerReason.OUT_OF_BOUNDS:
-        return decision
+    if decision.action not in (Action.RAISE, Action.LOWER) or decision.reason in (TunerReason.OUT_OF_BOUNDS,
+                                                                                  TunerReason.ROLLED_BACK):
+        return decision  # a rollback goes back to the value that served well, as verification's does
     now = inp.now.timestamp()
     bar = inp.history.verification.barred(inp.current, decision.target, now, window_load(inp.window))
     if bar is None:

@@ -13,7 +13,9 @@ from kvpilot.autotune.constants import (
     LITTLE_MARGIN,
     MAX_RAISE_FACTOR,
     MIN_RAISE_FACTOR,
+    REVERSAL_MIN_TPOT_MISSES,
     TPOT_HEADROOM,
+    TRADE_OFF_P95,
     TPOT_MISS_TOLERANCE,
     TTFT_MISS_TOLERANCE,
 )
@@ -31,14 +33,19 @@ def slo_broken(slo: SloSpec | None, w: KvWindow) -> str | None:
     return None
 
 
-def tpot_trade_off(w: KvWindow) -> bool:
-    """True when TPOT misses are no more than the TTFT misses beside them: the engine is at capacity on both
-    sides, and a lower trades TPOT misses for more TTFT misses (it admits fewer while requests already queue).
-    Whether that pays is the what-if's call, not a measurement's: measured on the suite's overloaded case with a
-    22 ms TPOT objective (an engine decoding 30% off its profile), every lower from 64 on a p95 that brushed the
-    objective (11% TPOT misses beside 23% TTFT misses) served less than 64 did."""
+def tpot_trade_off(slo: SloSpec | None, w: KvWindow) -> bool:
+    """True when a TPOT break is mild (fewer than REVERSAL_MIN_TPOT_MISSES of the requests miss it, p95 within
+    TRADE_OFF_P95 of the objective) and the TPOT misses are no more than the TTFT misses beside them: the engine
+    is at capacity on both sides, and a lower trades TPOT misses for more TTFT misses (it admits fewer while
+    requests already queue). Whether that pays is the what-if's call, not a measurement's: measured on the suite's
+    overloaded case with a 22 ms TPOT objective (an engine decoding 30% off its profile), the lowers from 64 on a
+    p95 that brushed the objective (11% TPOT misses beside 23% TTFT misses) served less than 64 did. A cliff (many
+    TPOT misses, or a p95 far over) is never a trade-off, whatever the TTFT misses: slow decoding queues requests."""
     tpot, ttft = w.tpot_miss_fraction, w.ttft_miss_fraction
-    return tpot is not None and ttft is not None and tpot <= ttft
+    objective = slo.time_per_output_token_millis if slo is not None else None
+    if tpot is None or ttft is None or not objective or tpot >= REVERSAL_MIN_TPOT_MISSES:
+        return False
+    return (w.tpot_p95_ms or 0.0) <= TRADE_OFF_P95 * objective and tpot <= ttft
 
 
 def tpot_margin(slo: SloSpec | None, w: KvWindow) -> bool:

@@ -231,12 +231,20 @@ class Memory:
                                                         w.baseline.offered_per_s, w.baseline.prompt_mean))[-8:])
         if not applied or from_value == to_value:
             return out
-        if rollback and self.watch is not None:
-            bar = bar_after_rollback(self.watch.from_value, self.watch.to_value, now_s, horizon_s, self.bars,
-                                     self.watch.baseline)
-            return replace(out, watch=None, bars=(*self.bars, bar)[-8:], last=verdict, decided_at_s=now_s)
-        side = self.baseline.side
+        side = self.baseline.side  # at the value in force until now, measured just before this change
         load = (side.offered_per_s, side.prompt_mean) if side.seconds > 0 else None
+        if rollback:
+            # Verification's rollback undoes the watched change; the severe TPOT rule's (guarantees.oscillation)
+            # undoes the last change, which may have been kept already: either way the failed direction is barred
+            # at the load now, the load is kept for the cooldown, and a rollback is never itself watched (a
+            # rollback of a rollback would be A->B->A->B).
+            failed = self.watch if self.watch is not None and self.watch.to_value == from_value else None
+            start, end = (failed.from_value, failed.to_value) if failed is not None else (to_value, from_value)
+            bar = bar_after_rollback(start, end, now_s, horizon_s, out.bars,
+                                     side if side.seconds > 0 else failed.baseline if failed is not None else None)
+            return replace(out, watch=None, bars=(*out.bars, bar)[-8:], change_load=load,
+                           last=verdict if verdict is not None else out.last,
+                           decided_at_s=now_s if verdict is not None else out.decided_at_s)
         return replace(out, watch=watch(self.baseline, from_value, to_value, now_s), change_load=load)
 
     def barred(self, current: int, target: int, now_s: float, load: tuple[float, float] | None = None) -> Bar | None:

@@ -51,7 +51,8 @@ def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
         out["neverLoseFrom2048"] = r["from2048OverPeer"] >= 0.98
         out["noOscillationFrom2048"] = not oscillates(start, _moves(from_2048))
     # A peer whose pods cannot start (its engine does not fit the GPU) serves nothing: any tuned run is ahead.
-    out["aheadOfPeer"] = bool(row.get("trtllmDefault", {}).get("cannotStart")) or r.get("overPeer", 0.0) >= 0.98
+    down = bool(row.get("trtllmDefault", {}).get("cannotStart"))
+    out["aheadOfPeer"] = (down and tuned["goodput"] > 0) or r.get("overPeer", 0.0) >= 0.98
     if row.get("case") == EXAMPLE_ROW:
         out["issueExample"] = r["overOracle"] >= EXAMPLE_OVER_ORACLE
     return out
