@@ -52,7 +52,8 @@ def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
         out["noOscillationFrom2048"] = not oscillates(start, _moves(from_2048))
     # A peer whose pods cannot start (its engine does not fit the GPU) serves nothing: any tuned run is ahead.
     down = bool(row.get("trtllmDefault", {}).get("cannotStart"))
-    out["aheadOfPeer"] = (down and tuned["goodput"] > 0) or r.get("overPeer", 0.0) >= 0.98
+    if down or "overPeer" in r:
+        out["aheadOfPeer"] = (down and tuned["goodput"] > 0) or r.get("overPeer", 0.0) >= 0.98
     if row.get("case") == EXAMPLE_ROW:
         out["issueExample"] = r["overOracle"] >= EXAMPLE_OVER_ORACLE
     return out
