@@ -173,20 +173,3 @@ def test_a_model_that_cannot_place_a_limit_leaves_the_decision_to_the_rules() ->
     at_2048 = replace(window(5.0), runtime_batch_size=2048)
     assert (model_check(model, at_2048, rendered=2048) or "").startswith(UNPLACEABLE)
     assert model_check(model, window(5.0), rendered=64) is None
-
-
-def test_near_the_tpot_objective_no_raise_the_model_says_breaks_it() -> None:
-    """Measured on an L4 a little slower everywhere: 8 -> 12 scored 0.55 against 0.52 staying, at a simulated
-    margin of -10% (p95 TPOT over the objective); most requests then missed TPOT at 12 and it was undone. With
-    TPOT near, a raise the model says breaks an objective (beyond its error) where staying meets it is not taken;
-    one within the error is (on the overloaded case, 44 -> 66 at -1% was the right raise)."""
-    from kvpilot.autotune.whatif import Outcome, choose
-
-    stay = Outcome(0.52, 4458.0, 76.0)  # TTFT 10 s and TPOT 80 ms objectives below: both met
-    e = replace(A100, ttft_ms=10000.0, tpot_ms=80.0)
-    breaks = {12: Outcome(0.55, 4000.0, 88.0)}  # margin -10%
-    gains = {12: 100.0}
-    assert choose(breaks, stay, gains, 10.0, 8, e) == 12  # far from the objective: goodput decides
-    assert choose(breaks, stay, gains, 10.0, 8, e, tpot_near=True) is None
-    brushes = {12: Outcome(0.55, 4000.0, 80.5)}  # margin -0.6%: within the simulation's noise
-    assert choose(brushes, stay, gains, 10.0, 8, e, tpot_near=True) == 12

@@ -249,7 +249,7 @@ def _p95(values_s: list[float]) -> float | None:
 
 
 def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], lost: float, current: int,
-           e: Engine, margin: float = MARGIN, tpot_near: bool = False) -> int | None:
+           e: Engine, margin: float = MARGIN) -> int | None:
     """The candidate to roll to, from its simulated outcome (``results``), staying put's (``stay``), its gain
     over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
 
@@ -262,16 +262,11 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     safer error because the traffic fit under-counts long outputs still in flight, and a lower is then the
     mildest."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
-    tolerance = max(NOISE, error)
     ok = [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9
           and gains[c] > lost]
-    if tpot_near and stay.margin(e) >= -tolerance:
-        # Do no harm: with TPOT already near its objective, a raise the model itself says breaks an objective
-        # (beyond its error) where staying put meets it is not taken for its goodput. Measured on an L4 a little
-        # slower everywhere: 8 -> 12 at a simulated margin of -10% broke TPOT for most requests, and was undone.
-        ok = [c for c in ok if c < current or results[c].margin(e) >= -tolerance]
     if not ok:
         return None
+    tolerance = max(NOISE, error)
     top = max(results[c].goodput for c in ok)
     near = [c for c in ok if results[c].goodput >= (1 - tolerance) * top]
     widest = max(results[c].margin(e) for c in near)
@@ -309,8 +304,9 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
     None when no candidate does. Also the figures and the CPU it took. Without a traffic fit: None with the
     reason "no traffic fit". ``tpot_near`` (p95 TPOT already close to its objective) is the caller's reason
-    for a wider ``margin``, and keeps ``choose`` from a raise the model says breaks an objective; the choice among
-    equals reads the margin on the objectives from each candidate's own simulated p95s (``choose``)."""
+    for a wider ``margin``; the choice among equals reads the margin on the objectives from each candidate's
+    own simulated p95s (``choose``)."""
+    del tpot_near
     fit = fit_traffic(w)
     if fit is None:
         return None, "no traffic fit"
@@ -329,7 +325,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     rollout_s = e.replicas * e.restart_seconds
     lost = restart_cost_s * stay.goodput
     gains = {c: (o.goodput - stay.goodput) * max(0.0, horizon_s - rollout_s) for c, o in results.items()}
-    best = choose(results, stay, gains, lost, current, e, margin, tpot_near)
+    best = choose(results, stay, gains, lost, current, e, margin)
     tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
     burst = f", arrival cv {fit.arrival_cv:.2f}" if fit.arrival_cv != 1.0 else ""
     error = f"; model error {e.model_error:.0%}" if e.model_error > NOISE else ""
