@@ -162,16 +162,26 @@ def test_a_harmful_raise_on_an_engine_slower_than_its_profile_is_undone_from_wha
     # Undone by what the pods measured, whichever measurement saw it first: the TPOT rule (the pods' TPOT
     # histogram shows most requests over the objective two intervals after the raise) or verification (the
     # share served in time fell against the windows at the old value). Measured on this machine: the TPOT rule,
-    # 25 s after the raise, before verification had its 60 s of settled evidence.
+    # 25 s after the raise, before verification had its 60 s of settled evidence; since the TPOT rule's undo of
+    # the last raise is that raise's rollback, with reason RolledBack (25 s after the raise, 2026-12-01).
     if back["reason"] == "RolledBack":
+        # A rollback either way: verification's (the share served in time fell), or the TPOT rule's when most
+        # requests miss TPOT and the value the raise started from is the floor (guarantees.oscillation). Both
+        # bar the raise and say why in status and a Warning Event.
         assert batching["reason"] == "AutotuneRolledBack" and batching["maxBatchSize"] == FROM, batching
         verification = at["verification"]
-        assert verification["outcome"] == "RollBack" and verification["reason"] == "ServesWorse", verification
-        message = verification["message"]
-        assert f"at {TO} serves" in message and f"before, at {FROM}:" in message and "good req/s" in message, message
         bars = verification.get("bars") or []
         assert any(b["direction"] == "Raise" and FROM < b["batchSize"] <= TO for b in bars), bars
-        reason, kind, says = "AutotuneRolledBack", "Warning", "serves"
+        if verification.get("outcome") == "RollBack":
+            assert verification["reason"] == "ServesWorse", verification
+            message = verification["message"]
+            assert f"at {TO} serves" in message and f"before, at {FROM}:" in message and "good req/s" in message, \
+                message
+            says = "serves"
+        else:
+            assert "most requests miss TPOT" in back["message"] and "objective 75ms" in back["message"], back
+            says = "TPOT"
+        reason, kind = "AutotuneRolledBack", "Warning"
     else:
         assert back["reason"] == "TpotObjectiveBroken", back
         assert batching["reason"] == "AutotuneLowered" and batching["maxBatchSize"] == FROM, batching
