@@ -240,8 +240,8 @@ class Memory:
             # rollback of a rollback would be A->B->A->B).
             failed = self.watch if self.watch is not None and self.watch.to_value == from_value else None
             start, end = (failed.from_value, failed.to_value) if failed is not None else (to_value, from_value)
-            bar = bar_after_rollback(start, end, now_s, horizon_s, out.bars,
-                                     side if side.seconds > 0 else failed.baseline if failed is not None else None)
+            measured = side if side.seconds > 0 or failed is None else failed.baseline
+            bar = bar_after_rollback(start, end, now_s, horizon_s, out.bars, measured)
             return replace(out, watch=None, bars=(*out.bars, bar)[-8:], change_load=load,
                            last=verdict if verdict is not None else out.last,
                            decided_at_s=now_s if verdict is not None else out.decided_at_s)

@@ -157,8 +157,9 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     oracle = bounds["oracle"]
     a, o, s, h = tuned["autotuned"]["goodput"], sweep[oracle], sweep[START], bounds["hindsight"]["goodput"]
     p = peer["goodput"]
-    a2048 = tuned["autotunedFrom2048"]["goodput"] if "autotunedFrom2048" in tuned else math.nan
-    from_2048 = {"from2048OverPeer": _ratio(a2048, p), "from2048OverOracle": _ratio(a2048, o)} if not down else {}
+    run_2048 = tuned.get("autotunedFrom2048")
+    from_2048 = {"from2048OverPeer": _ratio(run_2048["goodput"], p),
+                 "from2048OverOracle": _ratio(run_2048["goodput"], o)} if run_2048 is not None else {}
     out = {
         "case": row_name(case, perturbation), "baseCase": case.name, "perturbation": perturbation,
         "perturbationFactors": served.perturbation.to_text(), "profile": case.profile, "covers": case.covers,
