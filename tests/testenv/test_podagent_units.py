@@ -19,7 +19,7 @@ from hack.testenv.podagent.podspec import (
     resolve_program,
 )
 from hack.testenv.podagent.probes import LIVENESS, READINESS, STARTUP, ProbeTracker
-from hack.testenv.podagent.status import ContainerStatus, pod_conditions, pod_phase
+from hack.testenv.podagent.status import ContainerStatus, disagrees, pod_conditions, pod_phase
 
 POD = {
     "metadata": {"name": "web-0", "namespace": "ns1", "uid": "u-1", "labels": {"app": "web"}},
@@ -195,6 +195,18 @@ def test_conditions_keep_transition_times_until_status_flips() -> None:
     ready_cond = {c["type"]: c for c in unready}["Ready"]
     assert ready_cond["status"] == "False" and ready_cond["lastTransitionTime"] == "T3"
     assert ready_cond["message"] == "containers with unready status: [a]"
+
+
+def test_a_ready_condition_another_writer_flipped_is_a_disagreement() -> None:
+    ready = pod_conditions("Running", True, [_cs("a", {"running": {}}, ready=True)], [], now="T1")
+    ours = {"phase": "Running", "conditions": ready, "podIP": "127.32.0.5"}
+    echoed = {**ours, "conditions": [{**c, "lastProbeTime": None} for c in ready]}  # the API's own rendering
+    assert not disagrees(ours, echoed)
+    # The node lifecycle controller after a missed heartbeat: Ready False, ContainersReady left True.
+    marked = {**ours, "conditions": [{**c, "status": "False"} if c["type"] == "Ready" else c for c in ready]}
+    assert disagrees(ours, marked)
+    assert disagrees(ours, {**ours, "phase": "Pending"})
+    assert not disagrees(ours, None)  # no copy from the watch yet: nothing to compare
 
 
 def test_ip_allocator_is_unique_keeps_existing_and_skips_foreign_ips() -> None:

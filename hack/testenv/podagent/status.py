@@ -83,6 +83,22 @@ def pod_conditions(
     ]
 
 
+def disagrees(published: Mapping, in_api: Mapping | None) -> bool:
+    """Whether the pod's status in the API server differs from what this agent published, in phase or in any
+    condition's status. Another writer does that: the node lifecycle controller marks every pod on a node whose
+    heartbeat stopped (an API server outage) Ready=False and leaves ContainersReady alone (MarkPodsNotReady in
+    kubernetes pkg/controller/util/node/controller_utils.go). The kubelet's status
+    manager repairs it on its next periodic sync (kubelet status_manager.go, needsReconcile); so does this agent,
+    or the pod stays unready for good once the node is back."""
+    if not in_api:
+        return False
+
+    def summary(status: Mapping) -> tuple:
+        return status.get("phase"), {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+
+    return summary(published) != summary(in_api)
+
+
 def pod_phase(restart_policy: str, init_failed: bool, containers: Sequence[ContainerStatus], running: bool) -> str:
     """Pending until the containers run; Succeeded/Failed once every container has terminated for good
     (only possible for Never/OnFailure, since Always restarts everything)."""

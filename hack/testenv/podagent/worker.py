@@ -38,6 +38,9 @@ log = logging.getLogger("localkubelet.worker")
 
 # `podman exec` needs a second or more on a loaded 2-core machine before the probe's command even starts.
 EXEC_PROBE_OVERHEAD_S = 10.0
+# How often the worker compares the status in the API server with what it published (the kubelet's status
+# manager syncs every 10 s); between checks the watch's lag behind our own patch is not mistaken for a change.
+RECONCILE_EVERY_S = 10.0
 
 
 class ImageMissing(Exception):
@@ -98,6 +101,7 @@ class PodWorker(threading.Thread):
         self.start_time = (pod.get("status") or {}).get("startTime") or rfc3339_now()
         self.conditions: list[dict] = conditions
         self.published: dict | None = None
+        self.reconciled_at = time.monotonic()
         self.setup_error = ""
         self.terminal_override: str | None = None
 
@@ -423,10 +427,21 @@ class PodWorker(threading.Thread):
             message=self.setup_error,
             reason="",
         )
-        if status == self.published:
+        if status == self.published and not self._overwritten():
             return True
         meta = self.pod["metadata"]
         if not self.kube.patch_pod_status(meta["namespace"], meta["name"], self.uid, status):
             return False
         self.published = status
+        self.reconciled_at = time.monotonic()
+        return True
+
+    def _overwritten(self) -> bool:
+        """Whether, at a periodic check, another writer has changed the status we published (see st.disagrees)."""
+        if time.monotonic() - self.reconciled_at < RECONCILE_EVERY_S:
+            return False
+        self.reconciled_at = time.monotonic()
+        if self.published is None or not st.disagrees(self.published, self.pod.get("status")):
+            return False
+        log.info("%s: status in the API server differs from ours (another writer); writing ours again", self.key)
         return True
