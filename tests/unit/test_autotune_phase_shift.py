@@ -110,6 +110,13 @@ def test_a_tpot_break_beside_as_many_ttft_misses_is_for_the_what_if_to_judge(mon
     lower = replace(d, target=57)
     assert called_for(lower, tpot_only, spec.slo) and not called_for(lower, both, spec.slo)
     assert called_for(replace(lower, reason="RequestsPaused"), both, spec.slo)  # paused requests never are
+    # With the engine's what-if budget spent, nothing can judge the trade-off: it waits, as a raise would; the
+    # break the measurements call for does not.
+    spent = WhatIfGate(model=MODEL, budget_left=False)
+    d = decide(replace(inp(current=64, w=both, what_if=spent, last_applied_at=None), spec=spec))
+    assert d.action == "Hold" and d.reason == "WhatIfBudgetSpent", d.message
+    d = decide(replace(inp(current=64, w=tpot_only, what_if=spent, last_applied_at=None), spec=spec))
+    assert d.action == "Lower", d.message
     # A cliff is never a trade-off, however many requests also miss TTFT (slow decoding queues them): the
     # reviewer's case, p95 100 ms over 60 with 60% TPOT misses beside 70% TTFT misses, goes ahead.
     cliff = replace(kv(active=500, tpot=100.0, tpot_misses=0.6, queued=20.0), peak_active=500, ttft_miss_fraction=0.7)

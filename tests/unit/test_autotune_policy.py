@@ -442,14 +442,18 @@ def test_the_gate_holds_unconfirmed_changes_only_when_its_budget_is_spent() -> N
     assert spent.engine is None, "without budget the rules decide alone"
     for change in (Decision("Raise", 128, "QueueWithHeadroom", "queue"),
                    Decision("Rebuild", 64, "CeilingTooLow", "ceiling", ceiling_request=1024)):
-        held = spent.withheld(change, 64)
+        held = spent.withheld(change, 64, called_for=False)
         assert (held.action, held.reason, held.target) == ("Hold", "WhatIfBudgetSpent", 64)
         assert held.message.startswith(change.message + "; but this engine spent its what-if CPU budget")
     passes = (Decision("Lower", 32, "RequestsPaused", "protective"), Decision("Lower", 512, "OutOfBounds", "clamp"),
               Decision("Hold", 64, "AtTarget", "hold"))
-    assert all(spent.withheld(d, 64) == d for d in passes)
+    assert all(spent.withheld(d, 64, called_for=d.reason == "RequestsPaused") == d for d in passes)
+    # A mild TPOT break beside as many TTFT misses (signals.tpot_trade_off): protective by name, judged like a raise.
+    trade = Decision("Lower", 48, "TpotObjectiveBroken", "tpot")
+    assert spent.withheld(trade, 64, called_for=False).reason == "WhatIfBudgetSpent"
+    assert spent.withheld(trade, 64, called_for=True) == trade
     raise_ = Decision("Raise", 128, "QueueWithHeadroom", "queue")
-    assert WhatIfGate(budget_left=False).withheld(raise_, 64) == raise_, "no model: nothing could confirm it"
-    assert WhatIfGate(budget_left=False, model_valid=False, model=model).withheld(raise_, 64) == raise_  # type: ignore[arg-type]
+    assert WhatIfGate(budget_left=False).withheld(raise_, 64, False) == raise_, "no model: nothing could confirm it"
+    assert WhatIfGate(budget_left=False, model_valid=False, model=model).withheld(raise_, 64, False) == raise_  # type: ignore[arg-type]
     assert WhatIfGate(model=model).engine is model  # type: ignore[arg-type]
     assert WhatIfGate(model=model, model_valid=False).engine is None  # type: ignore[arg-type]

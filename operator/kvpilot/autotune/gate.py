@@ -34,7 +34,7 @@ from kvpilot.api.models import InferenceEngineSpec
 from kvpilot.autotune.constants import SEVERE_MISSES
 from kvpilot.api.status import Action
 from kvpilot.autotune.decision import Decision
-from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
+from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.signals import limit_in_force, waiting_beside_full_batch
 from kvpilot.autotune.trust import ModelView, goodput_error
 from kvpilot.autotune.whatif import SHED_SHARE, Engine, unplaceable, fit_traffic, quantized, steady_goodput
@@ -164,11 +164,13 @@ class WhatIfGate:
         return (f"the simulation declined it {ago:.0f}s ago and reruns {RECHECK_SECONDS:.0f}s after that "
                 f"unless most requests miss")
 
-    def withheld(self, decision: Decision, current: int) -> Decision:
+    def withheld(self, decision: Decision, current: int, called_for: bool) -> Decision:
         """The decision, or a hold when the budget is spent and the change is one the simulation would have had
-        to confirm: unconfirmed, it may cost more than it gains, so it waits for the budget to refill."""
+        to confirm: unconfirmed, it may cost more than it gains, so it waits for the budget to refill.
+        ``called_for``: the measurements call for it (policy.called_for), which no simulation may veto; a mild
+        TPOT break that trades against TTFT misses is protective by name only, and waits like a raise."""
         if (self.model is None or not self.model_valid or self.measured_only or self.budget_left or not decision.changes
-                or decision.reason in (*PROTECTIVE_REASONS, TunerReason.OUT_OF_BOUNDS, TunerReason.ROLLED_BACK)):
+                or called_for or decision.reason in (TunerReason.OUT_OF_BOUNDS, TunerReason.ROLLED_BACK)):
             return decision
         return Decision(Action.HOLD, current, TunerReason.WHAT_IF_BUDGET_SPENT,
                         f"{decision.message}; but this engine spent its what-if CPU budget, so the change waits "

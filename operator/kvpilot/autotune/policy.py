@@ -67,7 +67,7 @@ def decide(inp: TunerInput) -> Decision:
     # A rollback goes back to the value measured to serve well: no model resizes it.
     if decision.action in (Action.RAISE, Action.LOWER) and model is not None and decision.reason != TunerReason.ROLLED_BACK:
         return _simulated(inp, w, decision, model, lo, hi)
-    return inp.what_if.withheld(decision, inp.current)
+    return inp.what_if.withheld(decision, inp.current, called_for(decision, w, inp.spec.slo))
 
 
 def _clear_of_bars(inp: TunerInput, w: KvWindow, vetted: Decision) -> Decision:
