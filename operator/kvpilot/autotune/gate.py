@@ -75,7 +75,8 @@ def engine_model(spec: InferenceEngineSpec, ceiling: int, *, restart_seconds: fl
         surge=surge_pods > 0, max_surge=max(1, surge_pods),
         ttft_ms=float(slo.time_to_first_token_millis) if slo and slo.time_to_first_token_millis else math.inf,
         tpot_ms=float(slo.time_per_output_token_millis) if slo and slo.time_per_output_token_millis else math.inf,
-        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None, model_error=error, backend=backend)
+        queue_timeout_s=SHED_SHARE * ttft / 1e3 if ttft else None, model_error=error, backend=backend,
+        in_engine_tuner=spec.batching.dynamic_batch_size_tuning and backend == "tensorrt")
 
 
 def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None, model: ModelView | None = None) -> bool:

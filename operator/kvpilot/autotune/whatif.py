@@ -76,6 +76,10 @@ class Engine:
     max_surge: int = 1  # with surge: pods started at once (the spare GPUs; the whole rollout when all fit)
     model_error: float = 0.0
     backend: str = "tensorrt"  # the pods' execution backend (pytorch or tensorrt; the simulated backend plays tensorrt)
+    # The pods run TensorRT-LLM's in-engine batch-size tuner (batching.dynamicBatchSizeTuning, on by default, on the
+    # TensorRT backend only): it caps the batch below max_batch_size, so a model without it predicts batches, and
+    # misses, the pods never show.
+    in_engine_tuner: bool = False
 
 
 def fit_traffic(w: KvWindow) -> TrafficFit | None:
@@ -131,19 +135,22 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
 
 
 def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str,
-               backend: str = "tensorrt") -> EngineConfig:
+               backend: str = "tensorrt", in_engine_tuner: bool = False) -> EngineConfig:
     """The kvsim configuration the what-if simulates a pod with (engine_model.py inverts its memory plan to
     give the simulated pool the pods' own size). ``backend``: the pods' (pytorch: no engine build, CUDA-graph
-    memory instead of the C++ runtime's per-slot buffers, kvsim.memory)."""
+    memory instead of the C++ runtime's per-slot buffers, kvsim.memory). ``in_engine_tuner``: the pods' in-engine
+    batch-size tuner (TensorRT only; kvsim refuses it on PyTorch, as TensorRT-LLM does)."""
     policy = CapacityPolicy.MAX_UTILIZATION if scheduler_policy == "MaxUtilization" \
         else CapacityPolicy.GUARANTEED_NO_EVICT
+    pytorch = backend == "pytorch"
     return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=limit,
                         enable_chunked_context=True, capacity_policy=policy,
-                        backend=Backend.PYTORCH if backend == "pytorch" else Backend.TENSORRT)
+                        enable_batch_size_tuning=in_engine_tuner and not pytorch,
+                        backend=Backend.PYTORCH if pytorch else Backend.TENSORRT)
 
 
 def _config(e: Engine, limit: int) -> EngineConfig:
-    return sim_config(e.profile, e.ceiling, limit, e.scheduler_policy, e.backend)
+    return sim_config(e.profile, e.ceiling, limit, e.scheduler_policy, e.backend, e.in_engine_tuner)
 
 
 def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, horizon_s: float) -> float:
