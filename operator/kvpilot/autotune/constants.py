@@ -30,6 +30,9 @@ REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share 
 TRADE_OFF_P95 = 1.1  # a TPOT break with p95 within 10% of the objective (and few misses) may be a trade-off
 REVERSAL_MIN_TTFT_MISSES = 0.20  # a raise past where a recent lower started needs this share of TTFT misses
 UNDO_MIN_TPOT_MISSES = SEVERE_MISSES  # a lower past where a recent raise started needs this share of TPOT misses
+# Requests miss TTFT beside a batch far below the limit (admission waits on KV blocks): a lower to this many times
+# the batch that runs gives the unused slots' runtime buffers back to the pool (rules._free_slots).
+FREE_SLOTS_HEADROOM = 2.0
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
 # A raise while p95 TPOT is already near its objective must win the simulation by this many times its margin:
