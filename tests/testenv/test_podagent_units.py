@@ -207,6 +207,10 @@ def test_a_ready_condition_another_writer_flipped_is_a_disagreement() -> None:
     assert disagrees(ours, marked)
     assert disagrees(ours, {**ours, "phase": "Pending"})
     assert not disagrees(ours, None)  # no copy from the watch yet: nothing to compare
+    # Another writer's own conditions are theirs, and a terminal phase another writer set is never fought.
+    gated = {**ours, "conditions": [*ready, {"type": "DisruptionTarget", "status": "True"}]}
+    assert not disagrees(ours, gated)
+    assert not disagrees(ours, {**ours, "phase": "Failed"})
 
 
 def test_ip_allocator_is_unique_keeps_existing_and_skips_foreign_ips() -> None:

@@ -17,10 +17,12 @@ from dataclasses import replace
 import pytest
 
 from kvpilot.api.models import SloSpec
-from kvpilot.autotune.gate import WhatIfGate, engine_model
+from kvpilot.autotune.gate import WhatIfGate, at_runtime_cap, engine_model
+from kvpilot.autotune.inputs import TunerInput
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.rules import decide_from_signals
-from kvpilot.autotune.whatif import sim_config
+from kvpilot.autotune.whatif import _config, sim_config
+from kvpilot.autotune.window import KvWindow
 from tests.unit.helpers import engine as make_engine
 from tests.unit.test_autotune_policy import SPEC, inp, window
 from tests.unit.test_autotune_rollback import MODEL
@@ -28,22 +30,46 @@ from tests.unit.test_autotune_rollback import MODEL
 SLO = replace(SPEC, slo=SloSpec(3000, 60), max_batch_size=2048)
 
 
-def waiting_for_blocks(active: int = 290) -> object:
+def waiting_for_blocks(active: int = 290) -> KvWindow:
     """A fifth of the requests miss TTFT; the batch runs ``active`` requests, far below 2048; TPOT is fine."""
     return replace(window(util=0.35, active=active, queued=0.0, tpot=34.0), ttft_miss_fraction=0.2,
                    tpot_miss_fraction=0.0, ttft_p95_ms=1540.0, mean_unscheduled=0.0, arrival_rate=18.0,
                    prompt_mean=156.0, output_mean=531.0)
 
 
-def at_2048(**kw: object) -> object:
+def at_2048(**kw: object) -> TunerInput:
     return inp(current=2048, ceiling=2048, spec=SLO, w=waiting_for_blocks(), replicas=2, **kw)
 
 
 def test_with_a_what_if_the_rules_propose_a_lower_to_twice_the_running_batch() -> None:
     tuner = at_2048(what_if=WhatIfGate(model=MODEL))
-    d = decide_from_signals(tuner, tuner.window, 8, 2048)  # type: ignore[attr-defined]
+    assert tuner.window is not None
+    d = decide_from_signals(tuner, tuner.window, 8, 2048)
     assert (d.action, d.reason, d.target) == ("Lower", "ReservationBound", math.ceil(290 * 2)), d.message
     assert "holds buffers the pool could use" in d.message
+
+
+def test_the_lower_goes_no_lower_than_the_floor_and_is_judged_as_a_step_from_there() -> None:
+    floor = replace(SLO, min_batch_size=1200)
+    tuner = replace(at_2048(what_if=WhatIfGate(model=MODEL)), spec=floor)
+    assert tuner.window is not None
+    d = decide_from_signals(tuner, tuner.window, 1200, 2048)
+    assert (d.action, d.reason, d.target) == ("Lower", "ReservationBound", 1200), d.message
+    high = replace(tuner, spec=replace(SLO, min_batch_size=1800))  # 2048 -> 1800 is no real step
+    d = decide_from_signals(high, tuner.window, 1800, 2048)
+    assert (d.action, d.reason) == ("Hold", "ReservationBound"), d.message
+
+
+@pytest.mark.parametrize("why", ["no batch ran", "the engine evicts (MaxUtilization): no blocks are reserved"])
+def test_no_lower_without_a_running_batch_or_under_an_evicting_policy(why: str) -> None:
+    if why == "no batch ran":
+        tuner = inp(current=2048, ceiling=2048, spec=SLO, w=waiting_for_blocks(active=0), replicas=2,
+                    what_if=WhatIfGate(model=MODEL))
+    else:
+        tuner = replace(at_2048(what_if=WhatIfGate(model=MODEL)), scheduler_policy="MaxUtilization")
+    assert tuner.window is not None
+    d = decide_from_signals(tuner, tuner.window, 8, 2048)
+    assert d.action == "Hold", (why, d.message)
 
 
 def test_without_a_what_if_nothing_can_say_what_the_lower_frees_and_the_tuner_holds() -> None:
@@ -87,6 +113,10 @@ def test_the_what_if_plays_the_in_engine_tuner_where_the_pods_run_it() -> None:
     model_off = engine_model(off.spec, 1024, restart_seconds=60.0, surge_pods=0)
     assert model_off is not None and not model_off.in_engine_tuner
     assert sim_config("llama-3.1-8b-bf16-a100", 1024, 512, "GuaranteedNoEvict", "tensorrt", True).enable_batch_size_tuning
+    assert _config(model, 512).enable_batch_size_tuning and not _config(model_off, 512).enable_batch_size_tuning
+    # The checks against the pods simulate the cap the pods ran (the in-engine tuner's own): without the tuner,
+    # which would cap it again.
+    assert not at_runtime_cap(model).in_engine_tuner and at_runtime_cap(model_off) is model_off
     # TensorRT-LLM has no in-engine tuner on PyTorch (kvsim refuses it): the flag never reaches that backend.
     assert not sim_config("llama-3.1-8b-bf16-a100", 1024, 512, "GuaranteedNoEvict", "pytorch",
                           True).enable_batch_size_tuning

@@ -89,14 +89,18 @@ def disagrees(published: Mapping, in_api: Mapping | None) -> bool:
     heartbeat stopped (an API server outage) Ready=False and leaves ContainersReady alone (MarkPodsNotReady in
     kubernetes pkg/controller/util/node/controller_utils.go). The kubelet's status
     manager repairs it on its next periodic sync (kubelet status_manager.go, needsReconcile); so does this agent,
-    or the pod stays unready for good once the node is back."""
+    or the pod stays unready for good once the node is back.
+
+    Only what this agent writes is compared: the condition types it publishes (another writer's conditions,
+    such as a readiness gate's or DisruptionTarget, are theirs) and the phase, but for a terminal phase another
+    writer set (PodGC's Failed), which a kubelet never leaves either."""
     if not in_api:
         return False
-
-    def summary(status: Mapping) -> tuple:
-        return status.get("phase"), {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-
-    return summary(published) != summary(in_api)
+    if in_api.get("phase") in ("Succeeded", "Failed") and published.get("phase") != in_api.get("phase"):
+        return False
+    ours = {c.get("type"): c.get("status") for c in published.get("conditions") or []}
+    theirs = {c.get("type"): c.get("status") for c in in_api.get("conditions") or [] if c.get("type") in ours}
+    return published.get("phase") != in_api.get("phase") or ours != theirs
 
 
 def pod_phase(restart_policy: str, init_failed: bool, containers: Sequence[ContainerStatus], running: bool) -> str:

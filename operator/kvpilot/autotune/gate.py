@@ -27,7 +27,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from kvpilot.api.models import InferenceEngineSpec
@@ -79,6 +79,13 @@ def engine_model(spec: InferenceEngineSpec, ceiling: int, *, restart_seconds: fl
         in_engine_tuner=spec.batching.dynamic_batch_size_tuning and backend == "tensorrt")
 
 
+def at_runtime_cap(model: Engine) -> Engine:
+    """``model`` as the checks against the pods simulate it: at the limit the pods ran (signals.limit_in_force: with
+    TensorRT-LLM's in-engine tuner, the tuner's cap, ``maxBatchSizeRuntime``), so without the tuner, which would
+    cap that cap again. The what-if's verdict simulates the configured limit, with the tuner the pods run."""
+    return replace(model, in_engine_tuner=False) if model.in_engine_tuner else model
+
+
 def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None, model: ModelView | None = None) -> bool:
     """Whether this pass's autotune decision may run the what-if: tuning on, a model to simulate (the simulated
     backend names a kvsim profile, or the engine's fit gives one, ``engine_model``), and a window with the
@@ -98,7 +105,7 @@ def goodput_check(model: Engine, w: KvWindow, limit: int) -> float | None:
     if fit is None or limit <= 0 or (w.ttft_miss_fraction is None and w.tpot_miss_fraction is None):
         return None
     try:
-        return goodput_error(steady_goodput(model, quantized(fit), min(limit, model.ceiling)), w)
+        return goodput_error(steady_goodput(at_runtime_cap(model), quantized(fit), min(limit, model.ceiling)), w)
     except ValueError:  # kvsim's memory plan cannot place the limit on the model: model_check says why
         return None
 
@@ -114,6 +121,7 @@ def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_paral
     limit in force and "batch full" are read where the pods report no batch size (the PyTorch backend:
     signals.limit_in_force, signals.waiting_beside_full_batch)."""
     limit = limit_in_force(w, rendered, pipeline_parallel)
+    model = at_runtime_cap(model)
     refused = unplaceable(model, min(limit, model.ceiling)) if limit > 0 else None
     if refused is not None:
         return refused

@@ -26,7 +26,7 @@ from kvpilot.autotune.constants import (
 )
 from kvpilot.autotune.costs import lower_pays, worth_a_restart
 from kvpilot.autotune.decision import Decision
-from kvpilot.autotune.inputs import TunerInput, hold, move
+from kvpilot.autotune.inputs import TunerInput, bounds, hold, move
 from kvpilot.autotune.signals import kv_fit, load, needed, pressure, slo_broken, tpot_bound, tpot_margin
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import TunerReason
@@ -144,19 +144,19 @@ def _free_slots(inp: TunerInput, w: KvWindow, why: str) -> Decision | None:
     Every slot up to the RUNTIME max_batch_size holds runtime and decoder buffers sized by max_seq_len, used or
     not, and the pool gets what is left after them (kvsim/memory.py, from TensorRT-LLM's RuntimeBuffers and
     DecoderState; the PyTorch backend's CUDA graphs likewise follow max_batch_size). So where requests miss TTFT
-    because admission waits on KV blocks while the batch runs far below the limit, the limit that does not bind
-    still costs blocks, and a lower to FREE_SLOTS_HEADROOM times the batch returns them. How many requests that
-    admits depends on the buffers' size, which only the what-if's memory plan knows: the change is not protective,
-    so the simulation may veto it. Measured on the suite: from TensorRT-LLM's default 2048, an L40S decoding 30%
+    because admission waits on KV blocks (GUARANTEED_NO_EVICT reserves them) while the batch runs far below the
+    limit, the limit that does not bind still costs blocks, and a lower to FREE_SLOTS_HEADROOM times the batch
+    returns them. How many requests that admits depends on the buffers' size, which only the what-if's memory plan
+    knows: the change is not protective, so the simulation may veto it. Measured on the suite: from TensorRT-LLM's default 2048, an L40S decoding 30%
     off its profile ran ~290 requests and let a fifth of them miss TTFT, where 512 served 13% more."""
-    if inp.simulation is None:
+    if inp.simulation is None or inp.scheduler_policy != "GuaranteedNoEvict" or w.peak_active <= 0:
         return None
-    target = math.ceil(w.peak_active * FREE_SLOTS_HEADROOM)
+    target = max(bounds(inp)[0], math.ceil(w.peak_active * FREE_SLOTS_HEADROOM))
     if target > (1.0 - MIN_RELATIVE_STEP) * inp.current:
         return None
     return move(inp, target, TunerReason.RESERVATION_BOUND,
                 f"{why}; each unused slot up to {inp.current} holds buffers the pool could use, so the simulation "
-                f"weighs a lower that still does not bind")
+                f"weighs lowers down to the batch that runs")
 
 
 def _may_rebuild(inp: TunerInput, hi: int, fit: int) -> bool:

@@ -225,8 +225,9 @@ class Memory:
             w = self.watch
             if w is not None and verdict.outcome == Outcome.KEEP and w.to_value < w.from_value \
                     and verdict.why != Why.BETTER:
-                # A lower is protective (paused requests, KV pressure, TPOT broken): one that served no better
-                # did not remove the cause, and a further lower at this load would only give up capacity.
+                # A lower that served no better (protective: paused requests, KV pressure, TPOT broken; or one
+                # that freed unused slots' memory) did not remove the cause, and a further lower at this load
+                # would only give up capacity.
                 out = replace(out, bars=(*out.bars, Bar(False, w.to_value - 1, now_s + horizon_s,
                                                         w.baseline.offered_per_s, w.baseline.prompt_mean))[-8:])
         if not applied or from_value == to_value:
