@@ -147,8 +147,9 @@ def _free_slots(inp: TunerInput, w: KvWindow, why: str) -> Decision | None:
     because admission waits on KV blocks (GUARANTEED_NO_EVICT reserves them) while the batch runs far below the
     limit, the limit that does not bind still costs blocks, and a lower to FREE_SLOTS_HEADROOM times the batch
     returns them. How many requests that admits depends on the buffers' size, which only the what-if's memory plan
-    knows: the change is not protective, so the simulation may veto it. Measured on the suite: from TensorRT-LLM's default 2048, an L40S decoding 30%
-    off its profile ran ~290 requests and let a fifth of them miss TTFT, where 512 served 13% more."""
+    knows: the change is not protective, so the simulation may veto it. Measured on the suite: from TensorRT-LLM's
+    default 2048, an L40S decoding 30% off its profile ran ~290 requests and let a fifth of them miss TTFT, where
+    512 served 13% more."""
     if inp.simulation is None or inp.scheduler_policy != "GuaranteedNoEvict" or w.peak_active <= 0:
         return None
     target = max(bounds(inp)[0], math.ceil(w.peak_active * FREE_SLOTS_HEADROOM))

@@ -25,7 +25,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kvsim import EngineConfig, Request, RequestRecord
-from kvsim.config import Backend, CapacityPolicy
 from kvsim.profiles import Profile
 from kvsim.workload import load_workload
 
@@ -33,7 +32,7 @@ from kvpilot.api.crd import spec_openapi
 from kvpilot.api.models import InferenceEngine, ObjectRef, parse_spec
 from kvpilot.api.status import BatchingStatus, EngineStatus
 from kvpilot.api.validate import validate_manifest
-from kvpilot.autotune.whatif import SHED_SHARE
+from kvpilot.autotune.whatif import SHED_SHARE, sim_config
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import DeploymentState, Observed
@@ -62,13 +61,10 @@ def goodput(records: list[RequestRecord], total: int, slo: Slo, duration_s: floa
 
 def engine_config(profile: str | Profile, ceiling: int, runtime: int, in_engine_tuner: bool = False,
                   policy: str = "GuaranteedNoEvict", backend: str = "tensorrt") -> EngineConfig:
-    """A pod's kvsim configuration. On the PyTorch backend the in-engine batch tuner does not exist (kvsim refuses
+    """A pod's kvsim configuration: the what-if's own (``whatif.sim_config``), so the simulated pods and the model
+    of them are configured alike. On the PyTorch backend the in-engine batch tuner does not exist (kvsim refuses
     it, and kvpilot renders no dynamic_batch_config there), so ``in_engine_tuner`` is ignored."""
-    capacity = CapacityPolicy.MAX_UTILIZATION if policy == "MaxUtilization" else CapacityPolicy.GUARANTEED_NO_EVICT
-    pytorch = backend == "pytorch"
-    return EngineConfig(profile=profile, build_max_batch_size=ceiling, max_batch_size=runtime,
-                        enable_chunked_context=True, enable_batch_size_tuning=in_engine_tuner and not pytorch,
-                        capacity_policy=capacity, backend=Backend.PYTORCH if pytorch else Backend.TENSORRT)
+    return sim_config(profile, ceiling, runtime, policy, backend, in_engine_tuner)
 
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
