@@ -430,7 +430,7 @@ def test_reasons_are_typed_and_their_values_are_the_api() -> None:
     assert f"{TunerReason.NO_PREDICTED_GAIN}" == "NoPredictedGain"
     assert {r.value for r in TunerReason} == {
         "RolloutInProgress", "OutOfBounds", "InsufficientData", "PartialSignals", "RequestsPaused",
-        "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "NoPressure",
+        "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "TpotBreakUnconfirmed", "NoPressure",
         "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
         "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
         "NoPredictedGain", "WhatIfBudgetSpent", "RolledBack", "BarredByVerification", "AwaitingVerification"}

@@ -33,6 +33,9 @@ UNDO_MIN_TPOT_MISSES = SEVERE_MISSES  # a lower past where a recent raise starte
 # Requests miss TTFT beside a batch far below the limit (admission waits on KV blocks): a lower to this many times
 # the batch that runs gives the unused slots' runtime buffers back to the pool (rules._free_slots).
 FREE_SLOTS_HEADROOM = 2.0
+# A TPOT break with fewer misses than REVERSAL_MIN_TPOT_MISSES in its window is judged on the misses pooled over
+# at least this much settled evidence at the limit in force (verification's baseline), not on the one window.
+TPOT_CONFIRM_SECONDS = 60.0
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
 # A raise while p95 TPOT is already near its objective must win the simulation by this many times its margin:

@@ -22,6 +22,9 @@ class TunerReason(StrEnum):
     TPOT_OBJECTIVE_BROKEN = "TpotObjectiveBroken"
     LIMIT_NOT_BINDING = "LimitNotBinding"
     NOT_WORTH_A_RESTART = "NotWorthARestart"
+    # A mild TPOT break in one window while the batch at this limit has not settled long enough to tell a
+    # transient from a lasting one (rules.py, ``_mild_break``).
+    TPOT_BREAK_UNCONFIRMED = "TpotBreakUnconfirmed"
     # The batch is too small (raises, rebuilds), or a raise would not help.
     NO_PRESSURE = "NoPressure"
     RESERVATION_BOUND = "ReservationBound"
