@@ -212,6 +212,28 @@ def test_a_quiet_window_at_a_low_rate_is_not_a_load_change() -> None:
     assert not comparable(window(30.0, 64, 0.9, rate=45.0), busy)  # 25% fewer of 900: a change
 
 
+def test_under_bursty_arrivals_a_window_scatters_cv_times_more_before_it_is_a_load_change() -> None:
+    """Gamma arrivals of cv 3 at 8 req/s (burst-a100): 120 expected in a 15 s window scatter by about 3 x 11."""
+    from dataclasses import replace
+
+    from kvpilot.autotune.verification import _cv, figures_from_window
+    from kvpilot.autotune.verify import Side, comparable
+    from kvpilot.autotune.window import KvWindow
+
+    base = Side()
+    for w in steady(0.0, 300.0, 64, 0.9, rate=8.0):
+        base = base.add(w)
+    burst = window(315.0, 64, 0.9, rate=13.0)  # 195 arrivals where 120 were expected
+    assert not comparable(burst, base)
+    assert comparable(replace(burst, arrival_cv=3.0), base)
+    assert not comparable(replace(window(315.0, 64, 0.9, rate=30.0), arrival_cv=3.0), base)  # 3.75x: a new load
+    assert [_cv(x) for x in (None, float("nan"), 0.7, 2.5)] == [1.0, 1.0, 1.0, 2.5]
+    kv = KvWindow(samples=3, pods=2, peak_utilization=0.2, mean_utilization=0.2, peak_used_blocks=10, max_blocks=50,
+                  tokens_per_block=32, peak_active=4, mean_active=3.0, peak_queued=0, mean_queued=0.0, paused=0,
+                  runtime_batch_size=64, window_seconds=15.0, arrival_rate=4.0, arrival_cv=3.0)
+    assert figures_from_window(kv, 15.0, 64, 2).arrival_cv == 3.0
+
+
 def test_one_window_at_a_time_gives_the_verdict_of_the_whole_sequence() -> None:
     """The state kept in status between decisions (verification.Watch) reaches the same verdict, at every
     interval, as the windows judged together."""

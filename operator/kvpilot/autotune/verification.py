@@ -15,6 +15,7 @@ verification takes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -174,7 +175,12 @@ def figures_from_window(w: KvWindow, end_s: float, limit: int | None, expected_p
     lifetime = ((w.ttft_p95_ms or 0.0) + w.output_mean * (w.tpot_p95_ms or 0.0)) / 1e3
     return WindowFigures(end_s, seconds, limit, w.pods, expected_pods, w.arrival_rate * scale, resolved, good,
                          answered, w.mean_active, lifetime, w.prompt_mean, w.output_mean,
-                         restarted or w.rejected_samples > 0)
+                         restarted or w.rejected_samples > 0, _cv(w.arrival_cv))
+
+
+def _cv(cv: float | None) -> float:
+    """The window's arrival cv as verification's load tolerance reads it (1 when unknown or not a number)."""
+    return cv if cv is not None and math.isfinite(cv) and cv > 1.0 else 1.0
 
 
 @dataclass(frozen=True)
