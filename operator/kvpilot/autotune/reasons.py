@@ -23,7 +23,7 @@ class TunerReason(StrEnum):
     LIMIT_NOT_BINDING = "LimitNotBinding"
     NOT_WORTH_A_RESTART = "NotWorthARestart"
     # A mild TPOT break in one window while the batch at this limit has not settled long enough to tell a
-    # transient from a lasting one (rules.py, ``_mild_break``).
+    # transient from a lasting one (rules.py, ``_lasting_misses``).
     TPOT_BREAK_UNCONFIRMED = "TpotBreakUnconfirmed"
     # The batch is too small (raises, rebuilds), or a raise would not help.
     NO_PRESSURE = "NoPressure"
