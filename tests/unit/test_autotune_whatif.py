@@ -95,8 +95,12 @@ def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
     from kvpilot.autotune.whatif import steady_run
 
     steady_run.cache_clear()
-    verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
-    assert steady_run.cache_info().currsize == 5  # staying put and four candidates, each within the share
+    _, why = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    # Staying put and four candidates, each within the share; then the robust choice's replays on the slower
+    # engine, one per candidate that beats staying put (when two or more do), each within the same share.
+    replayed = why.split("on an engine 20% slower: ")[1].split(";")[0].count(" at ") if "slower" in why else 0
+    assert steady_run.cache_info().currsize == 5 + replayed
+    assert replayed <= 4
 
 
 def test_the_choice_within_the_simulations_noise() -> None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from kvsim import EngineConfig, Profile, Request, RequestRecord
+from kvsim import EngineConfig, Profile, Request, RequestRecord, get_profile
 from kvsim.config import Backend, CapacityPolicy
 from kvsim.memory import plan_for
 from kvsim.workload import Phase
@@ -35,11 +35,19 @@ SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
 MAX_REQUESTS = 6000  # per simulated run
 # Per decision: staying put and every candidate share this many simulated requests (each run gets at most
 # MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (its measured
-# cost: docs/tuner-suite.md, "How the tuner decides now").
+# cost: docs/tuner-suite.md, "How the tuner decides now"). The robust choice's replays on a slower engine get
+# the same share per candidate, so a decision simulates at most twice this many.
 DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 SEED = 8
 NOISE = 0.01  # the simulation's own noise: candidates within 1% of each other are equal even to an exact model
+# The engine the robust choice also replays candidates on (``slower_engine``): every calibrated rate at this
+# share of the model's (decode's HBM efficiency and prefill's MFU x0.8, the step and per-sequence overheads
+# x1.25). The model is fitted at the limit in force and extrapolates to every other; kvsim's held-out error
+# against NVIDIA's tables is 6.6% median and 28% at worst (../shared/reference/simulator-calibration.md), so a
+# limit the pods never ran may well be served this much slower. Memory is not changed: the fitted model takes
+# the pool from the pods' own maxNumBlocks.
+SLOWER_RATE = 0.8
 
 
 @dataclass(frozen=True)
@@ -256,28 +264,63 @@ def _p95(values_s: list[float]) -> float | None:
 
 
 def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], lost: float, current: int,
-           e: Engine, margin: float = MARGIN) -> int | None:
+           e: Engine, margin: float = MARGIN, slower: dict[int, Outcome] | None = None) -> int | None:
     """The candidate to roll to, from its simulated outcome (``results``), staying put's (``stay``), its gain
     over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
 
     The model is only as good as its error (``e.model_error``, at least the simulation's NOISE): a candidate
-    must beat staying put by the larger of ``margin`` and that error, and among those within that error of the
-    best, the one with the most margin on the objectives wins (p95 TTFT and TPOT against their objectives,
-    margins within the same error counting as equal). Not the largest: on an engine slower than its model, the
-    largest of equals sits on the TPOT cliff's edge (issue 18: 113, 128, 256 and 512 scored alike; 512 broke
-    TPOT). Among equal margins the largest candidate wins: a raise then keeps capacity to spare, which is the
-    safer error because the traffic fit under-counts long outputs still in flight, and a lower is then the
-    mildest."""
+    must beat staying put by the larger of ``margin`` and that error. The model is fitted at the limit in force
+    and extrapolates to the others, so the choice among those asks which survives the model being wrong:
+    ``slower`` holds the same candidates replayed on an engine slower than the model (``slower_engine``), and
+    the candidates whose worst regret over the two engines (the shortfall from the best candidate on that
+    engine) is within that error of the least are kept. On an engine slower than its model the largest of
+    equals sits on the TPOT cliff's edge (issue 18: 104, 128, 256 and 512 scored alike; 512 broke TPOT, 256
+    was the best static value) and the smallest queues; the slower replay sees both. Without ``slower`` this
+    keeps the candidates within that error of the best. Among what is left, the one with the most margin on
+    the objectives wins (p95 TTFT and TPOT against their objectives, margins within the same error counting
+    as equal), and among equal margins the largest: a raise then keeps capacity to spare, because the
+    traffic fit under-counts long outputs still in flight, and a lower is the mildest."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
     ok = [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9
           and gains[c] > lost]
     if not ok:
         return None
     tolerance = max(NOISE, error)
-    top = max(results[c].goodput for c in ok)
-    near = [c for c in ok if results[c].goodput >= (1 - tolerance) * top]
+    engines = [results] + ([slower] if slower is not None and all(c in slower for c in ok) else [])
+    near = least_regret(ok, engines, tolerance)
     widest = max(results[c].margin(e) for c in near)
     return max(c for c in near if results[c].margin(e) >= widest - tolerance)
+
+
+def least_regret(candidates: list[int], engines: list[dict[int, Outcome]], tolerance: float) -> list[int]:
+    """The candidates whose worst regret over ``engines`` (1 - goodput / the best candidate's goodput on that
+    engine) is within ``tolerance`` of the least worst regret: minimax regret, ties kept."""
+    def regret(c: int) -> float:
+        worst = 0.0
+        for outcomes in engines:
+            top = max(outcomes[k].goodput for k in candidates)
+            worst = max(worst, 1.0 - outcomes[c].goodput / top if top > 0 else 0.0)
+        return worst
+
+    regrets = {c: regret(c) for c in candidates}
+    least = min(regrets.values())
+    return [c for c in candidates if regrets[c] <= least + tolerance]
+
+
+def slower_engine(e: Engine) -> Engine:
+    """``e`` with every calibrated rate at SLOWER_RATE of the model's (the pool and everything else unchanged)."""
+    profile = get_profile(e.profile) if isinstance(e.profile, str) else e.profile
+    cal = profile.calibration
+    slow = replace(cal, hbm_efficiency=cal.hbm_efficiency * SLOWER_RATE, prefill_mfu=cal.prefill_mfu * SLOWER_RATE,
+                   step_overhead_s=cal.step_overhead_s / SLOWER_RATE, per_sequence_s=cal.per_sequence_s / SLOWER_RATE)
+    return replace(e, profile=replace(profile, calibration=slow))
+
+
+def movers(results: dict[int, Outcome], stay: Outcome, e: Engine, margin: float) -> list[int]:
+    """The candidates that beat staying put by the margin ``choose`` asks (the restart's cost aside): the ones
+    worth replaying on ``slower_engine`` when there are two or more to choose between."""
+    error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
+    return [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9]
 
 
 # The reason verdict gives when kvsim's memory plan cannot place the limit in force on the model (a calibrated
@@ -304,6 +347,14 @@ def _placed(e: Engine, fit: TrafficFit, limit: int, budget: int) -> Outcome | st
         return str(exc)
 
 
+def _slower_runs(e: Engine, fit: TrafficFit, candidates: list[int], budget: int) -> dict[int, Outcome] | None:
+    """``candidates`` replayed on ``slower_engine``; None when its memory plan refuses one (no robust choice)."""
+    slow = slower_engine(e)
+    runs = {c: _placed(slow, fit, c, budget) for c in candidates}
+    out = {c: o for c, o in runs.items() if not isinstance(o, str)}
+    return out if len(out) == len(runs) else None
+
+
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
             horizon_s: float, margin: float = MARGIN, tpot_near: bool = False) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
@@ -328,12 +379,16 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
         return None, f"{UNPLACEABLE} ({stay})"
     placed = {c: _placed(e, fit, c, budget) for c in others}
     results = {c: o for c, o in placed.items() if not isinstance(o, str)}
-    cpu = time.process_time() - started
     rollout_s = e.replicas * e.restart_seconds
     lost = restart_cost_s * stay.goodput
     gains = {c: (o.goodput - stay.goodput) * max(0.0, horizon_s - rollout_s) for c, o in results.items()}
-    best = choose(results, stay, gains, lost, current, e, margin)
+    moving = movers(results, stay, e, margin)
+    slow = _slower_runs(e, fit, moving, budget) if len(moving) > 1 else None
+    cpu = time.process_time() - started
+    best = choose(results, stay, gains, lost, current, e, margin, slow)
     tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
+    if slow:
+        tried += "; on an engine 20% slower: " + ", ".join(f"{slow[c].goodput:.2f} at {c}" for c in sorted(slow))
     burst = f", arrival cv {fit.arrival_cv:.2f}" if fit.arrival_cv != 1.0 else ""
     error = f"; model error {e.model_error:.0%}" if e.model_error > NOISE else ""
     why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
