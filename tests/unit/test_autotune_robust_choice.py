@@ -1,21 +1,13 @@
 """The what-if's robust choice (whatif.choose with ``slower``): among candidates that beat staying put, the one whose
-worst regret over the model and an engine slower than the model is least, so a tie in the model is not broken
-towards the TPOT cliff (issue 18)."""
+worst regret over the model and an engine slower than the model is least, staying put included, so a tie in the
+model is not broken towards the TPOT cliff and a thin gain in the model does not buy one (issue 18)."""
 
 from __future__ import annotations
 
 from kvsim import get_profile
 
-from kvpilot.autotune.whatif import (
-    SLOWER_RATE,
-    Engine,
-    Outcome,
-    TrafficFit,
-    choose,
-    least_regret,
-    slower_engine,
-    steady_goodput,
-)
+from kvpilot.autotune.robust import least_regret
+from kvpilot.autotune.whatif import SLOWER_RATE, Engine, Outcome, TrafficFit, choose, slower_engine, steady_goodput
 
 A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
               restart_seconds=90.0, surge=False, ttft_ms=3000.0, tpot_ms=60.0)
@@ -26,16 +18,19 @@ def run(goodput: float, tpot_ms: float = 15.0) -> Outcome:
 
 
 def test_one_engine_keeps_the_candidates_within_tolerance_of_the_best() -> None:
-    results = {128: run(30.0), 256: run(30.2), 512: run(31.0)}
-    assert least_regret([128, 256, 512], [results], 0.01) == [512]
-    assert least_regret([128, 256, 512], [results], 0.05) == [128, 256, 512]
+    goodput = {128: 30.0, 256: 30.2, 512: 31.0}
+    assert least_regret([128, 256, 512], [goodput], 0.01) == [512]
+    assert least_regret([128, 256, 512], [goodput], 0.05) == [128, 256, 512]
+    # Two engines: the worst regret of each, then the least of those.
+    assert least_regret([128, 256, 512], [goodput, {128: 20.0, 256: 19.0, 512: 2.0}], 0.01) == [128]
+    assert least_regret([128], [{128: 0.0}], 0.01) == [128]  # nothing served anywhere: no regret
 
 
 def test_a_tie_in_the_model_is_broken_by_the_slower_engine() -> None:
     # Issue 18's first raise on long-output-a100.prefill0.7 (the figures the what-if printed): every candidate
     # scores 32.01 with a 75% margin in the model; 20% slower, 104 queues and 512 falls off the TPOT cliff.
     model = {104: run(32.01), 128: run(32.01), 256: run(32.01), 512: run(32.01)}
-    slow = {104: run(27.67), 128: run(27.97), 256: run(29.35), 512: run(10.89)}
+    slow = {64: run(24.0), 104: run(27.67), 128: run(27.97), 256: run(29.35), 512: run(10.89)}
     gains = {c: 5000.0 for c in model}
     assert choose(model, run(28.07), gains, 505.0, 64, A100) == 512  # the model alone: the largest of equals
     assert choose(model, run(28.07), gains, 505.0, 64, A100, slower=slow) == 256
@@ -45,7 +40,7 @@ def test_a_thin_lead_in_the_model_does_not_buy_the_cliff() -> None:
     # long-output-a100.memory1.2: 512 leads by 3% in the model with a 5% margin on TPOT; 20% slower it serves
     # 3 req/s where 256 serves 23.
     model = {113: run(28.77), 128: run(28.97), 256: run(30.05, 39.0), 512: run(31.03, 57.0)}
-    slow = {113: run(23.16), 128: run(22.90), 256: run(23.41), 512: run(3.02)}
+    slow = {64: run(19.0), 113: run(23.16), 128: run(22.90), 256: run(23.41), 512: run(3.02)}
     gains = {c: 5000.0 for c in model}
     assert choose(model, run(22.87), gains, 412.0, 64, A100) == 512
     assert choose(model, run(22.87), gains, 412.0, 64, A100, slower=slow) == 256
@@ -54,8 +49,18 @@ def test_a_thin_lead_in_the_model_does_not_buy_the_cliff() -> None:
 def test_a_large_lead_in_the_model_outweighs_a_smaller_loss_on_the_slower_engine() -> None:
     # Minimax regret, not the slower engine alone: 512 gives up 20% there, 256 gives up 25% if the model is right.
     model = {256: run(30.0), 512: run(40.0)}
-    slow = {256: run(25.0), 512: run(20.0)}
+    slow = {64: run(15.0), 256: run(25.0), 512: run(20.0)}
     assert choose(model, run(20.0), {256: 9e3, 512: 9e3}, 100.0, 64, A100, slower=slow) == 512
+
+
+def test_a_gain_in_the_model_that_collapses_on_the_slower_engine_is_no_gain() -> None:
+    # The issue's example, third raise at 226 (the figures the what-if printed): 370 and 1024 beat staying put by
+    # 4% in the model with 2% margin on TPOT; 20% slower they serve under 3 req/s where staying put serves 20.
+    model = {370: run(30.03, 58.8), 1024: run(30.23, 58.8)}
+    slow = {226: run(20.0), 370: run(2.78), 1024: run(2.72)}
+    gains = {370: 9e3, 1024: 9e3}
+    assert choose(model, run(28.95), gains, 521.0, 226, A100) == 1024
+    assert choose(model, run(28.95), gains, 521.0, 226, A100, slower=slow) is None
 
 
 def test_the_slower_engine_never_makes_the_tuner_move() -> None:
@@ -63,9 +68,11 @@ def test_the_slower_engine_never_makes_the_tuner_move() -> None:
     model = {128: run(20.1), 256: run(20.2)}
     slow = {128: run(30.0), 256: run(30.0)}
     assert choose(model, run(20.0), {128: 9e3, 256: 9e3}, 100.0, 64, A100, slower=slow) is None
-    # A replay that lacks a candidate (its memory plan refused it) is not used: the model's choice stands.
+    # A replay that lacks an option (its memory plan refused it) is not used: the model's choice stands.
     model = {128: run(30.0), 256: run(31.0)}
-    assert choose(model, run(20.0), {128: 9e3, 256: 9e3}, 100.0, 64, A100, slower={128: run(30.0)}) == 256
+    gains = {128: 9e3, 256: 9e3}
+    assert choose(model, run(20.0), gains, 100.0, 64, A100, slower={64: run(30.0), 128: run(30.0)}) == 256
+    assert choose(model, run(20.0), gains, 100.0, 64, A100, slower={128: run(30.0), 256: run(1.0)}) == 256
 
 
 def test_the_slower_engine_is_slower_in_every_calibrated_rate_and_keeps_the_memory() -> None:

@@ -80,7 +80,8 @@ def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
     steady_run.cache_clear()
     verdict(A100, window(11.5), 64, [128], 200.0, 1800.0)
     misses = steady_run.cache_info().misses
-    assert misses == 2  # staying put and the one candidate
+    # Staying put and the one candidate; where the candidate beats staying put, both again on the slower engine.
+    assert misses == (4 if "slower" in verdict(A100, window(11.5), 64, [128], 200.0, 1800.0)[1] else 2)
     verdict(A100, window(11.4), 64, [128], 200.0, 1800.0)  # on the same 2.5% grid step: the same fit
     assert steady_run.cache_info().misses == misses
     assert quantized(fit_traffic(window(11.5))) == quantized(fit_traffic(window(11.4)))  # type: ignore[arg-type]
@@ -97,10 +98,10 @@ def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
     steady_run.cache_clear()
     _, why = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
     # Staying put and four candidates, each within the share; then the robust choice's replays on the slower
-    # engine, one per candidate that beats staying put (when two or more do), each within the same share.
+    # engine: staying put and each candidate that beats it, each within the same share.
     replayed = why.split("on an engine 20% slower: ")[1].split(";")[0].count(" at ") if "slower" in why else 0
     assert steady_run.cache_info().currsize == 5 + replayed
-    assert replayed <= 4
+    assert replayed <= 5
 
 
 def test_the_choice_within_the_simulations_noise() -> None:

@@ -27,6 +27,7 @@ from kvsim.memory import plan_for
 from kvsim.workload import Phase
 
 from kvpilot.autotune.fleet import Fleet
+from kvpilot.autotune.robust import least_regret
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
@@ -270,41 +271,36 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
 
     The model is only as good as its error (``e.model_error``, at least the simulation's NOISE): a candidate
     must beat staying put by the larger of ``margin`` and that error. The model is fitted at the limit in force
-    and extrapolates to the others, so the choice among those asks which survives the model being wrong:
-    ``slower`` holds the same candidates replayed on an engine slower than the model (``slower_engine``), and
-    the candidates whose worst regret over the two engines (the shortfall from the best candidate on that
-    engine) is within that error of the least are kept. On an engine slower than its model the largest of
-    equals sits on the TPOT cliff's edge (issue 18: 104, 128, 256 and 512 scored alike; 512 broke TPOT, 256
-    was the best static value) and the smallest queues; the slower replay sees both. Without ``slower`` this
-    keeps the candidates within that error of the best. Among what is left, the one with the most margin on
-    the objectives wins (p95 TTFT and TPOT against their objectives, margins within the same error counting
-    as equal), and among equal margins the largest: a raise then keeps capacity to spare, because the
-    traffic fit under-counts long outputs still in flight, and a lower is the mildest."""
+    and extrapolates to the others, so the choice then asks which option survives the model being wrong:
+    ``slower`` holds staying put and those candidates replayed on an engine slower than the model
+    (``slower_engine``), and the options whose worst regret over the two engines (the shortfall from the best
+    option on that engine) is within that error of the least are kept (minimax regret). Staying put among them
+    means no change; else the largest of them, capacity to spare (the traffic fit under-counts long outputs
+    still in flight; for a lower it is the mildest). Issue 18: on an engine slower than its model, 104, 128,
+    256 and 512 scored alike and the model alone took 512, where the pods broke TPOT; replayed slower, 104
+    queued and 512 fell off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4%
+    that serves a tenth on the slower engine, where staying put holds, is no robust gain.
+
+    Without the replay (none was given, or its memory plan refused an option), among the candidates within that
+    error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
+    objectives, margins within the same error counting as equal), and among equal margins the largest."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
     ok = [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9
           and gains[c] > lost]
     if not ok:
         return None
     tolerance = max(NOISE, error)
-    engines = [results] + ([slower] if slower is not None and all(c in slower for c in ok) else [])
-    near = least_regret(ok, engines, tolerance)
+    if slower is not None and all(c in slower for c in [current, *ok]):
+        # Staying put is one of the options: a change that the model wants by a few percent but that falls off
+        # a cliff on the slower engine, where staying put holds, is no robust gain.
+        options = [current, *ok]
+        model = {**results, current: stay}
+        kept = least_regret(options, [{c: model[c].goodput for c in options}, {c: slower[c].goodput for c in options}],
+                            tolerance)
+        return None if current in kept else max(kept)
+    near = least_regret(ok, [{c: results[c].goodput for c in ok}], tolerance)
     widest = max(results[c].margin(e) for c in near)
     return max(c for c in near if results[c].margin(e) >= widest - tolerance)
-
-
-def least_regret(candidates: list[int], engines: list[dict[int, Outcome]], tolerance: float) -> list[int]:
-    """The candidates whose worst regret over ``engines`` (1 - goodput / the best candidate's goodput on that
-    engine) is within ``tolerance`` of the least worst regret: minimax regret, ties kept."""
-    def regret(c: int) -> float:
-        worst = 0.0
-        for outcomes in engines:
-            top = max(outcomes[k].goodput for k in candidates)
-            worst = max(worst, 1.0 - outcomes[c].goodput / top if top > 0 else 0.0)
-        return worst
-
-    regrets = {c: regret(c) for c in candidates}
-    least = min(regrets.values())
-    return [c for c in candidates if regrets[c] <= least + tolerance]
 
 
 def slower_engine(e: Engine) -> Engine:
@@ -383,12 +379,13 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     lost = restart_cost_s * stay.goodput
     gains = {c: (o.goodput - stay.goodput) * max(0.0, horizon_s - rollout_s) for c, o in results.items()}
     moving = movers(results, stay, e, margin)
-    slow = _slower_runs(e, fit, moving, budget) if len(moving) > 1 else None
+    slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
     cpu = time.process_time() - started
     best = choose(results, stay, gains, lost, current, e, margin, slow)
     tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
     if slow:
-        tried += "; on an engine 20% slower: " + ", ".join(f"{slow[c].goodput:.2f} at {c}" for c in sorted(slow))
+        tried += "; on an engine 20% slower: " + ", ".join(
+            f"{slow[c].goodput:.2f} {'staying at' if c == current else 'at'} {c}" for c in sorted(slow))
     burst = f", arrival cv {fit.arrival_cv:.2f}" if fit.arrival_cv != 1.0 else ""
     error = f"; model error {e.model_error:.0%}" if e.model_error > NOISE else ""
     why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
