@@ -56,8 +56,9 @@ def test_a_large_lead_in_the_model_outweighs_a_smaller_loss_on_the_slower_engine
 
 
 def test_a_gain_in_the_model_that_collapses_on_the_slower_engine_is_no_gain() -> None:
-    # The issue's example, third raise at 226 (the figures the what-if printed): 370 and 1024 beat staying put by
-    # 4% in the model with 2% margin on TPOT; 20% slower they serve under 3 req/s where staying put serves 20.
+    # The issue's example, third raise at 226 (the model's and the candidates' slower figures are the what-if's;
+    # staying put's slower figure is illustrative): 370 and 1024 beat staying put by 4% in the model with 2% margin
+    # on TPOT; 20% slower they serve under 3 req/s.
     model = {370: run(30.03, 58.8), 1024: run(30.23, 58.8)}
     slow = {226: run(20.0), 370: run(2.78), 1024: run(2.72)}
     gains = {370: 9e3, 1024: 9e3}
