@@ -314,7 +314,7 @@ def slower_engine(e: Engine) -> Engine:
 
 def movers(results: dict[int, Outcome], stay: Outcome, e: Engine, margin: float) -> list[int]:
     """The candidates that beat staying put by the margin ``choose`` asks (the restart's cost aside): the ones
-    worth replaying on ``slower_engine`` when there are two or more to choose between."""
+    worth replaying on ``slower_engine`` (with staying put) when they are raises."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
     return [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9]
 
@@ -381,7 +381,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     # Only a raise is replayed slower: it moves the batch where the pods never ran it, towards the TPOT cliff. A
     # lower (most are protective) shrinks it towards what was measured; replayed slower under a tight TPOT
     # objective every small limit breaks it, and minimax then chose 42 over 59 on an exact model (2% error),
-    # 20.7 req/s where 59 serves 27 (tight-tpot-overload.pytorch from 2048).
+    # 20.7 req/s over the run where 59 serves 24.7 (tight-tpot-overload.pytorch from 2048).
     moving = [c for c in movers(results, stay, e, margin) if c > current]
     slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
     cpu = time.process_time() - started
