@@ -276,7 +276,7 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     (``slower_engine``), and the options whose worst regret over the two engines (the shortfall from the best
     option on that engine) is within that error of the least are kept (minimax regret). Staying put among them
     means no change; else the largest of them, capacity to spare (the traffic fit under-counts long outputs
-    still in flight; for a lower it is the mildest). Issue 18: on an engine slower than its model, 104, 128,
+    still in flight; verdict replays raises only). Issue 18: on an engine slower than its model, 104, 128,
     256 and 512 scored alike and the model alone took 512, where the pods broke TPOT; replayed slower, 104
     queued and 512 fell off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4%
     that serves a tenth on the slower engine, where staying put holds, is no robust gain.
@@ -284,12 +284,10 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     Without the replay (none was given, or its memory plan refused an option), among the candidates within that
     error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
     objectives, margins within the same error counting as equal), and among equal margins the largest."""
-    error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
-    ok = [c for c in results if results[c].goodput > stay.goodput * (1 + max(margin, error)) + 1e-9
-          and gains[c] > lost]
+    ok = [c for c in movers(results, stay, e, margin) if gains[c] > lost]
     if not ok:
         return None
-    tolerance = max(NOISE, error)
+    tolerance = max(NOISE, max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0)
     if slower is not None and all(c in slower for c in [current, *ok]):
         # Staying put is one of the options: a change that the model wants by a few percent but that falls off
         # a cliff on the slower engine, where staying put holds, is no robust gain.
