@@ -149,11 +149,33 @@ def test_steady_noise_never_rolls_back(p: float, rate: float, seed: int) -> None
     _steady(p, rate, seed)
 
 
-@pytest.mark.xfail(strict=True, reason="known false rollback at 1 req/s: 45 s of evidence (41 requests) after the "
-                   "change show 26% fewer in time against a 26% noise bound; verification needs more evidence at low "
-                   "rates (issue 18, open)")
-def test_steady_noise_at_one_request_per_second_found_by_a_random_search() -> None:
-    _steady(0.8125, 1.0, 4382)
+# Steady draws at 1-5 req/s near those on which a random search found false rollbacks while the noise bound took
+# the larger of the binomial error and the window floor instead of their sum (autotune/verify.noise; issue 18). The
+# search's p and rate were rounded here, which makes other draws; one of those still rolls back, kept as a strict xfail.
+KNOWN_FALSE_ROLLBACK = pytest.mark.xfail(strict=True, reason=(
+    "a known false rollback: the baseline's windows drew 88% in time against a true 76% (20 windows trending up), "
+    "the evidence 64%: 23% against a 22% bound (issue 18, open)"))
+LOW_RATE_DRAWS = [(0.8125, 1.0, 4382), (0.487, 1.44, 679478), pytest.param(0.764, 1.92, 611804, marks=KNOWN_FALSE_ROLLBACK),
+                  (0.8736754600959129, 1.3795982625704721, 659503), (0.687, 3.75, 581084), (0.534, 2.83, 55859)]
+
+
+@pytest.mark.parametrize("p,rate,seed", LOW_RATE_DRAWS)
+def test_steady_noise_at_a_few_requests_per_second_never_rolls_back(p: float, rate: float, seed: int) -> None:
+    _steady(p, rate, seed)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(p=st.floats(0.05, 1.0), rate=st.floats(1.0, 5.0), seed=st.integers(0, 10**6))
+def test_steady_noise_at_low_rates_never_rolls_back(p: float, rate: float, seed: int) -> None:
+    """Where a window holds 15-75 requests, its binomial scatter and the bursts' are of a size."""
+    _steady(p, rate, seed)
+
+
+def test_a_cliff_at_two_requests_per_second_is_still_rolled_back() -> None:
+    """The wider bound at low rates still catches issue 18's cliff (56% in time -> 9%) with the full evidence."""
+    slow = steady(0.0, CHANGE_AT, 64, 0.56, rate=2.0)
+    v = verify(CHANGE_AT, 64, 512, slow, after(512, 0.09, 75.0, rate=2.0), CHANGE_AT + 165.0)
+    assert v.outcome == Outcome.ROLL_BACK and v.why == Why.WORSE, v.message
 
 
 def _steady(p: float, rate: float, seed: int) -> None:
