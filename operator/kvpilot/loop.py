@@ -122,10 +122,12 @@ def requests_of(body: dict[str, Any]) -> str | None:
 
 
 def pod_limit(engine: InferenceEngine, observed: Observed) -> int:
-    """The most serving pods the engine runs at once: its replicas, plus the surge its Deployment allows."""
+    """The most serving pods the engine runs at once: its replicas, plus the surge its Deployment allows, plus a
+    canary retune's pod (autotune/canary.py)."""
     dep = observed.deployment
     surge = dep.rolling_update[0] if dep is not None and dep.rolling_update is not None else 0
-    return engine.spec.serving.replicas + max(surge, 0)
+    canary = observed.canary_deployment
+    return engine.spec.serving.replicas + max(surge, 0) + (max(canary.replicas, canary.pods) if canary else 0)
 
 
 def _runtime_batch(status: EngineStatus) -> int | None:
@@ -243,12 +245,13 @@ class EngineLoops:
             engine = loop.engine()  # the latest body: it may have changed while queued
             loop.generation = engine.meta.generation
             kv = await self.signals.window(loop.sampler, engine, loop.pods, loop.pod_limit)
+            canary_kv = await self.signals.canary_windows(loop.sampler, engine, loop.pods)
             samples, prompts = loop.sampler.fresh()  # the engine fit takes each sample once (autotune/trust.py)
             self.planner.observe_pods(engine, samples, prompts, self.wall_clock(), _runtime_batch(loop.status()) or 0)
             raw = loop.body.get("status")
             p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},
                                           self.settings, kv, now=self.now(), planner=self.planner,
-                                          typed=loop.status(), writer=self.writer)
+                                          typed=loop.status(), writer=self.writer, canary_kv=canary_kv)
         before = _runtime_batch(loop.status())  # the stored status (its parse is kept per version)
         if p.written is not None:
             loop.wrote(p.written, p.status)

@@ -224,11 +224,12 @@ async def _post_events(api: Api, engine: InferenceEngine, events: list[Event]) -
 async def reconcile(
     api: Api, engine: InferenceEngine, status: dict[str, Any], settings: Settings, kv: KvWindow | None,
     now: datetime | None = None, planner: Planner | None = None, typed: EngineStatus | None = None, *,
-    writer: ChildWriter,
+    writer: ChildWriter, canary_kv: tuple[KvWindow | None, KvWindow | None] = (None, None),
 ) -> tuple[Plan, Observed]:
     """One pass for ``engine`` whose stored status is ``status`` (``typed``: its parse, when the caller keeps
     one; else it is parsed here, once); returns the plan and what was observed. ``writer`` is the operator's
-    one write layer (over ``api``): it sends the children's writes.
+    one write layer (over ``api``): it sends the children's writes. ``canary_kv``: the windows of a canary pod
+    and of the other pods, while one runs (autotune/canary.py).
 
     Reads come from the watch cache; a child is written only when it differs from the plan on what kvpilot
     owns. Every failed write reaches status (Degraded, naming the object and the reason) before the pass
@@ -236,7 +237,7 @@ async def reconcile(
     started = time.monotonic()
     stored = typed if typed is not None else parse_status(status)
     at = now or datetime.now(timezone.utc)
-    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus, at)
+    observed = observe_engine(api.cache, engine, stored, settings, kv, api.gpus, at, canary_kv)
     # A plan that may run the tuner's what-if simulation runs off the event loop, within a CPU budget.
     p = await planner.plan(engine, observed, settings, at) if planner else plan(engine, observed, settings, at)
     ns = engine.meta.namespace

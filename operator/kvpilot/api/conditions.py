@@ -29,7 +29,7 @@ ConditionReason = Literal[
     # Available
     "ScaledToZero", "EngineNotReady", "MinimumReplicasAvailable", "PodsUnschedulable", "PodsNotReady",
     # Progressing (also "Building")
-    "RollingOut", "ProgressDeadlineExceeded", "Settled",
+    "RollingOut", "ProgressDeadlineExceeded", "Settled", "CanaryRunning",
     # Degraded (also "BuildFailed", "CacheClaimMissing", "PodsUnschedulable")
     "InsufficientGPU", "PodsFailing", "AsExpected", "ApplyFailed", "NameConflict", "ForeignPods",
     "CacheClaimTerminating",  # Progressing is also ApplyFailed or NameConflict when a write failed (reconcile.py)

@@ -180,6 +180,7 @@ class AutotuneSpec:
     allow_rebuild: bool
     metrics: MetricsSpec
     slo: Optional[SloSpec] = None
+    canary: str = "Auto"  # Auto: a change proposed for a gain is tried on one pod first (autotune/canary.py); Off
 
 
 @dataclass(frozen=True)

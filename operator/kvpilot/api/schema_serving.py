@@ -257,6 +257,16 @@ def autotune_schema() -> Schema:
             "warmupSeconds": integer(
                 "Metrics of a pod younger than this are ignored (cold caches mislead).", 0, 3600, default=60
             ),
+            "canary": string(
+                "Auto: in mode Auto, a change the tuner proposes for a gain (not a protective lower, a rollback or "
+                "a correction into the bounds) is first tried on one pod beside the others behind the same "
+                "Service (the <name>-canary Deployment), compared with them over the same windows, then promoted "
+                "to every pod or rolled back; only for an engine of two or more replicas on a Deployment (a "
+                "multi-node engine, or a single pod, is verified after the change instead). Off: every change "
+                "rolls to every pod at once and is verified after it.",
+                enum=("Auto", "Off"),
+                default="Auto",
+            ),
             "allowRebuild": boolean(
                 "May raise the engine's ceiling (build.maxBatchSize in force) through a new build when the gain "
                 "outweighs the build and restart cost.",

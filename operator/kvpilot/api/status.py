@@ -251,6 +251,31 @@ class VerificationStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class CanaryStatus:
+    """``status.autotune.canary``: the canary retune running now (one pod at the new limit beside the others,
+    autotune/canary.py), and how the last one ended."""
+
+    phase: Literal["Running", "Promoting"] | None = None
+    from_batch_size: int | None = None
+    to_batch_size: int | None = None
+    reason: str | None = None
+    started_at: str | None = None
+    spare: bool | None = None
+    ready_at: str | None = None
+    pod: str | None = None
+    canary: VerificationSide | None = None
+    others: VerificationSide | None = None
+    in_force_at: str | None = None
+    last_batch: int | None = None
+    calm_at: str | None = None
+    seen_until: str | None = None
+    pods: str | None = None
+    outcome: Literal["Promoted", "RolledBack"] | None = None
+    message: str | None = None
+    decided_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AutotuneStatus:
     """``status.autotune``: what the tuner recommends and what it did."""
 
@@ -262,6 +287,7 @@ class AutotuneStatus:
     what_if_declined_at: str | None = None
     model: ModelStatus | None = None
     verification: VerificationStatus | None = None
+    canary: CanaryStatus | None = None
 
 
 @dataclasses.dataclass(frozen=True)

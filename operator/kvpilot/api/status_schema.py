@@ -246,6 +246,34 @@ def _verification() -> Schema:
     )
 
 
+def _canary() -> Schema:
+    return obj(
+        "The canary retune running now (one pod at the new value beside the others, judged against them, then "
+        "promoted or rolled back), and how the last one ended.",
+        {
+            "phase": string("Running (judged against the other pods) or Promoting (the others take the value); "
+                            "absent: no canary runs.", enum=("Running", "Promoting")),
+            "fromBatchSize": integer("The value the other pods run.", 0),
+            "toBatchSize": integer("The value the canary runs.", 0),
+            "reason": string("Why the tuner proposed the change (PascalCase).", 64),
+            "startedAt": string("When the canary started.", 64, fmt="date-time"),
+            "spare": boolean("It started beside every other pod (a free GPU), not in place of one."),
+            "readyAt": string("When the canary pod was first Ready.", 64, fmt="date-time"),
+            "pod": string("The canary pod.", 253),
+            "canary": _verification_side(),
+            "others": _verification_side(),
+            "inForceAt": string("When the canary's first clean window began.", 64, fmt="date-time"),
+            "lastBatch": integer("The canary's mean batch in its last window.", 0),
+            "calmAt": string("When its evidence starts (its batch settled, one request later).", 64, fmt="date-time"),
+            "seenUntil": string("The end of the last window taken in.", 64, fmt="date-time"),
+            "pods": string("The serving pods and their restarts when last seen (a digest).", 64),
+            "outcome": string("How the last canary ended.", enum=("Promoted", "RolledBack")),
+            "message": string("The last canary's verdict with both groups' figures.", 1024),
+            "decidedAt": string("When the last canary ended.", 64, fmt="date-time"),
+        },
+    )
+
+
 def _autotune() -> Schema:
     return obj(
         "What the tuner recommends and what it did.",
@@ -264,6 +292,7 @@ def _autotune() -> Schema:
                              HISTORY_LIMIT),
             "model": _model(),
             "verification": _verification(),
+            "canary": _canary(),
         },
     )
 

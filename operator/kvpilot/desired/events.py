@@ -15,6 +15,7 @@ from kvpilot.api.status import (
     BatchingStatus,
     BuildState,
     BuildStatus,
+    CanaryStatus,
     ConditionRecord,
     DecisionRecord,
     EngineStatus,
@@ -67,10 +68,28 @@ def events_between(old: EngineStatus, new: EngineStatus) -> list[Event]:
             and nrec != orec:
         out.append(Event("Normal", "AutotuneRecommendation",
                          f"Recommend {nrec.action} to {nrec.to_batch_size}: {nrec.message or ''}"[:1024]))
+    out += _canary_events(old, new)
     odeg, ndeg = old.condition(DEGRADED), new.condition(DEGRADED)
     if ndeg is not None and ndeg.status == "True" and _status_reason(odeg) != ("True", ndeg.reason):
         if ndeg.reason != "BuildFailed":  # already reported as EngineBuildFailed
             out.append(Event("Warning", ndeg.reason, ndeg.message))
+    return out
+
+
+def _canary_events(old: EngineStatus, new: EngineStatus) -> list[Event]:
+    """CanaryStarted, CanaryPromoted, CanaryRolledBack (Warning, with both groups' figures): once per transition
+    of status.autotune.canary (autotune/canary.py)."""
+    was = (old.autotune or AutotuneStatus()).canary or CanaryStatus()
+    now = (new.autotune or AutotuneStatus()).canary or CanaryStatus()
+    out: list[Event] = []
+    if now.phase == "Running" and (was.phase is None or was.started_at != now.started_at):
+        out.append(Event("Normal", "CanaryStarted",
+                         f"Trying runtime max_batch_size {now.to_batch_size} on one pod beside the pods at "
+                         f"{now.from_batch_size} ({now.reason or 'the tuner'}); the others keep serving"[:1024]))
+    if now.outcome is not None and now.decided_at is not None and now.decided_at != was.decided_at:
+        promoted = now.outcome == "Promoted"
+        out.append(Event("Normal" if promoted else "Warning", "CanaryPromoted" if promoted else "CanaryRolledBack",
+                         f"Canary {now.from_batch_size} -> {now.to_batch_size}: {now.message or ''}"[:1024]))
     return out
 
 

@@ -15,6 +15,9 @@ FINGERPRINT_ANNOTATION = "serving.kvpilot.io/fingerprint"
 CONFIG_HASH_ANNOTATION = "serving.kvpilot.io/config-hash"
 BATCH_ANNOTATION = "serving.kvpilot.io/max-batch-size"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+# On the canary Deployment and its pods (autotune/canary.py): the Service selects them with the others (its
+# selector is the engine's and the component's), the canary Deployment only them.
+CANARY_LABEL = "serving.kvpilot.io/canary"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvpilot"}
 
 
@@ -53,6 +56,14 @@ def owner_reference(owner: ObjectRef, controller: bool = True) -> dict[str, Any]
 
 def deployment_name(name: str) -> str:
     return name
+
+
+def canary_deployment_name(name: str) -> str:
+    return f"{name}-canary"
+
+
+def canary_config_map_name(name: str) -> str:
+    return f"{name}-canary-llm-api"
 
 
 def service_name(name: str) -> str:

@@ -62,6 +62,8 @@ class PodState:
     # The last exit of a container that stopped (kubelet's lastState.terminated): its exit code and the
     # termination message, which holds the cause (the log tail: terminationMessagePolicy FallbackToLogsOnError).
     last_exit: str | None = None
+    canary: bool = False  # a canary retune's pod (label serving.kvpilot.io/canary: autotune/canary.py)
+    max_batch_size: str | None = None  # the runtime limit its template gave it (annotation), as written
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,11 @@ class Observed:
     # Pods wearing the engine's labels that its serving workload did not create (observe/lineage.py): they feed
     # no decision, and Degraded names them.
     foreign_pods: tuple[str, ...] = ()
+    # A canary retune (autotune/canary.py): the <name>-canary Deployment, and the windows of its pod and of the
+    # other pods over the same interval (None: none, or no canary runs).
+    canary_deployment: DeploymentState | None = None
+    canary_kv: KvWindow | None = None
+    others_kv: KvWindow | None = None
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:
@@ -208,6 +215,8 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         deleting=bool(pod["metadata"].get("deletionTimestamp")),
         ready_after_s=ready_after,
         last_exit=last_exit,
+        canary=(pod["metadata"].get("labels") or {}).get(L.CANARY_LABEL) == "true",
+        max_batch_size=annotations.get(L.BATCH_ANNOTATION),
     )
 
 

@@ -48,6 +48,12 @@ from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.desired.verifying import observed_memory, verification_status
+from kvpilot.desired.canary import canary_children
+from kvpilot.desired.canary_pass import (CanaryPass, canary_message, canary_status, judge_canary, start_canary,
+                                         verified_memory)
+from kvpilot.desired.rollout import surge_pods_in_force
+from kvpilot.autotune import canary as C
+from kvpilot.api.conditions import PROGRESSING, true
 from kvpilot.desired.contract import METRICS_VALID, metrics_condition, release_condition
 from kvpilot.trtllm.probe import refusal_in
 from kvpilot.trtllm.serve import ServedEngine, serving_surface
@@ -83,14 +89,17 @@ def _deployment(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batc
     return dep
 
 
-def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch: int,
-              observed: Observed) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
-    """What serves the engine, with its Service and PodDisruptionBudget: a Deployment, or for a multi-node engine
-    a LeaderWorkerSet of groups with its scripts, and its SSH Secret to create once (desired/multinode.py)."""
+def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch: int, observed: Observed,
+              canary: _CanaryRender) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
+    """What serves the engine, with its Service and PodDisruptionBudget: a Deployment (and a canary retune's, where
+    one runs or ran), or for a multi-node engine a LeaderWorkerSet of groups with its scripts, and its SSH Secret to
+    create once (desired/multinode.py)."""
     meta, spec = engine.meta, engine.spec
     if not spec.multinode:
         pdb = serving.pod_disruption_budget(meta, spec)
-        return [_deployment(engine, what, cm, batch, observed), serving.service(meta, spec), *([pdb] if pdb else [])], ()
+        dep = _deployment(engine, what, cm, batch, observed)
+        dep["spec"]["replicas"] = canary.old_pods
+        return [dep, *canary.render(engine, what, observed), serving.service(meta, spec), *([pdb] if pdb else [])], ()
     rollout = spec.serving.rollout
     limits = rolling_update(rollout, observed.surge_room, spec.serving.replicas)  # in groups (observe/cluster.py)
     dep = serving.deployment(meta, spec, what.served, image=what.image, claim=what.claim, max_batch_size=batch,
@@ -101,6 +110,24 @@ def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch:
     if kept is not None:
         lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"].update(maxSurge=kept[0], maxUnavailable=kept[1])
     return multinode.serving_children(meta, spec, lws)
+
+
+@dataclass(frozen=True)
+class _CanaryRender:
+    """What a canary retune asks of the rendering: how many pods the engine's own Deployment runs, and the canary
+    Deployment's value and pods (rendered while a canary runs, and at 0 pods once one has run: kvpilot deletes
+    nothing)."""
+
+    old_pods: int
+    value: int
+    pods: int
+
+    def render(self, engine: InferenceEngine, what: _Served, observed: Observed) -> list[dict[str, Any]]:
+        if self.pods == 0 and observed.canary_deployment is None:
+            return []
+        cm = serving.llm_api_config_map(engine.meta, engine.spec, what.served, self.value, what.surface)
+        dep = _deployment(engine, what, cm, self.value, observed)
+        return canary_children(engine.meta, dep, cm, self.pods)
 
 
 def _limits_between_rollouts(strategy: str, template: dict[str, Any],
@@ -206,14 +233,32 @@ def _decided(spec: InferenceEngineSpec, observed: Observed, what: _Served, curre
 
 
 def _verified(memory: Memory | None, before: _InForce, after: _InForce, previous: AutotuneStatus | None,
-              now: datetime) -> VerificationStatus | None:
-    """What verification keeps once this pass has decided (None: tuning is off, status.autotune stays)."""
+              now: datetime, cpass: CanaryPass) -> VerificationStatus | None:
+    """What verification keeps once this pass has decided (None: tuning is off, status.autotune stays). A change
+    the canary tries is not in force yet (verification watches it once promoted)."""
     if memory is None:
         return None
+    memory = verified_memory(memory, cpass, now)
     rollback = after.decision is not None and after.decision.reason == TunerReason.ROLLED_BACK
-    kept = memory.decided(from_value=before.batch, to_value=after.batch, applied=after.moved, rollback=rollback,
-                          now_s=now.timestamp(), horizon_s=PLANNING_HORIZON_SECONDS)
+    kept = memory.decided(from_value=before.batch, to_value=after.batch, applied=after.moved and not cpass.started,
+                          rollback=rollback, now_s=now.timestamp(), horizon_s=PLANNING_HORIZON_SECONDS)
     return verification_status(kept, previous.verification if previous is not None else None)
+
+
+def _with_canary(spec: InferenceEngineSpec, observed: Observed, judged: CanaryPass, before: _InForce,
+                 after: _InForce, now: datetime) -> tuple[CanaryPass, _InForce]:
+    """The tuner's change tried on one pod first (the value in force stays), or the canary's promotion put in
+    force (autotune/canary.py)."""
+    spare = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0
+    cpass = start_canary(spec, judged, after.decision, after.moved, before.batch, spare, now)
+    if cpass.started and after.decision is not None:
+        return cpass, replace(before, decision=canary_message(after.decision), applied=True)
+    promoted_to = cpass.moves_to()
+    if promoted_to is None or cpass.promoted is None:
+        return cpass, after
+    reason = BatchingReason.AUTOTUNE_RAISED if promoted_to > before.batch else BatchingReason.AUTOTUNE_LOWERED
+    return cpass, replace(after, batch=promoted_to, reason=reason,
+                          message=f"promoted after its canary: {cpass.promoted.message}")
 
 
 def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime, *,
@@ -246,14 +291,22 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
 
     cm = config_map(before.batch)
     conds, rolling = conditions(before.batch, cm)
-    memory = observed_memory(observed.status, observed, current=before.batch, rolling=rolling,
+    judged = judge_canary(spec, observed, before.batch, rolling, now)
+    holding = rolling or judged.holds_tuner  # a canary holds the tuner like a rollout
+    memory = observed_memory(observed.status, observed, current=before.batch, rolling=holding,
                              expected_pods=spec.serving.replicas, now=now) if spec.autotune.enabled else None
-    after = _decided(spec, observed, what, before, rolling=rolling, building=build.building, now=now,
+    after = _decided(spec, observed, what, before, rolling=holding, building=build.building, now=now,
                      what_if=what_if, verification=memory or Memory())
-    if after.moved:
+    cpass, after = _with_canary(spec, observed, judged, before, after, now)
+    if after.batch != before.batch:
         cm = config_map(after.batch)
-        conds, _ = conditions(after.batch, cm)
-    workload, once = _workload(engine, what, cm, after.batch, observed) if what.can_serve else ([], ())
+        conds, rolling = conditions(after.batch, cm)
+    render = _CanaryRender(C.old_pods(cpass.canary, spec.serving.replicas),
+                           cpass.canary.to_value if cpass.canary else after.batch, C.canary_pods(cpass.canary, rolling))
+    if cpass.canary is not None and cpass.canary.phase == C.Phase.RUNNING:
+        conds = [true(PROGRESSING, "CanaryRunning", f"One pod tries max_batch_size {cpass.canary.to_value} beside "
+                      f"the pods at {cpass.canary.from_value}") if c.type == PROGRESSING else c for c in conds]
+    workload, once = _workload(engine, what, cm, after.batch, observed, render) if what.can_serve else ([], ())
     apply = [c for c in (claim_obj, cm) if c] + (workload or [serving.service(meta, spec)])
     job = None
     if build.create_job and claim is not None:
@@ -270,28 +323,32 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     if model is not None:
         conds.append(model_condition(model))
     status = _status(engine, observed, now, conds, build, what, previous_batching, before, after,
-                     _verified(memory, before, after, observed.status.autotune, now))
+                     _verified(memory, before, after, observed.status.autotune, now, cpass), cpass)
     return Plan(apply, job, index, status, events_between(observed.status, status), after.decision,
                 build.fingerprint, create_once=once)
 
 
 def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: list[Condition],
             build: BuildDecision, what: _Served, previous_batching: BatchingStatus, before: _InForce,
-            after: _InForce, verification: VerificationStatus | None = None) -> EngineStatus:
+            after: _InForce, verification: VerificationStatus | None = None,
+            cpass: CanaryPass = CanaryPass()) -> EngineStatus:
     spec, meta = engine.spec, engine.meta
     dep_state = observed.deployment
+    tuned = autotune_status(observed.status.autotune or AutotuneStatus(), after.decision, current=before.batch,
+                            applied=after.applied, now=now, spec_ceiling=spec.build.max_batch_size,
+                            verification=verification)
+    if spec.autotune.enabled:
+        tuned = canary_status(tuned, cpass, observed, now)
+    extra = observed.canary_deployment
     return EngineStatus(
         observed_generation=meta.generation,
         conditions=merge_conditions(observed.status.conditions, conds, meta.generation, now,
                                     retired=() if spec.autotune.enabled else (METRICS_VALID, MODEL_TRUSTED)),
         batching=batching_status(spec, previous_batching, value=after.batch, reason=after.reason,
                                  message=after.message, ceiling=what.ceiling, now=now),
-        autotune=_with_model(autotune_status(observed.status.autotune or AutotuneStatus(), after.decision,
-                                             current=before.batch, applied=after.applied, now=now,
-                                             spec_ceiling=spec.build.max_batch_size, verification=verification),
-                             _model_status(spec, observed)),
-        replicas=dep_state.pods if dep_state else 0,
-        ready_replicas=dep_state.ready_replicas if dep_state else 0,
+        autotune=_with_model(tuned, _model_status(spec, observed)),
+        replicas=(dep_state.pods if dep_state else 0) + (extra.pods if extra else 0),
+        ready_replicas=(dep_state.ready_replicas if dep_state else 0) + (extra.ready_replicas if extra else 0),
         groups=groups_status(dep_state, list(observed.group_pods), spec.nodes_per_replica, observed.status.groups, now)
         if spec.multinode else None,
         selector=L.selector_string(meta.name),

@@ -23,12 +23,12 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.tuning import when
 
 
-def _seconds(value: str | None, now: datetime) -> float | None:
+def seconds_at(value: str | None, now: datetime) -> float | None:
     at = when(value, now)
     return at.timestamp() if at is not None else None
 
 
-def _stamp(seconds: float | None) -> str | None:
+def stamp(seconds: float | None) -> str | None:
     return rfc3339(datetime.fromtimestamp(seconds, timezone.utc)) if seconds is not None and math.isfinite(seconds) \
         else None
 
@@ -72,14 +72,14 @@ def memory_of(status: AutotuneStatus | None, now: datetime) -> Memory:
     latest = now.timestamp() + PLANNING_HORIZON_SECONDS
     bars = tuple(Bar(b.direction == "Raise", b.batch_size, min(until, latest), _count(b.requests_per_minute) / 60.0,
                      _count(b.prompt_tokens)) for b in record.bars or ()
-                 if b.direction and b.batch_size and b.batch_size > 0 and (until := _seconds(b.until, now)) is not None)
+                 if b.direction and b.batch_size and b.batch_size > 0 and (until := seconds_at(b.until, now)) is not None)
     base = Baseline(record.baseline_batch_size, side_of(record.baseline),
-                    _settle(record.baseline_in_force_at, record.baseline_last_batch, record.baseline_calm_at, now)) \
+                    settle_of(record.baseline_in_force_at, record.baseline_last_batch, record.baseline_calm_at, now)) \
         if record.baseline_batch_size else Baseline()
-    seen = _seconds(record.seen_until, now)
+    seen = seconds_at(record.seen_until, now)
     return Memory(baseline=base, watch=_watch_of(record.watch, now), bars=bars,
                   seen_until_s=seen if seen is not None and seen <= now.timestamp() else None,
-                  pods=record.pods or "", decided_at_s=_seconds(record.decided_at, now),
+                  pods=record.pods or "", decided_at_s=seconds_at(record.decided_at, now),
                   change_load=_load_of(record.change_requests_per_minute, record.change_prompt_tokens))
 
 
@@ -93,20 +93,20 @@ def _watch_of(record: VerificationWatch | None, now: datetime) -> Watch | None:
     if record is None or not record.from_batch_size or not record.to_batch_size or record.from_batch_size < 1 \
             or record.to_batch_size < 1:
         return None
-    changed = _seconds(record.changed_at, now)
+    changed = seconds_at(record.changed_at, now)
     if changed is None:
         return None
     return Watch(changed, record.from_batch_size, record.to_batch_size, side_of(record.before),
-                 _settle(record.in_force_at, record.last_batch, record.calm_at, now), side_of(record.after),
+                 settle_of(record.in_force_at, record.last_batch, record.calm_at, now), side_of(record.after),
                  max(0, record.other_load or 0))
 
 
-def _settle(in_force: str | None, last_batch: int | None, calm: str | None, now: datetime) -> Settle:
-    start = _seconds(in_force, now)
+def settle_of(in_force: str | None, last_batch: int | None, calm: str | None, now: datetime) -> Settle:
+    start = seconds_at(in_force, now)
     if start is None:
         return Settle()
     return Settle(start, float(last_batch) if last_batch is not None and last_batch >= 0 else None,
-                  _seconds(calm, now))
+                  seconds_at(calm, now))
 
 
 def verification_status(memory: Memory, previous: VerificationStatus | None) -> VerificationStatus:
@@ -118,19 +118,19 @@ def verification_status(memory: Memory, previous: VerificationStatus | None) -> 
         outcome=last.outcome.value if last is not None else prev.outcome,
         reason=last.why.value if last is not None else prev.reason,
         message=last.message[:1024] if last is not None else prev.message,
-        decided_at=_stamp(memory.decided_at_s) if last is not None else prev.decided_at,
+        decided_at=stamp(memory.decided_at_s) if last is not None else prev.decided_at,
         watch=None if w is None else VerificationWatch(
-            changed_at=_stamp(w.change_at_s), from_batch_size=w.from_value, to_batch_size=w.to_value,
-            before=side_record(w.baseline), after=side_record(w.after), in_force_at=_stamp(w.settle.in_force_s),
+            changed_at=stamp(w.change_at_s), from_batch_size=w.from_value, to_batch_size=w.to_value,
+            before=side_record(w.baseline), after=side_record(w.after), in_force_at=stamp(w.settle.in_force_s),
             last_batch=round(w.settle.last_batch) if w.settle.last_batch is not None else None,
-            calm_at=_stamp(w.settle.calm_s), other_load=w.other_load),
+            calm_at=stamp(w.settle.calm_s), other_load=w.other_load),
         baseline_batch_size=memory.baseline.limit, baseline=side_record(memory.baseline.side),
-        baseline_in_force_at=_stamp(memory.baseline.settle.in_force_s),
+        baseline_in_force_at=stamp(memory.baseline.settle.in_force_s),
         baseline_last_batch=round(memory.baseline.settle.last_batch) if memory.baseline.settle.last_batch is not None
-        else None, baseline_calm_at=_stamp(memory.baseline.settle.calm_s),
-        bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, _stamp(b.until_s),
+        else None, baseline_calm_at=stamp(memory.baseline.settle.calm_s),
+        bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, stamp(b.until_s),
                                    round(b.offered_per_s * 60), round(b.prompt_mean)) for b in memory.bars) or None,
-        seen_until=_stamp(memory.seen_until_s), pods=memory.pods or None,
+        seen_until=stamp(memory.seen_until_s), pods=memory.pods or None,
         change_requests_per_minute=round(memory.change_load[0] * 60) if memory.change_load else None,
         change_prompt_tokens=round(memory.change_load[1]) if memory.change_load else None)
 

@@ -68,14 +68,16 @@ def parse_index(entries: list[dict[str, Any]], claim: str, claim_uid: str) -> di
 def observe_engine(
     cache: ChildCache, engine: InferenceEngine, typed_status: EngineStatus, settings: Settings,
     kv: KvWindow | None, gpus: GpuCapacity | None = None, now: datetime | None = None,
+    canary_kv: tuple[KvWindow | None, KvWindow | None] = (None, None),
 ) -> Observed:
     """Everything one reconcile reads, from the watch cache: no API call (the cache is primed before the
     first reconcile and kept current by the watches, so a deletion or an edit is seen like any change).
     ``typed_status`` is the engine's stored status, parsed by the caller.
 
     Only what is the engine's counts (issue 22): its Deployment when this engine controls it, the build Job when
-    it is kvpilot's build Job of these inputs, and the pods whose owner chain leads to that Deployment
-    (observe/lineage.py); other pods wearing its labels are named in ``foreign_pods``."""
+    it is kvpilot's build Job of these inputs, and the pods whose owner chain leads to that Deployment (or to its
+    canary Deployment: autotune/canary.py) (observe/lineage.py); other pods wearing its labels are named in
+    ``foreign_pods``. ``canary_kv``: the windows of a canary pod and of the other pods, when one runs."""
     spec, meta = engine.spec, engine.meta
     ns = meta.namespace
     claim = cache_claim_name(meta, spec)
@@ -127,6 +129,9 @@ def observe_engine(
         workers=serving.workers,
         group_pods=serving.group_pods,
         foreign_pods=lineage.foreign,
+        canary_deployment=serving.canary,
+        canary_kv=canary_kv[0],
+        others_kv=canary_kv[1],
     )
 
 
@@ -142,13 +147,18 @@ class _Serving:
     surge_room: int | None
     workers: tuple[PodState, ...] = ()
     group_pods: tuple[GroupPod, ...] = ()
+    canary: DeploymentState | None = None  # a canary retune's Deployment (desired/canary.py)
 
 
 def _single(cache: ChildCache, engine: InferenceEngine, gpus: GpuCapacity | None) -> _Serving:
     dep = cache.get("Deployment", engine.meta.namespace, L.deployment_name(engine.meta.name))
     if dep is not None and not controlled_by(dep, engine.meta.uid):
         dep = None  # not the engine's (NameConflict when it writes): nothing of it counts
-    return _Serving(deployment_state(dep) if dep else None, surge_room(dep, gpus))
+    canary = cache.get("Deployment", engine.meta.namespace, L.canary_deployment_name(engine.meta.name))
+    if canary is not None and not controlled_by(canary, engine.meta.uid):
+        canary = None
+    return _Serving(deployment_state(dep) if dep else None, surge_room(dep, gpus),
+                    canary=deployment_state(canary) if canary else None)
 
 
 def _multinode(cache: ChildCache, engine: InferenceEngine, owned: list[dict[str, Any]],

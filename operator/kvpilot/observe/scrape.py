@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -337,18 +337,22 @@ class EngineSampler:
         return samples, prompts
 
     def window(
-        self, interval_seconds: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+        self, interval_seconds: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+        only: Collection[str] | None = None,
     ) -> KvWindow | None:
+        """The last ``interval_seconds`` of every pod's samples, or of the pods named in ``only`` (a canary pod, or
+        the pods beside it: autotune/canary.py); a group's window carries no rejection note (the whole one does)."""
         self._prune(self.clock() - interval_seconds)
+        pods = {p: r for p, r in self.pods.items() if only is None or p in only}
         window = summarize(
-            {p: list(r.samples) for p, r in self.pods.items()},
-            {p: [snap for _at, snap in r.latency] for p, r in self.pods.items()},
+            {p: list(r.samples) for p, r in pods.items()},
+            {p: [snap for _at, snap in r.latency] for p, r in pods.items()},
             window_seconds=interval_seconds,
             slo_ttft_ms=slo_ttft_ms,
             slo_tpot_ms=slo_tpot_ms,
             arrival_counts=equal_periods([(period, count) for _, period, count in self.arrivals]),
         )
-        if not self.rejections:
+        if not self.rejections or only is not None:
             return window
         _, pod, reason, message = self.rejections[-1]
         note = f"Pod {pod}: {reason}: {message}"[:300]

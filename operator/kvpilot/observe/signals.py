@@ -124,3 +124,29 @@ class MetricsSource:
                 telemetry.METRICS_REJECTED.labels(reason=exc.reason).inc()
             log.warning("Could not query Prometheus for InferenceEngine %s: %s", engine.meta.name, exc)
             return None
+
+    async def canary_windows(self, sampler: EngineSampler, engine: InferenceEngine,
+                             pods: Sequence[PodState]) -> tuple[KvWindow | None, KvWindow | None]:
+        """The windows of a canary pod and of the other pods over the same interval (autotune/canary.py), each
+        in the engine's own time; (None, None) without a canary pod or with autotune off."""
+        tune = engine.spec.autotune
+        canary = {p.name for p in pods if p.canary}
+        if not tune.enabled or not canary:
+            return None, None
+        others = {p.name for p in pods if not p.canary}
+        slo = tune.slo
+        ttft = slo.time_to_first_token_millis if slo else None
+        tpot = slo.time_per_output_token_millis if slo else None
+        if not from_prometheus(tune):
+            return (engine_time(sampler.window(tune.interval_seconds, ttft, tpot, only=canary), engine.spec),
+                    engine_time(sampler.window(tune.interval_seconds, ttft, tpot, only=others), engine.spec))
+        now = self.now()
+        warm = {p.name for p in pods if is_warm(p, now, tune.warmup_seconds)}
+        try:
+            windows = [await query_prometheus(self.session(), tune.metrics.url or "", engine.meta.namespace,
+                                              engine.meta.name, tune.interval_seconds, group & warm, ttft, tpot,
+                                              pins=self.pins) for group in (canary, others)]
+            return windows[0], windows[1]
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("Could not query Prometheus for the canary of InferenceEngine %s: %s", engine.meta.name, exc)
+            return None, None

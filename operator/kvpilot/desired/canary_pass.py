@@ -1,0 +1,134 @@
+"""What a canary retune (autotune/canary.py) does to one plan: judge the one running, start one for the tuner's
+decision, and fold the outcome into status. Pure; ``desired/plan.py`` calls it around the tuner's decision.
+
+While a canary runs or is promoted the tuner holds (as during any rollout: RolloutInProgress): the value in force
+(status.batching) stays the old pods' until the canary is promoted, so everything that reads it (the rendering
+of the engine's own Deployment, verification's baseline, the cooldown) is unchanged by a canary that is rolled
+back. The pass that ends a canary decides nothing else: the next one reads the outcome from status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from kvpilot.api.models import InferenceEngineSpec
+from kvpilot.api.status import Action, AutotuneStatus, DecisionRecord
+from kvpilot.api.status_schema import HISTORY_LIMIT
+from kvpilot.api.timestamps import rfc3339
+from kvpilot.autotune import canary as C
+from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.verification import Memory
+from kvpilot.autotune.verify import Outcome, Verdict, bar_after_rollback
+from kvpilot.desired.batching import tuning_applies
+from kvpilot.desired.canary import canary_figures, canary_of, canary_pod, canary_record
+from kvpilot.desired.observed import Observed
+from kvpilot.desired.verifying import pods_digest
+
+
+@dataclass(frozen=True)
+class CanaryPass:
+    """The canary after this pass's judgement: the one still running (or promoting), and what this pass ended."""
+
+    canary: C.Canary | None = None
+    promoted: Verdict | None = None  # this pass promotes it: the value moves to canary.to_value
+    rolled_back: Verdict | None = None  # this pass rolls it back
+    ended: C.Canary | None = None  # the canary this pass rolled back or saw promoted everywhere
+    started: bool = False  # this pass started ``canary`` for the tuner's decision
+
+    @property
+    def holds_tuner(self) -> bool:
+        """Whether the tuner holds this pass: a canary runs, or this pass ended one."""
+        return self.canary is not None or self.ended is not None
+
+    def moves_to(self) -> int | None:
+        """The value this pass puts in force on the engine's own pods (promotion), None when it keeps it."""
+        return self.canary.to_value if self.promoted is not None and self.canary is not None else None
+
+
+def judge_canary(spec: InferenceEngineSpec, observed: Observed, in_force: int, old_rolling: bool,
+                 now: datetime) -> CanaryPass:
+    """The canary status holds, judged on this interval's windows. ``in_force``: the value status holds for the
+    engine's own pods; ``old_rolling``: whether they are rolling (their template, or their count)."""
+    canary = canary_of(observed.status.autotune, now) if tuning_applies(spec) else None
+    if canary is None or not _still_applies(spec, canary, in_force):
+        return CanaryPass()
+    if canary.phase == C.Phase.PROMOTING:
+        return CanaryPass(canary) if old_rolling else CanaryPass(ended=canary)
+    pod = canary_pod(observed)
+    canary = canary.became_ready(pod is not None and pod.ready, now.timestamp())
+    old_pods = C.old_pods(canary, spec.serving.replicas)
+    figures = canary_figures(observed, old_pods, now)
+    canary = canary.observe(*figures, pods_digest(observed))
+    verdict = canary.verdict(now.timestamp())
+    if verdict.outcome == Outcome.KEEP:
+        return CanaryPass(canary.promoted(), promoted=verdict)
+    if verdict.outcome == Outcome.ROLL_BACK:
+        return CanaryPass(rolled_back=verdict, ended=canary)
+    return CanaryPass(canary)
+
+
+def _still_applies(spec: InferenceEngineSpec, canary: C.Canary, in_force: int) -> bool:
+    """A canary whose old value is no longer the one in force (the user reset spec.batching.maxBatchSize, or the
+    engine's ceiling clamped it), or that the spec no longer allows, is dropped: the old pods go back to every
+    replica and the canary pod away."""
+    if spec.autotune.canary != "Auto" or spec.multinode or spec.serving.replicas < C.MIN_REPLICAS:
+        return False
+    return in_force == (canary.from_value if canary.phase == C.Phase.RUNNING else canary.to_value)
+
+
+def start_canary(spec: InferenceEngineSpec, judged: CanaryPass, decision: Decision | None, applied: bool,
+                 in_force: int, spare: bool, now: datetime) -> CanaryPass:
+    """A canary for the tuner's ``decision`` when it applies one that is tried on one pod first
+    (``canary.wants_canary``); else the pass as judged."""
+    if judged.holds_tuner or not applied or decision is None or not C.wants_canary(
+            decision, spec.serving.replicas, spec.multinode, spec.autotune.canary == "Auto"):
+        return judged
+    return CanaryPass(C.start(decision, in_force, now.timestamp(), spare), started=True)
+
+
+def verified_memory(memory: Memory, cpass: CanaryPass, now: datetime) -> Memory:
+    """Verification's memory once the canary has acted: a promoted change is watched like any applied one (on
+    every pod, against the baseline at the old value); a rolled-back canary bars the direction that failed, at
+    the load measured at the old value, as a rollback does."""
+    ended = cpass.ended
+    if cpass.promoted is not None and cpass.canary is not None:
+        c = cpass.canary
+        return memory.decided(from_value=c.from_value, to_value=c.to_value, applied=True, rollback=False,
+                              now_s=now.timestamp(), horizon_s=PLANNING_HORIZON_SECONDS)
+    if cpass.rolled_back is not None and ended is not None:
+        side = memory.baseline.side if memory.baseline.limit == ended.from_value else None
+        bar = bar_after_rollback(ended.from_value, ended.to_value, now.timestamp(), PLANNING_HORIZON_SECONDS,
+                                 memory.bars, side)
+        return replace(memory, bars=(*memory.bars, bar)[-8:])
+    return memory
+
+
+def canary_status(tune: AutotuneStatus, cpass: CanaryPass, observed: Observed, now: datetime) -> AutotuneStatus:
+    """status.autotune with the canary folded in: its record; a rolled-back canary's history record (the pair of
+    it and the change it undid leaves the tuner's anti-oscillation memory, as a rollback's does); the cooldown
+    counted from a promotion."""
+    pod = canary_pod(observed)
+    ending: tuple[C.Canary, C.Ending, str, float] | None = None
+    if cpass.promoted is not None and cpass.canary is not None:
+        ending = (cpass.canary, C.Ending.PROMOTED, f"promoted: {cpass.promoted.message}", now.timestamp())
+    elif cpass.rolled_back is not None and cpass.ended is not None:
+        ending = (cpass.ended, C.Ending.ROLLED_BACK, f"rolled back: {cpass.rolled_back.message}", now.timestamp())
+    out = replace(tune, canary=canary_record(cpass.canary, tune.canary, pod.name if pod else None, ending))
+    if cpass.promoted is not None:
+        out = replace(out, last_applied_at=rfc3339(now), what_if_declined_at=None)
+    ended = cpass.ended
+    if cpass.rolled_back is not None and ended is not None:
+        record = DecisionRecord(at=rfc3339(now), action=Action.LOWER if ended.to_value > ended.from_value
+                                else Action.RAISE, from_batch_size=ended.to_value, to_batch_size=ended.from_value,
+                                reason=TunerReason.ROLLED_BACK,
+                                message=f"canary rolled back: {cpass.rolled_back.message}"[:1024], applied=True)
+        out = replace(out, history=(record, *(out.history or ()))[:HISTORY_LIMIT])
+    return out
+
+
+def canary_message(decision: Decision) -> Decision:
+    """The tuner's decision as the canary tries it (status.autotune.history says it went to one pod first)."""
+    return replace(decision, message=f"tried on one pod first (canary): {decision.message}")
