@@ -119,3 +119,21 @@ def test_the_metrics_source_splits_the_canary_from_the_others() -> None:
     canary, others = asyncio.run(windows())
     assert getattr(canary, "pods") == 1 and getattr(others, "pods") == 1
     assert asyncio.run(MetricsSource().canary_windows(sampler, e, pods[1:])) == (None, None)  # no canary pod
+
+
+def test_a_clear_gain_is_promoted_on_a_minute_of_evidence_and_no_loss_on_two() -> None:
+    """Every interval a canary is judged holds the other pods at the old value: a gain beyond the noise bound is
+    promoted as soon as a loss would be rolled back (a minute of settled evidence); a canary that serves the same
+    waits the two minutes a change in force is verified on."""
+    def after(share: float, windows: int) -> C.Canary:
+        c = C.start(RAISE, 64, 0.0, spare=False)
+        for k in range(1, windows + 1):
+            c = c.observe(figures(15.0 * k, 512, share), figures(15.0 * k, 64, 0.6), "pods")
+        return c
+
+    assert after(0.9, 6).judged.canary.seconds == 45.0 and after(0.9, 6).verdict(90.0).outcome == Outcome.UNDECIDED
+    gain = after(0.9, 7).verdict(105.0)
+    assert gain.outcome == Outcome.KEEP and gain.why == Why.BETTER
+    assert after(0.6, 7).verdict(105.0).outcome == Outcome.UNDECIDED
+    same = after(0.6, 11).verdict(165.0)
+    assert same.outcome == Outcome.KEEP and same.why == Why.NO_WORSE

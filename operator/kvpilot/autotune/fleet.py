@@ -43,6 +43,8 @@ class Replica:
     retire: bool = False  # surge: an old replica draining out of the fleet
     unstarted: deque[RequestRecord] = field(default_factory=deque)  # sent, no first token yet (arrival order)
     unscheduled: deque[RequestRecord] = field(default_factory=deque)  # sent, not scheduled yet (arrival order)
+    sent: int = 0  # requests sent to it, and of those the ones it aborted (client gone, or shed): a canary's share
+    gave_up: int = 0
 
     def load(self) -> int:
         """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
@@ -114,6 +116,7 @@ class Fleet:
         except RequestRejected:
             return True  # never servable: it counts as a miss (its arrival is in the workload total)
         target.held.append(record)
+        target.sent += 1
         self.placed[id(record)] = target.name
         target.unstarted.append(record)
         if self.queue_timeout_s is not None:
@@ -136,6 +139,7 @@ class Fleet:
                     pending.popleft()
                     if r.state != "down" and r.engine.abort(record):
                         self.abandoned += 1
+                        r.gave_up += 1
                 else:
                     break  # sent in arrival order: the rest are younger
             if self.queue_timeout_s is None:
@@ -150,6 +154,7 @@ class Fleet:
                     waiting.popleft()
                     if r.state != "down" and r.engine.abort(record):
                         self.shed += 1
+                        r.gave_up += 1
                 else:
                     break
 

@@ -290,8 +290,11 @@ def noise(before: Side, after: Side) -> float:
     return math.sqrt(var(before) + var(after))
 
 
-def judge(base: Side, new: Side, old_label: str, new_label: str) -> tuple[Outcome, Why, str]:
-    """Keep, roll back or wait, from the two sides' figures (each already clean and comparable)."""
+def judge(base: Side, new: Side, old_label: str, new_label: str,
+          better_seconds: float = KEEP_SECONDS) -> tuple[Outcome, Why, str]:
+    """Keep, roll back or wait, from the two sides' figures (each already clean and comparable).
+    ``better_seconds``: the evidence after which a gain beyond the noise bound is kept (a canary keeps one sooner
+    than a change in force, whose verdict only lifts the hold on a next step: autotune/verification.py)."""
     drop = base.share - new.share
     bound = max(MIN_DROP, Z * noise(base, new))
     figures = f"before, {old_label}: {base.text()}; after, {new_label}: {new.text()}"
@@ -299,7 +302,8 @@ def judge(base: Side, new: Side, old_label: str, new_label: str) -> tuple[Outcom
             new.seconds >= MIN_EVIDENCE_SECONDS or (drop >= CLEAR_DROP and new.seconds >= MIN_EVIDENCE_SECONDS / 2)):
         return Outcome.ROLL_BACK, Why.WORSE, (f"{new_label} serves {drop:.0%} less of its requests in time than "
                                               f"{old_label} (noise bound {bound:.0%}); {figures}")
-    if new.resolved >= MIN_REQUESTS and new.seconds >= KEEP_SECONDS:
+    clear_gain = -drop > bound and new.seconds >= better_seconds
+    if new.resolved >= MIN_REQUESTS and (new.seconds >= KEEP_SECONDS or clear_gain):
         why = Why.BETTER if -drop > bound else Why.NO_WORSE
         return Outcome.KEEP, why, (f"{new_label} serves {-drop:+.0%} of its requests in time against {old_label} "
                                    f"(noise bound {bound:.0%}); {figures}")

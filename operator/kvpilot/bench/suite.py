@@ -79,7 +79,8 @@ def _tuned(requests: list[Request], served: Served, start: int, ceiling: int, in
                          case.duration_s, start=start, policy=case.policy, autotune_max=ceiling, series=series,
                          spare_gpu=case.spare_gpu, queue_timeout_s=case.queue_timeout_s,
                          served=served_profile(case.profile, served.perturbation),
-                         in_engine_tuner=in_engine_tuner and case.backend != "pytorch", backend=case.backend)
+                         in_engine_tuner=in_engine_tuner and case.backend != "pytorch", backend=case.backend,
+                         canary=case.canary)
 
 
 def false_rollbacks(tuned: dict[str, Any], start: int, steady: bool, static: Callable[[int], float]) -> int:
@@ -163,7 +164,8 @@ def run_case(case: Case, series: bool = False, log: Callable[[str], object] = pr
     out = {
         "case": row_name(case, perturbation), "baseCase": case.name, "perturbation": perturbation,
         "perturbationFactors": served.perturbation.to_text(), "profile": case.profile, "covers": case.covers,
-        "policy": case.policy, "spareGpu": case.spare_gpu, "backend": case.backend, "requests": len(requests),
+        "policy": case.policy, "spareGpu": case.spare_gpu, "backend": case.backend, "canary": case.canary,
+        "requests": len(requests),
         "sweep": {str(k): v for k, v in sweep.items()},
         "oracle": {"maxBatchSize": oracle, "goodput": o}, "start": {"maxBatchSize": START, "goodput": s},
         "trtllmDefault": {"maxBatchSize": TRTLLM_DEFAULT, "inEngineTuner": case.backend != "pytorch", "goodput": p,
@@ -232,9 +234,9 @@ def _kept(row: dict[str, Any], partial: str | None) -> dict[str, Any]:
 
 
 def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str],
-               backend: str = "tensorrt") -> list[tuple[Case, str]]:
+               backend: str = "tensorrt", canary: str = "Off") -> list[tuple[Case, str]]:
     """The rows to run: every case (or those in ``only``) on each served engine in ``perturbations``, its pods on
-    ``backend``."""
+    ``backend``, the tuner's ``autotune.canary`` set to ``canary``."""
     unknown = sorted(set(only or ()) - {c.name for c in CASES})
     if unknown:
         raise SystemExit(f"kvpilot bench tuner --case: unknown case(s) {', '.join(unknown)}; "
@@ -243,7 +245,7 @@ def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]
     if bad:
         raise SystemExit(f"kvpilot bench tuner --perturbation: unknown perturbation(s) {', '.join(bad)}; "
                          f"perturbations: nominal, {', '.join(PERTURBATIONS)}")
-    cases = [replace(c, spare_gpu=c.spare_gpu and spare_gpu, backend=backend) for c in CASES
+    cases = [replace(c, spare_gpu=c.spare_gpu and spare_gpu, backend=backend, canary=canary) for c in CASES
              if not only or c.name in only]
     return [(c, p) for p in perturbations for c in cases]
 
@@ -251,7 +253,7 @@ def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]
 def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False, spare_gpu: bool = True,
               perturbations: list[str] | None = None, jobs: int = 1,
               bounds: dict[str, dict[str, Any]] | None = None, partial: str | None = None,
-              backend: str = "tensorrt") -> dict[str, Any]:
+              backend: str = "tensorrt", canary: str = "Off") -> dict[str, Any]:
     """Every row (or those of the cases named in ``only``), on each served engine in ``perturbations`` (default:
     the nominal profile only). ``spare_gpu=False``: the same cases on a cluster with no free GPU, where every
     rollout drops a pod's capacity while it restarts. ``jobs``: rows run in that many processes at once (the
@@ -259,7 +261,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
     ``row_key`` (``load_bounds``). ``partial``: a file each row is appended to (one JSON line) once it is done, so
     a long run that is stopped keeps what it measured."""
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
-    work = suite_jobs(only, spare_gpu, perturbations or ["nominal"], backend)
+    work = suite_jobs(only, spare_gpu, perturbations or ["nominal"], backend, canary)
     started = time.perf_counter()
     cpu = time.process_time()
     jobs_in = [(c, p, series, (bounds or {}).get(row_key(c, p))) for c, p in work]
@@ -280,7 +282,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
                           / max(1, sum(d["decisions"] for d in decision)),
                           "max": max((d["max"] for d in decision), default=0.0)},
         "allPass": all(all(r["criteria"].values()) for r in rows), "spareGpu": spare_gpu,
-        "perturbations": perturbations or ["nominal"], "backend": backend,
+        "perturbations": perturbations or ["nominal"], "backend": backend, "canary": canary,
         # Every failed criterion is one the instant reference misses too (see missed_by_instant()).
         "failuresAllMissedByInstant": all(set(k for k, v in r["criteria"].items() if not v) <= set(r["missedByInstant"])
                                           for r in rows),
@@ -289,9 +291,9 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
 
 def main(as_json: bool, only: list[str] | None = None, spare_gpu: bool = True,
          perturbations: list[str] | None = None, jobs: int = 1, bounds: str | None = None,
-         partial: str | None = None, backend: str = "tensorrt") -> int:
+         partial: str | None = None, backend: str = "tensorrt", canary: str = "Off") -> int:
     out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu, perturbations=perturbations, jobs=jobs,
-                    bounds=load_bounds(bounds) if bounds else None, partial=partial, backend=backend)
+                    bounds=load_bounds(bounds) if bounds else None, partial=partial, backend=backend, canary=canary)
     if as_json:
         print(json.dumps(out, indent=2))
     else:

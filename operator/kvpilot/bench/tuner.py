@@ -40,7 +40,8 @@ from kvpilot.desired.plan import plan
 from kvpilot.desired.settings import Settings
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS
 from kvpilot.bench.window import Slo as Slo
-from kvpilot.bench.window import PodReadings, fleet_window, per_period
+from kvpilot.bench.window import PodReadings, drain, per_period, window_of
+from kvpilot.bench.canary_fleet import CanaryFleet
 from kvpilot.observe.scrape import sample_seconds
 from kvpilot.planning import Planner
 
@@ -80,7 +81,8 @@ def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo
 def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int,
                  policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
                  surge: bool = False, strategy: str | None = None,
-                 in_engine_tuner: bool | None = None, backend: str = "tensorrt") -> InferenceEngine:
+                 in_engine_tuner: bool | None = None, backend: str = "tensorrt",
+                 canary: str = "Off") -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults.
     ``strategy``: the rollout strategy (default: Surge or NoSurge by ``surge``). ``in_engine_tuner``:
     ``batching.dynamicBatchSizeTuning`` (None: the schema's default)."""
@@ -96,7 +98,7 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
             "batching": batching,
             "engineCache": {"claimName": "engines"},
             "serving": {"replicas": replicas, "rollout": {"strategy": strategy or ("Surge" if surge else "NoSurge")}},
-            "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling,
+            "autotune": {"mode": "Auto", "maxBatchSize": autotune_max or ceiling, "canary": canary,
                          "slo": {"timeToFirstTokenMillis": int(slo.ttft_ms), "timePerOutputTokenMillis": int(slo.tpot_ms)}},
         },
     }
@@ -111,26 +113,29 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                   autotune_max: int | None = None, series: bool = False, surge: bool = False,
                   queue_timeout_s: float | None = None, spare_gpu: bool | None = None,
                   served: Profile | str | None = None, in_engine_tuner: bool = False,
-                  backend: str = "tensorrt") -> dict[str, Any]:
+                  backend: str = "tensorrt", canary: str = "Off") -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions).
     ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (free
     GPUs of the pods' product for every replica: the rollout surges them all at once); otherwise ``surge``
     picks Surge (one pod at a time) or NoSurge explicitly. ``served``: the engine the pods run (default: the
     ``profile`` the spec names; the tuner's what-if always simulates that named profile). ``in_engine_tuner``:
-    the pods run TensorRT-LLM's in-engine batch-size tuner too."""
+    the pods run TensorRT-LLM's in-engine batch-size tuner too. ``canary``: ``autotune.canary`` (Auto: a change
+    the tuner proposes for a gain is tried on one pod first, bench/canary_fleet.py; Off, the default here, as the
+    suite's figures before the live canary were measured)."""
     engine_of = served if served is not None else profile
     if spare_gpu is not None:
         surge = spare_gpu
     room = (replicas if spare_gpu else 0) if spare_gpu is not None else None
     engine = tuned_engine(profile, ceiling, slo, start, replicas, policy, autotune_max, surge,
-                          "Auto" if spare_gpu is not None else None, in_engine_tuner, backend)
+                          "Auto" if spare_gpu is not None else None, in_engine_tuner, backend, canary)
     interval = float(engine.spec.autotune.interval_seconds)
     status = EngineStatus()
     fingerprint = plan(engine, Observed(claim_phase="Bound"), Settings(), EPOCH).fingerprint
     index = {fingerprint: {"fingerprint": fingerprint, "maxBatchSize": ceiling, "maxNumTokens": 8192}}
     fleet = Fleet(engine_config(engine_of, ceiling, engine.spec.batching.max_batch_size, in_engine_tuner, policy, backend),
                   replicas, restart_s, surge=surge, queue_timeout_s=queue_timeout_s, max_surge=room or 1)
+    canaries = CanaryFleet(fleet)
     points: list[dict[str, Any]] = []
     decision_cpu: list[float] = []
     planner = Planner(cpu_seconds_per_hour=math.inf)  # simulated time: no CPU budget
@@ -144,6 +149,10 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     # on for a serving Deployment reads warm pods from its first interval.
     ready_at = {r.name: -float(engine.spec.autotune.warmup_seconds) for r in fleet.replicas}
     next_tick, i, changes, history = interval, 0, 0, []
+    in_force = engine.spec.batching.max_batch_size
+
+    def config_of(value: int) -> EngineConfig:
+        return engine_config(engine_of, ceiling, value, in_engine_tuner, policy, backend)
     verifications: list[dict[str, Any]] = []
     while True:
         t = min(requests[i].arrival_s if i < len(requests) else math.inf, next_tick, fleet.next_transition(),
@@ -162,11 +171,13 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             counts.extend(per_period(arrival_times, t - interval, t, period))
             next_tick += interval
             readings = PodReadings({}, {})
-            window = fleet_window(fleet, t, interval, engine.spec.autotune.warmup_seconds, ready_at, slo,
-                                  i - arrived_before, fleet.gave_up - gave_up_before, list(counts), readings)
+            drained = drain(fleet, t, engine.spec.autotune.warmup_seconds, ready_at, readings)
+            window = window_of(drained, interval, slo, i - arrived_before, fleet.gave_up - gave_up_before,
+                               list(counts))
             gave_up_before = fleet.gave_up
-            observed = Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
-                                startup_seconds=restart_s, surge_room=room)
+            observed = canaries.observe(Observed(status=status, claim_phase="Bound", engine_index=index, kv=window,
+                                                 startup_seconds=restart_s, surge_room=room),
+                                        drained, interval, slo, list(counts))
             started = time.process_time()
             # The operator's path: the engine fit takes the pods' samples, the planner checks the model and plans.
             planner.observe_pods(engine, readings.samples, readings.prompts, EPOCH.timestamp() + t,
@@ -177,12 +188,16 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
             batching = status.batching or BatchingStatus()
             want = batching.max_batch_size
             assert want is not None, "the plan always says which max_batch_size is in force"
-            if _target(fleet) != want:
-                fleet.roll_to(engine_config(engine_of, ceiling, want, in_engine_tuner, policy, backend))
+            # A canary runs, or started or ended: the fleet follows it; otherwise it rolls to the value in force.
+            if not canaries.follow(status, want, config_of, t) and _target(fleet) != want:
+                fleet.roll_to(config_of(want))
+            if want != in_force:
                 changes += 1
                 history.append({"atSeconds": round(t), "to": want, "reason": batching.reason,
                                 "rollback": batching.reason == "AutotuneRolledBack",
-                                "message": (p.decision.message if p.decision is not None else "")[:600]})
+                                "message": (p.decision.message if p.decision is not None and p.decision.changes
+                                            else batching.message or "")[:600]})
+                in_force = want
             verdict = _verdict(status, verifications)
             if verdict is not None:
                 verifications.append({"atSeconds": round(t), **verdict})
@@ -192,6 +207,7 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
     planner.close()
     result: dict[str, Any] = {**goodput(fleet.records, len(requests), slo, duration_s)}
     result.update({"changes": changes, "final": _target(fleet), "history": history, "verifications": verifications,
+                   "canaries": canaries.runs,
                    "restarts": sum(r.restarts for r in fleet.replicas),
                    "decisionCpuMs": {"mean": 1e3 * sum(decision_cpu) / max(1, len(decision_cpu)),
                                      "max": 1e3 * max(decision_cpu, default=0.0), "decisions": len(decision_cpu)}})

@@ -15,6 +15,7 @@ from kvpilot.autotune.calibrate import PromptWork
 from kvpilot.autotune.summarize import summarize as summarize_window
 from kvpilot.autotune.window import KvWindow
 from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
+from kvsim import RequestRecord
 
 if TYPE_CHECKING:
     from kvpilot.autotune.fleet import Fleet
@@ -46,10 +47,23 @@ def fleet_window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float,
     ``gave_up``: requests that left unanswered in the interval (shed by the gateway, or their client timed
     out); they count as TTFT misses, as a gateway's rejected/timed-out request counter would show them.
     ``arrival_counts``: the fleet's arrivals per sample period over the sampler's burstiness history."""
-    samples, ttfts, tpots, completed, good = {}, [], [], 0, 0
-    prompts: list[int] = []
-    outputs: list[int] = []
-    limits: list[int] = []
+    pods = drain(fleet, now_s, warmup_s, ready_at, readings)
+    return window_of(pods, interval_s, slo, fleet_arrivals, gave_up, arrival_counts)
+
+
+@dataclass(frozen=True)
+class Drained:
+    """One warm pod's interval: its parsed iteration stats and the requests it finished."""
+
+    samples: list[IterationSample]
+    finished: list[RequestRecord]
+
+
+def drain(fleet: Fleet, now_s: float, warmup_s: float, ready_at: dict[str, float],
+          readings: PodReadings | None = None) -> dict[str, Drained]:
+    """Every serving pod's drained /metrics and finished requests of the interval, by pod (pods still warming up
+    are drained but left out, as the operator skips them)."""
+    out: dict[str, Drained] = {}
     for r in fleet.replicas:
         if r.state != "up":
             continue
@@ -57,30 +71,37 @@ def fleet_window(fleet: Fleet, now_s: float, interval_s: float, warmup_s: float,
         finished = r.engine.pop_finished()
         if now_s - ready_at.get(r.name, 0.0) < warmup_s:
             continue  # the operator skips pods still warming up
-        samples[r.name] = parse_iteration_stats(stats, now_s)
+        out[r.name] = Drained(parse_iteration_stats(stats, now_s), finished)
         if readings is not None:
-            readings.samples[r.name] = samples[r.name]
+            readings.samples[r.name] = out[r.name].samples
             readings.prompts[r.name] = PromptWork(float(sum(x.prompt_tokens for x in finished)), float(len(finished)))
-        ttfts += [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
-        tpots += [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
-        completed += len(finished)
-        good += sum(1 for x in finished if x.ttft_s is not None and x.ttft_s * 1e3 <= slo.ttft_ms
-                    and (x.tpot_s is None or x.tpot_s * 1e3 <= slo.tpot_ms))
-        prompts += [x.prompt_tokens for x in finished]
-        outputs += [x.output_tokens for x in finished]
-        limits += [x.max_tokens for x in finished]
+    return out
+
+
+def window_of(pods: dict[str, Drained], interval_s: float, slo: Slo, arrivals_n: int = 0, gave_up: int = 0,
+              arrival_counts: list[float | None] | None = None) -> KvWindow | None:
+    """The window of ``pods`` (a fleet, or a group of it: a canary pod, the pods beside it), ``arrivals_n``
+    requests sent to them in the interval and ``gave_up`` of them left unanswered."""
+    samples = {name: p.samples for name, p in pods.items()}
+    finished = [x for p in pods.values() for x in p.finished]
+    ttfts = [x.ttft_s * 1e3 for x in finished if x.ttft_s is not None]
+    tpots = [x.tpot_s * 1e3 for x in finished if x.tpot_s is not None]
+    completed = len(finished)
+    good = sum(1 for x in finished if x.ttft_s is not None and x.ttft_s * 1e3 <= slo.ttft_ms
+               and (x.tpot_s is None or x.tpot_s * 1e3 <= slo.tpot_ms))
     window = summarize_window(samples, window_seconds=interval_s, arrival_counts=arrival_counts)
     if window is None:
         return None
     rate = completed / interval_s / max(1, len(samples))  # what the request counter's delta would say
-    arrivals = fleet_arrivals / interval_s / max(1, len(samples))
+    arrivals = arrivals_n / interval_s / max(1, len(samples))
     # What verification compares (autotune/verify.py): the requests resolved in the interval (answered, or left
     # unanswered: shed, given up) and those that met both objectives, as a gateway's counters would show them.
     per_pod_s = interval_s * max(1, len(samples))
     window = replace(window, resolved_rate=(completed + gave_up) / per_pod_s, good_rate=good / per_pod_s)
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
-                   arrival_rate=arrivals, prompt_mean=_mean(prompts), output_mean=_mean(outputs),
-                   max_tokens_mean=_mean(limits),
+                   arrival_rate=arrivals, prompt_mean=_mean([x.prompt_tokens for x in finished]),
+                   output_mean=_mean([x.output_tokens for x in finished]),
+                   max_tokens_mean=_mean([x.max_tokens for x in finished]),
                    ttft_miss_fraction=_miss_share(ttfts, slo.ttft_ms, gave_up),
                    tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
 
