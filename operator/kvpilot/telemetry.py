@@ -38,6 +38,9 @@ METRICS_REJECTED = Counter(
 WHAT_IF_CPU_SECONDS = Histogram(
     "kvpilot_autotune_whatif_cpu_seconds", "CPU seconds of one autotune pass that may run the what-if simulation "
     "(off the event loop; kvpilot/planning.py).", buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+CANARIES = Counter("kvpilot_autotune_canaries_total", "Canary retunes (one pod at the new max_batch_size beside the "
+                   "others: autotune/canary.py) by outcome: started, promoted, rolled_back.", ["outcome"])
+CANARY_OUTCOMES = {"CanaryStarted": "started", "CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back"}
 RECOMMENDED = Gauge("kvpilot_autotune_recommended_batch_size", "The tuner's recommended runtime max_batch_size.",
                     ["namespace", "name"])
 
@@ -73,6 +76,8 @@ def record_plan(engine: InferenceEngine, p: Plan, observed: Observed, seconds: f
             BUILDS.labels(outcome="failed").inc()
         if event.reason in ("RolloutStarted", "BatchSizeChanged"):
             ROLLOUTS.labels(reason=event.reason).inc()
+        if event.reason in CANARY_OUTCOMES:
+            CANARIES.labels(outcome=CANARY_OUTCOMES[event.reason]).inc()
     if p.decision is not None:
         DECISIONS.labels(ns, name, p.decision.action.lower(), p.decision.reason).inc()
         RECOMMENDED.labels(ns, name).set(p.decision.ceiling_request or p.decision.target)

@@ -24,6 +24,7 @@ KVPILOT_METRICS = {
     "kvpilot_kv_cache_utilization_ratio": "gauge",
     "kvpilot_autotune_decisions_total": "counter",
     "kvpilot_autotune_recommended_batch_size": "gauge",
+    "kvpilot_autotune_canaries_total": "counter",
 }
 # trtllm-serve's Prometheus names (NVIDIA/TensorRT-LLM @ 050f80def8df236e326949c8bd9dee10fd896a83 :
 # tensorrt_llm/metrics/collector.py), the subset the dashboard may use.
