@@ -165,6 +165,39 @@ def test_a_raise_the_canary_serves_worse_never_reaches_the_other_pods(monkeypatc
     assert all(not ev.reason.startswith("Canary") for p in c.plans[ended + 1:] for ev in p.events)
 
 
+def _canary_batch(p: Plan) -> str | None:
+    dep = next((d for d in p.apply if d["kind"] == "Deployment" and d["metadata"]["name"] == "e1-canary"), None)
+    return dep["spec"]["template"]["metadata"]["annotations"][L.BATCH_ANNOTATION] if dep is not None else None
+
+
+def test_a_rolled_back_canary_deployment_keeps_the_value_it_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by tests/e2e/test_canary.py: the rollback re-rendered the idle canary Deployment at the old pods'
+    value, a template write (a new ReplicaSet) beside the pod still draining, and the object no longer said what
+    had been tried. Between canaries it stays at 0 pods with the value its last canary ran."""
+    propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
+    c = run(tuned(), lambda limit, canary: 0.10 if limit == 512 else 0.56)
+    ended = next(i for i, p in enumerate(c.plans) if _canary_pods(p) == 1 and _canary_pods(c.plans[i + 1]) == 0) + 1
+    assert doc(c.plans[ended])["autotune"]["canary"]["outcome"] == "RolledBack"
+    assert {_canary_batch(p) for p in c.plans[ended:]} == {"512"}
+    assert c.plans[-1].status.batching is not None and c.plans[-1].status.batching.max_batch_size == 64
+
+
+def test_an_idle_canary_deployment_above_the_engines_ceiling_is_rendered_at_the_value_in_force() -> None:
+    """The value an idle canary Deployment holds is kept only where the engine may run it (status and the
+    Deployment are writable by others; a rebuilt engine may have a lower ceiling)."""
+    from kvpilot.desired.canary import idle_value
+
+    def held(value: str | None) -> Observed:
+        return Observed(canary_deployment=DeploymentState(1, 1, 0, 0, 0, 0, False, None, value, None))
+
+    assert idle_value(held("512"), 64, 1024) == 512
+    assert idle_value(held("2048"), 64, 1024) == 64
+    assert idle_value(held("0"), 64, None) == 64
+    assert idle_value(held("-3"), 64, None) == 64
+    assert idle_value(held(None), 64, None) == 64
+    assert idle_value(Observed(), 64, None) == 64
+
+
 def test_a_raise_the_canary_serves_as_well_is_promoted_and_then_verified(monkeypatch: pytest.MonkeyPatch) -> None:
     propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
     c = run(tuned(), lambda limit, canary: 0.58 if limit == 512 else 0.56)

@@ -104,6 +104,16 @@ def canary_figures(observed: Observed, old_pods: int, now: datetime) -> tuple[Wi
     return figures(observed.canary_kv, canary, 1), figures(observed.others_kv, others, old_pods)
 
 
+def idle_value(observed: Observed, in_force: int, ceiling: int | None) -> int:
+    """The value the canary Deployment is rendered at between canaries (0 pods): the one it holds, the last
+    canary's (what ``kubectl get deployment <name>-canary`` then shows was tried), so that neither a rollback nor
+    a change made on every pod rewrites its template (a new ReplicaSet each time, the first while the rolled-back
+    pod still drains); the value in force where it holds none that the engine may run."""
+    held = observed.canary_deployment.max_batch_size if observed.canary_deployment is not None else None
+    value = int(held) if held is not None and held.isdigit() else 0
+    return value if 1 <= value and (ceiling is None or value <= ceiling) else in_force
+
+
 def canary_children(owner: ObjectRef, deployment: dict[str, Any], config_map: dict[str, Any],
                     replicas: int) -> list[dict[str, Any]]:
     """The canary's ConfigMap and Deployment, from the engine's own rendered at the canary's value: renamed, one

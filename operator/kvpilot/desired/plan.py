@@ -48,7 +48,7 @@ from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.desired.verifying import observed_memory, verification_status
-from kvpilot.desired.canary import canary_children
+from kvpilot.desired.canary import canary_children, idle_value
 from kvpilot.desired.canary_pass import (CanaryPass, canary_message, canary_status, judge_canary, start_canary,
                                          verified_memory)
 from kvpilot.desired.rollout import surge_pods_in_force
@@ -302,7 +302,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
         cm = config_map(after.batch)
         conds, rolling = conditions(after.batch, cm)
     render = _CanaryRender(C.old_pods(cpass.canary, spec.serving.replicas),
-                           cpass.canary.to_value if cpass.canary else after.batch, C.canary_pods(cpass.canary, rolling))
+                           cpass.canary.to_value if cpass.canary else idle_value(observed, after.batch, what.ceiling),
+                           C.canary_pods(cpass.canary, rolling))
     if cpass.canary is not None and cpass.canary.phase == C.Phase.RUNNING:
         conds = [true(PROGRESSING, "CanaryRunning", f"One pod tries max_batch_size {cpass.canary.to_value} beside "
                       f"the pods at {cpass.canary.from_value}") if c.type == PROGRESSING else c for c in conds]
