@@ -21,10 +21,12 @@ from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verification import Memory
-from kvpilot.autotune.verify import Outcome, Verdict, bar_after_rollback
+from kvpilot.autotune.verify import Outcome, Verdict, Why, bar_after_rollback
 from kvpilot.desired.batching import tuning_applies
 from kvpilot.desired.canary import canary_figures, canary_of, canary_pod, canary_record
-from kvpilot.desired.observed import Observed
+from kvpilot.desired.conditions import CRASH_REASONS
+from kvpilot.desired.observed import Observed, PodState
+from kvpilot.desired.serving import TERMINATION_GRACE_SECONDS
 from kvpilot.desired.verifying import pods_digest
 
 
@@ -62,12 +64,33 @@ def judge_canary(spec: InferenceEngineSpec, observed: Observed, in_force: int, o
     old_pods = C.old_pods(canary, spec.serving.replicas)
     figures = canary_figures(observed, old_pods, now)
     canary = canary.observe(*figures, pods_digest(observed))
-    verdict = canary.verdict(now.timestamp())
+    verdict = _pod_failed(canary, pod, now) or canary.verdict(now.timestamp())
     if verdict.outcome == Outcome.KEEP:
         return CanaryPass(canary.promoted(), promoted=verdict)
     if verdict.outcome == Outcome.ROLL_BACK:
         return CanaryPass(rolled_back=verdict, ended=canary)
     return CanaryPass(canary)
+
+
+# How long a canary pod may wait for a GPU: without a spare one it waits for the old pod it replaces to drain
+# (desired/serving.py, TERMINATION_GRACE_SECONDS) and start; past that, something else holds the GPU.
+UNSCHEDULABLE_SECONDS = TERMINATION_GRACE_SECONDS + 180
+
+
+def _pod_failed(canary: C.Canary, pod: PodState | None, now: datetime) -> Verdict | None:
+    """A canary whose pod crashes (a larger batch can exhaust GPU memory at start-up), or cannot be scheduled
+    long after the GPU it was given should have freed, is rolled back at once: waiting out the 15 minutes
+    without a verdict would hold one old pod down for nothing."""
+    if pod is None:
+        return None
+    if pod.waiting_reason in CRASH_REASONS:
+        why = f"{pod.waiting_reason}" + (f"; last {pod.last_exit[-300:]}" if pod.last_exit else "")
+        return Verdict(Outcome.ROLL_BACK, Why.WORSE, f"the canary pod {pod.name} at {canary.to_value} fails: {why}")
+    waited = now.timestamp() - canary.started_at_s
+    if pod.unschedulable_message and not pod.ready and waited > UNSCHEDULABLE_SECONDS:
+        return Verdict(Outcome.ROLL_BACK, Why.GAVE_UP, f"the canary pod {pod.name} could not be scheduled in "
+                       f"{waited:.0f}s: {pod.unschedulable_message[:300]}")
+    return None
 
 
 def _still_applies(spec: InferenceEngineSpec, canary: C.Canary, in_force: int) -> bool:
