@@ -21,7 +21,7 @@ def tuned(perturbation: str) -> dict[str, Any]:
     requests = [r for r in case.requests() if r.arrival_s < 60 * MINUTES]
     return run_autotuned(requests, case.profile, 1024, case.replicas, case.restart_s, served.slo,
                          60 * MINUTES + 120.0, 60.0 * MINUTES, start=64, policy=case.policy, autotune_max=1024,
-                         spare_gpu=True, queue_timeout_s=case.queue_timeout_s,
+                         spare_gpu=False, queue_timeout_s=case.queue_timeout_s,
                          served=served_profile(case.profile, served.perturbation), canary="Auto")
 
 
@@ -29,7 +29,7 @@ def test_a_good_raise_is_tried_on_one_pod_then_promoted_to_both() -> None:
     out = tuned("nominal")
     (canary, *_rest) = out["canaries"]
     assert canary["from"] == 64 and canary["to"] > 64 and canary["outcome"] == "Promoted", out["canaries"]
-    assert canary["spare"] is True and canary["endSeconds"] > canary["startSeconds"]
+    assert canary["spare"] is False and canary["endSeconds"] > canary["startSeconds"]
     promoted = next(h for h in out["history"] if h["to"] == canary["to"])
     assert promoted["atSeconds"] == canary["endSeconds"] and "promoted after its canary" in promoted["message"]
     assert out["final"] >= canary["to"]

@@ -221,7 +221,8 @@ def test_with_a_spare_gpu_capacity_never_drops(monkeypatch: pytest.MonkeyPatch) 
     """The canary starts beside every old pod; one old pod goes only once the canary is Ready; promoted, the
     canary stays until the old pods have rolled."""
     propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
-    c = run(tuned(strategy="Auto"), lambda limit, canary: 0.58 if limit == 512 else 0.56, surge_room=2,
+    c = run(tuned(strategy="Auto", canary="Always"), lambda limit, canary: 0.58 if limit == 512 else 0.56,
+            surge_room=2,
             canary_ready_after=2)
     started = next(i for i, p in enumerate(c.plans) if _canary_pods(p) == 1)
     assert doc(c.plans[started])["autotune"]["canary"]["spare"] is True
@@ -287,3 +288,15 @@ def test_a_malformed_canary_status_starts_nothing(monkeypatch: pytest.MonkeyPatc
     c = run(e, lambda limit, canary: 0.56, steps=6, status=status)
     assert all(_canary_pods(p) == 0 and _main_pods(p) == 2 for p in c.plans)
     assert all(p.status.batching is not None and p.status.batching.max_batch_size == 64 for p in c.plans)
+
+
+@pytest.mark.parametrize("room, canaried", [(2, False), (1, True), (0, True)])
+def test_auto_tries_one_pod_first_only_where_the_rollout_cannot_restart_every_pod_at_once(
+        monkeypatch: pytest.MonkeyPatch, room: int, canaried: bool) -> None:
+    """With a free GPU for every pod the rollout restarts them all in one start and verification judges the
+    change after it; with fewer, a bad change would reach pod after pod, and a canary judges it first."""
+    propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
+    c = run(tuned(strategy="Auto"), lambda limit, canary: 0.56, steps=12, surge_room=room)
+    assert any(_canary_pods(p) for p in c.plans) is canaried
+    first = next(p for p in c.plans if p.decision is not None and p.decision.action == "Raise")
+    assert ("canary" in first.decision.message) is canaried

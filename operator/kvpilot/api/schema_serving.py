@@ -258,13 +258,16 @@ def autotune_schema() -> Schema:
                 "Metrics of a pod younger than this are ignored (cold caches mislead).", 0, 3600, default=60
             ),
             "canary": string(
-                "Auto: in mode Auto, a change the tuner proposes for a gain (not a protective lower, a rollback or "
-                "a correction into the bounds) is first tried on one pod beside the others behind the same "
+                "In mode Auto, whether a change the tuner proposes for a gain (not a protective lower, a rollback "
+                "or a correction into the bounds) is first tried on one pod beside the others behind the same "
                 "Service (the <name>-canary Deployment), compared with them over the same windows, then promoted "
                 "to every pod or rolled back; only for an engine of two or more replicas on a Deployment (a "
-                "multi-node engine, or a single pod, is verified after the change instead). Off: every change "
-                "rolls to every pod at once and is verified after it.",
-                enum=("Auto", "Off"),
+                "multi-node engine, or a single pod, is verified after the change instead). Auto: where the "
+                "rollout cannot restart every pod at once (no free GPU for each), as there a bad change would "
+                "otherwise reach pod after pod before it is judged; with a free GPU for every pod the rollout "
+                "takes one start and verification judges the change after it. Always: every such change. Off: "
+                "none; every change rolls to every pod and is verified after it.",
+                enum=("Auto", "Always", "Off"),
                 default="Auto",
             ),
             "allowRebuild": boolean(

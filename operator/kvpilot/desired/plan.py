@@ -249,8 +249,8 @@ def _with_canary(spec: InferenceEngineSpec, observed: Observed, judged: CanaryPa
                  after: _InForce, now: datetime) -> tuple[CanaryPass, _InForce]:
     """The tuner's change tried on one pod first (the value in force stays), or the canary's promotion put in
     force (autotune/canary.py)."""
-    spare = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas) > 0
-    cpass = start_canary(spec, judged, after.decision, after.moved, before.batch, spare, now)
+    surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
+    cpass = start_canary(spec, judged, after.decision, after.moved, before.batch, surge, now)
     if cpass.started and after.decision is not None:
         return cpass, replace(before, decision=canary_message(after.decision), applied=True)
     promoted_to = cpass.moves_to()
