@@ -10,12 +10,13 @@ max_batch_size 4. Requests queue beside each pod's full batch, so the tuner rais
 forced by moving autotune.minBatchSize, as test_tuner_rollback.py forces its raise, is an OutOfBounds correction,
 applied to every pod at once. At the raised limit the 8 clients a pod holds decode between each other's prefills
 and TPOT breaks (offline, kvsim says of this engine with 8 clients on a pod: TPOT 70 ms at 4, 113 ms at 16, against
-the 75 ms objective: test_tuner_rollback.py). The canary pod (Rollout Auto: the L4 node has free GPUs, so it starts
+the 75 ms objective: test_tuner_rollback.py). The canary pod (rollout Surge: a spare GPU for one pod, so it starts
 beside both old pods, and one of them goes once it is Ready) is compared with the pod at 4 over the same windows
 (verification.CanaryWatch), serves fewer of its requests in time, and is rolled back. Measured on the shared 2-core
-machine (2026-12-03, operator from its image): canary started 15 s after the apply, rolled back 101 s later (100%
-of the requests at 4 served in time against 0% at 8, noise bound 38%); 118 requests answered by the canary pod,
-0 of 270 failed; the file took 166 s.
+machine (2026-12-03, operator from its image, two runs): the canary started 19 s and 15 s after the apply and
+was rolled back 97 s and 103 s later (100% of the requests at 4 served in time against 0% at 8, noise bound 37%);
+the canary pod answered 118 and 120 requests; 0 of 269 and 0 of 272 failed; the file took 180 s and 183 s with a
+cold start of the local cluster.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def slow_engine(ns: str) -> dict[str, Any]:
                                {"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3"}]}
     spec["build"]["maxBatchSize"] = 64
     spec["serving"]["gpuProduct"] = "NVIDIA-L4"
+    # autotune.canary Auto (the default) tries one pod first only where a rollout cannot restart every pod at once:
+    # the L4 node has a free GPU for each, so rollout Auto would restart both together and verification would judge
+    # the raise instead. Surge starts one pod ahead of the old ones: a spare GPU for one pod, the canary's, which
+    # then starts beside both old pods (one of them goes once it is Ready).
+    spec["serving"]["rollout"] = {"strategy": "Surge"}
     spec["autotune"].update(minBatchSize=FROM, maxBatchSize=CEILING, slo=SLO, warmupSeconds=10, intervalSeconds=10)
     assert spec["autotune"].get("canary", "Auto") == "Auto"  # the default: a gain-seeking change goes to a canary
     return doc
