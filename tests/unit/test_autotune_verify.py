@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+from datetime import datetime, timezone
 
 import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.autotune.verification import verify, verify_canary
+from kvpilot.api.status import AutotuneStatus
+from kvpilot.autotune.canary import Canary, Phase
+from kvpilot.autotune.verification import Baseline, CanaryWatch, Memory, verify, verify_canary, watch
 from kvpilot.autotune.verify import GIVE_UP_SECONDS, KEEP_SECONDS, Bar, Outcome, WindowFigures, Why, bar_after_rollback
 
 INTERVAL = 15.0
@@ -153,10 +157,19 @@ def test_steady_noise_never_rolls_back(p: float, rate: float, seed: int) -> None
 # the larger of the binomial error and the window floor instead of their sum (autotune/verify.noise; issue 18). The
 # search's p and rate were rounded here, which makes other draws; one of those still rolls back, kept as a strict xfail.
 KNOWN_FALSE_ROLLBACK = pytest.mark.xfail(strict=True, reason=(
-    "a known false rollback: the baseline's windows drew 88% in time against a true 76% (20 windows trending up), "
-    "the evidence 64%: 23% against a 22% bound (issue 18, open)"))
+    "a known false rollback: the baseline's windows drew 88% in time against a true 76% (all 20 drew 84%), the "
+    "evidence 64-68% over four judged windows in a row at 1.03-1.21x the bound: a loss that holds, which no "
+    "confirmation on the next window tells from a real one (issue 18, open)"))
+# Draws that rolled back on one judged window, each within 1.14x its bound, before a loss on thin evidence had to
+# hold on the next one (verify.confirm; 9 of the 13 false rollbacks in 200,000 steady draws at 1-5 req/s, 2026-12-03).
+CONFIRMED_AWAY = [(0.5887217074959454, 2.153941856552137, 877172), (0.6505106170617216, 1.1657536162802598, 782344),
+                  (0.657430447059396, 1.7336259762461954, 116275), (0.7336027093470906, 3.046970343825335, 226253),
+                  (0.56388340604048, 1.544877566506421, 867919), (0.6937582450343475, 1.3662507359613731, 648999),
+                  (0.5330713473009719, 1.3136803233540073, 353018), (0.43974730715269167, 1.8714991798848186, 661186),
+                  (0.44202783395905443, 1.266068772387229, 850433)]
 LOW_RATE_DRAWS = [(0.8125, 1.0, 4382), (0.487, 1.44, 679478), pytest.param(0.764, 1.92, 611804, marks=KNOWN_FALSE_ROLLBACK),
-                  (0.8736754600959129, 1.3795982625704721, 659503), (0.687, 3.75, 581084), (0.534, 2.83, 55859)]
+                  (0.8736754600959129, 1.3795982625704721, 659503), (0.687, 3.75, 581084), (0.534, 2.83, 55859),
+                  *CONFIRMED_AWAY]
 
 
 @pytest.mark.parametrize("p,rate,seed", LOW_RATE_DRAWS)
@@ -171,11 +184,64 @@ def test_steady_noise_at_low_rates_never_rolls_back(p: float, rate: float, seed:
     _steady(p, rate, seed)
 
 
-def test_a_cliff_at_two_requests_per_second_is_still_rolled_back() -> None:
-    """The wider bound at low rates still catches issue 18's cliff (56% in time -> 9%) with the full evidence."""
+def test_a_cliff_at_a_few_requests_per_second_is_still_rolled_back_and_soon() -> None:
+    """The wider bound at low rates still catches issue 18's cliff (56% in time -> 9%): at 2 req/s on 30 s of
+    evidence, as at 30 req/s (1.57x its bound: no confirmation); at 1 req/s the first look (45 requests, 1.41x the
+    bound) waits for the next window, 15 s later."""
     slow = steady(0.0, CHANGE_AT, 64, 0.56, rate=2.0)
     v = verify(CHANGE_AT, 64, 512, slow, after(512, 0.09, 75.0, rate=2.0), CHANGE_AT + 165.0)
     assert v.outcome == Outcome.ROLL_BACK and v.why == Why.WORSE, v.message
+    slower = steady(0.0, CHANGE_AT, 64, 0.56, rate=1.0)
+    first = verify(CHANGE_AT, 64, 512, slower, after(512, 0.09, 90.0, rate=1.0), CHANGE_AT + 180.0)
+    assert first.outcome == Outcome.UNDECIDED and "thin evidence" in first.message, first.message
+    v = verify(CHANGE_AT, 64, 512, slower, after(512, 0.09, 105.0, rate=1.0), CHANGE_AT + 195.0)
+    assert v.outcome == Outcome.ROLL_BACK and v.why == Why.WORSE, v.message
+
+
+def test_a_loss_near_its_bound_on_thin_evidence_must_hold_on_the_next_window_too() -> None:
+    """At 5 req/s (75 requests a window) a 20-point loss first clears its bound by 1.13x: it rolls back when the
+    next judged window is judged a rollback too, one interval later; a dip that does not hold never rolls back."""
+    slow = steady(0.0, CHANGE_AT, 64, 0.56, rate=5.0)
+    first = verify(CHANGE_AT, 64, 512, slow, after(512, 0.36, 105.0, rate=5.0), CHANGE_AT + 195.0)
+    assert first.outcome == Outcome.UNDECIDED and "judged on 1 window(s) in a row of the 2" in first.message
+    v = verify(CHANGE_AT, 64, 512, slow, after(512, 0.36, 120.0, rate=5.0), CHANGE_AT + 210.0)
+    assert v.outcome == Outcome.ROLL_BACK and v.why == Why.WORSE, v.message
+    dip = after(512, 0.36, 105.0, rate=5.0) + steady(CHANGE_AT + 195.0, CHANGE_AT + 330.0, 512, 0.60, rate=5.0)
+    verdicts = [verify(CHANGE_AT, 64, 512, slow, dip[:k], dip[k - 1].end_s) for k in range(1, len(dip) + 1)]
+    assert Outcome.ROLL_BACK not in {v.outcome for v in verdicts} and verdicts[-1].outcome == Outcome.KEEP
+
+
+def test_at_tens_of_requests_per_second_a_loss_near_its_bound_rolls_back_on_one_look() -> None:
+    """450 requests a window are no thin evidence: a 16-point loss at 1.17x its bound rolls back at once."""
+    v = verify(CHANGE_AT, 64, 512, BEFORE, after(512, 0.40, 105.0), CHANGE_AT + 195.0)
+    assert v.outcome == Outcome.ROLL_BACK and v.why == Why.WORSE, v.message
+
+
+def _first_rollback(p0: float, p1: float, rate: float, seed: int) -> float | None:
+    """Noisy windows at ``p0`` before and ``p1`` after the change, judged at every interval as the operator does
+    (a Keep ends the watch): the seconds from the change to the rollback (None: none)."""
+    rng = random.Random(seed)
+    base = Baseline()
+    for w in _noisy(rng, 0.0, CHANGE_AT, 64, p0, rate):
+        base = base.observe(w, 64)
+    state = watch(base, 64, 128, CHANGE_AT)
+    for w in ROLLING + _noisy(rng, CHANGE_AT + 90.0, CHANGE_AT + 690.0, 128, p1, rate):
+        state = state.observe(w)
+        outcome = state.verdict(w.end_s).outcome
+        if outcome != Outcome.UNDECIDED:
+            return w.end_s - CHANGE_AT if outcome == Outcome.ROLL_BACK else None
+    return None
+
+
+def test_real_losses_at_a_few_requests_per_second_in_noisy_windows_are_caught_within_an_interval_or_two() -> None:
+    """The property's generator, 200 seeds: issue 18's cliff at 2 req/s is rolled back 180 s after the change
+    (the second settled window) in most runs and by 225 s in all that had a baseline; a 20-point loss at 5 req/s
+    in 95% of the runs. Measured over 2,000 seeds (2026-12-03): the cliff's mean 180.2 s -> 183.8 s, the 20-point
+    loss's 210.0 s -> 226.3 s, against one look per window."""
+    caught = sorted(t for t in (_first_rollback(0.56, 0.09, 2.0, seed) for seed in range(200)) if t is not None)
+    assert len(caught) >= 198 and caught[len(caught) // 2] == 180.0 and caught[-1] <= 225.0
+    moderate = [t for t in (_first_rollback(0.56, 0.36, 5.0, seed) for seed in range(200)) if t is not None]
+    assert len(moderate) >= 190 and max(moderate) <= 300.0
 
 
 def _steady(p: float, rate: float, seed: int) -> None:
@@ -199,6 +265,47 @@ def test_a_canary_worse_than_the_old_pods_is_rolled_back_and_an_equal_one_promot
     assert verify_canary(64, 256, good, old, started, started + 400.0).outcome == Outcome.KEEP
 
 
+def test_a_thin_canary_loss_waits_one_window_and_its_streak_round_trips_through_status() -> None:
+    """A canary pod at 4 req/s (60 requests a window) serving 10% in time beside pods at 55%: its first look
+    (1.4x the bound) waits for the next window, 15 s later, and the streak survives status between the two."""
+    from kvpilot.desired.canary import canary_of, canary_record
+
+    started = 600.0
+    old = steady(started - 60.0, started + 400.0, 64, 0.55, pods=1, expected=1, rate=4.0)
+    bad = steady(started + 90.0, started + 400.0, 512, 0.10, pods=1, expected=1, batch=450.0, rate=4.0)
+    by_end = {w.end_s: w for w in old}
+    state = CanaryWatch(started, 64, 512)
+    for w in bad[:5]:
+        state = state.observe(w, by_end[w.end_s])
+    assert state.worse == 1 and state.verdict(started + 165.0).outcome == Outcome.UNDECIDED
+    record = canary_record(Canary(Phase.RUNNING, 64, 512, started, True, watch=state), None, "p", None)
+    back = canary_of(AutotuneStatus(canary=record), datetime.fromtimestamp(started + 165.0, timezone.utc))
+    assert back is not None and back.judged.worse == 1
+    assert back.judged.observe(bad[5], by_end[bad[5].end_s]).verdict(started + 180.0).outcome == Outcome.ROLL_BACK
+    assert verify_canary(64, 512, bad[:6], old, started, started + 180.0).outcome == Outcome.ROLL_BACK
+
+
+def test_a_watchs_streak_round_trips_through_status_and_a_forged_one_is_bounded() -> None:
+    from kvpilot.desired.verifying import memory_of, verification_status
+
+    base = Baseline()
+    for w in steady(0.0, CHANGE_AT, 64, 0.56, rate=5.0):
+        base = base.observe(w, 64)
+    state = watch(base, 64, 512, CHANGE_AT)
+    for w in after(512, 0.36, 105.0, rate=5.0):
+        state = state.observe(w)
+    assert state.worse == 1 and state.verdict(CHANGE_AT + 195.0).outcome == Outcome.UNDECIDED
+    now = datetime.fromtimestamp(CHANGE_AT + 195.0, timezone.utc)
+    record = verification_status(Memory(baseline=base, watch=state), None)
+    back = memory_of(AutotuneStatus(verification=record), now).watch
+    assert record.watch is not None and record.watch.worse_windows == 1 and back is not None and back.worse == 1
+    assert back.observe(window(CHANGE_AT + 210.0, 512, 0.36, rate=5.0)).verdict(CHANGE_AT + 210.0).outcome \
+        == Outcome.ROLL_BACK
+    for forged, read in ((-4, 0), (10**6, 2)):
+        hostile = replace(record, watch=replace(record.watch, worse_windows=forged))
+        assert memory_of(AutotuneStatus(verification=hostile), now).watch.worse == read  # type: ignore[union-attr]
+
+
 def test_a_canary_is_judged_against_the_same_windows_so_a_load_change_moves_both_sides() -> None:
     started = 600.0
     old = steady(started, started + 400.0, 64, 0.30, pods=1, expected=1, rate=60.0)
@@ -220,8 +327,6 @@ def test_a_rollback_bars_the_failed_half_of_that_direction_then_all_of_it() -> N
 
 
 def test_the_baseline_follows_the_limit_and_the_load_and_weighs_the_recent_windows_most() -> None:
-    from kvpilot.autotune.verification import Baseline
-
     base = Baseline()
     for w in steady(0.0, 600.0, 64, 0.5):
         base = base.observe(w, 64)
@@ -251,8 +356,6 @@ def test_a_quiet_window_at_a_low_rate_is_not_a_load_change() -> None:
 
 def test_under_bursty_arrivals_a_window_scatters_cv_times_more_before_it_is_a_load_change() -> None:
     """Gamma arrivals of cv 3 at 8 req/s (burst-a100): 120 expected in a 15 s window scatter by about 3 x 11."""
-    from dataclasses import replace
-
     from kvpilot.autotune.verification import _cv, figures_from_window
     from kvpilot.autotune.verify import Side, comparable
     from kvpilot.autotune.window import KvWindow
@@ -271,16 +374,16 @@ def test_under_bursty_arrivals_a_window_scatters_cv_times_more_before_it_is_a_lo
     assert figures_from_window(kv, 15.0, 64, 2).arrival_cv == 3.0
 
 
-def test_one_window_at_a_time_gives_the_verdict_of_the_whole_sequence() -> None:
+@pytest.mark.parametrize("rate,share", [(30.0, 0.09), (5.0, 0.36)])
+def test_one_window_at_a_time_gives_the_verdict_of_the_whole_sequence(rate: float, share: float) -> None:
     """The state kept in status between decisions (verification.Watch) reaches the same verdict, at every
-    interval, as the windows judged together."""
-    from kvpilot.autotune.verification import Baseline, watch
-
-    later = after(512, 0.09, 120.0)
+    interval, as the windows judged together (at 5 req/s through a loss confirmed on a second window)."""
+    later = after(512, share, 120.0, rate=rate)
+    before = steady(0.0, CHANGE_AT, 64, 0.56, rate=rate)
     base = Baseline()
-    for w in BEFORE:
+    for w in before:
         base = base.observe(w, 64)
     state = watch(base, 64, 512, CHANGE_AT)
     for k, w in enumerate(later):
         state = state.observe(w)
-        assert state.verdict(w.end_s) == verify(CHANGE_AT, 64, 512, BEFORE, later[:k + 1], w.end_s)
+        assert state.verdict(w.end_s) == verify(CHANGE_AT, 64, 512, before, later[:k + 1], w.end_s)

@@ -214,6 +214,7 @@ class VerificationWatch:
     last_batch: int | None = None
     calm_at: str | None = None
     other_load: int | None = None
+    worse_windows: int | None = None  # judged windows in a row whose verdict was a rollback (verify.confirm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +269,7 @@ class CanaryStatus:
     in_force_at: str | None = None
     last_batch: int | None = None
     calm_at: str | None = None
+    worse_windows: int | None = None  # as VerificationWatch.worse_windows
     seen_until: str | None = None
     pods: str | None = None
     outcome: Literal["Promoted", "RolledBack"] | None = None

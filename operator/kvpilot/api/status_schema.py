@@ -218,6 +218,8 @@ def _verification() -> Schema:
                     "calmAt": string("When the evidence starts (the batch settled, one request later).", 64,
                                      fmt="date-time"),
                     "otherLoad": integer("Settled windows left out because the load had changed.", 0),
+                    "worseWindows": integer("Judged windows in a row whose verdict was a rollback (on thin "
+                                            "evidence a loss near its bound must show on two).", 0),
                 },
             ),
             "baselineBatchSize": integer("The value the baseline was measured at.", 0),
@@ -265,6 +267,8 @@ def _canary() -> Schema:
             "inForceAt": string("When the canary's first clean window began.", 64, fmt="date-time"),
             "lastBatch": integer("The canary's mean batch in its last window.", 0),
             "calmAt": string("When its evidence starts (its batch settled, one request later).", 64, fmt="date-time"),
+            "worseWindows": integer("Judged windows in a row whose verdict was a rollback (on thin evidence a "
+                                    "loss near its bound must show on two).", 0),
             "seenUntil": string("The end of the last window taken in.", 64, fmt="date-time"),
             "pods": string("The serving pods and their restarts when last seen (a digest).", 64),
             "outcome": string("How the last canary ended.", enum=("Promoted", "RolledBack")),

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvpilot.autotune.window import KvWindow
-from kvpilot.autotune.verify import (BASELINE_SECONDS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS, Bar, Outcome, Settle, Side, Verdict,
-                                     WindowFigures, Why, bar_after_rollback, clean, comparable, judge,
-                                     undecided_or_give_up)
+from kvpilot.autotune.verify import (BASELINE_SECONDS, CONFIRM_WINDOWS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS, Bar,
+                                     Outcome, Settle, Side, Verdict, WindowFigures, Why, bar_after_rollback, clean,
+                                     comparable, confirm, judge, undecided_or_give_up)
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class Watch:
     settle: Settle = Settle()
     after: Side = Side()
     other_load: int = 0  # settled windows left out because the load had changed
+    # The judged windows in a row, up to this one, whose verdict was a rollback (verify.confirm: on thin evidence a
+    # loss must show on two); kept in status, as the verdict is reached anew from it at every pass.
+    worse: int = 0
 
     def observe(self, w: WindowFigures | None) -> Watch:
         if w is None or w.end_s <= self.change_at_s or not clean(w, self.to_value):
@@ -72,7 +75,8 @@ class Watch:
             return replace(self, settle=settle)
         if not comparable(w, self.baseline):
             return replace(self, settle=settle, other_load=self.other_load + 1)
-        return replace(self, settle=settle, after=self.after.add(w))
+        after = self.after.add(w)
+        return replace(self, settle=settle, after=after, worse=_streak(self.worse, self.baseline, after))
 
     def verdict(self, now_s: float) -> Verdict:
         base, new = self.baseline, self.after
@@ -85,10 +89,18 @@ class Watch:
                                             f"{base.offered_per_s:.1f} req/s)", base, None, self.change_at_s, now_s)
             return undecided_or_give_up(Why.SETTLING, f"{self.to_value} is not yet in force on every pod, or its "
                                         f"batch has not settled", base, None, self.change_at_s, now_s)
-        outcome, why, message = judge(base, new, f"at {self.from_value}", f"at {self.to_value}")
+        outcome, why, message = confirm(judge(base, new, f"at {self.from_value}", f"at {self.to_value}"), base, new,
+                                        self.worse)
         if outcome == Outcome.UNDECIDED:
             return undecided_or_give_up(why, message, base, new, self.change_at_s, now_s)
         return Verdict(outcome, why, message, base, new)
+
+
+def _streak(worse: int, base: Side, new: Side) -> int:
+    """``worse`` after a judged window: one more when ``judge`` on the sides with it is a rollback, else 0."""
+    if base.resolved < MIN_REQUESTS or judge(base, new, "", "")[0] != Outcome.ROLL_BACK:
+        return 0
+    return min(worse + 1, CONFIRM_WINDOWS)
 
 
 def watch(baseline: Baseline, from_value: int, to_value: int, at_s: float) -> Watch:
@@ -109,6 +121,7 @@ class CanaryWatch:
     settle: Settle = Settle()
     canary: Side = Side()
     others: Side = Side()
+    worse: int = 0  # as Watch.worse
 
     def observe(self, canary: WindowFigures | None, others: WindowFigures | None) -> CanaryWatch:
         if canary is None or canary.end_s <= self.started_at_s or not clean(canary, self.new_value):
@@ -116,7 +129,9 @@ class CanaryWatch:
         settle = self.settle.step(canary)
         if not settle.counts(canary) or others is None or not clean(others, self.old_value):
             return replace(self, settle=settle)
-        return replace(self, settle=settle, canary=self.canary.add(canary), others=self.others.add(others))
+        new, old = self.canary.add(canary), self.others.add(others)
+        return replace(self, settle=settle, canary=new, others=old,
+                       worse=_streak(self.worse, old, new))
 
     def verdict(self, now_s: float) -> Verdict:
         if self.canary.windows == 0:
@@ -128,8 +143,9 @@ class CanaryWatch:
         # A gain beyond the noise is promoted on a minute of evidence, as a loss is rolled back on one: every
         # interval judged holds the other pods at the old value (measured on long-output-a100 from 64, a canary
         # that waited for KEEP_SECONDS cost its good raise 2.7% of the run's goodput).
-        outcome, why, message = judge(self.others, self.canary, f"the pods at {self.old_value} meanwhile",
-                                      f"the canary at {self.new_value}", better_seconds=MIN_EVIDENCE_SECONDS)
+        outcome, why, message = confirm(judge(self.others, self.canary, f"the pods at {self.old_value} meanwhile",
+                                              f"the canary at {self.new_value}", better_seconds=MIN_EVIDENCE_SECONDS),
+                                        self.others, self.canary, self.worse)
         if outcome == Outcome.UNDECIDED:
             return undecided_or_give_up(why, message, self.others, self.canary, self.started_at_s, now_s)
         return Verdict(outcome, why, message, self.others, self.canary)

@@ -24,8 +24,10 @@ It must never roll back for noise. A window is left out when it cannot be compar
 
 Then the difference must exceed the noise (``judge``): ``Z`` standard errors of the difference (the binomial
 error of the pooled share plus ``MIN_WINDOW_SPREAD`` per window, or the windows' scatter where larger) and
-at least ``MIN_DROP``. The new limit's first windows are not evidence either: a raised batch fills over a
-request's lifetime, and a TPOT cliff shows in the finished requests only a lifetime after it has (``Settle``).
+at least ``MIN_DROP``. On thin evidence (fewer than ``THIN_REQUESTS`` resolved per window on a side, and a drop
+under ``CONFIRM_FACTOR`` times the bound) a rollback must be the verdict of two judged windows in a row
+(``confirm``). The new limit's first windows are not evidence either: a raised batch fills over a request's
+lifetime, and a TPOT cliff shows in the finished requests only a lifetime after it has (``Settle``).
 
 This module holds the figures and the judgement; ``autotune/verification.py`` the state kept between decisions.
 """
@@ -54,6 +56,12 @@ Z = 3.5  # and by this many standard errors of the difference
 # A window's share scatters by at least this much from window to window (bursts, long requests finishing in one
 # window rather than the next): few windows may by chance scatter less, and the bound must not trust that.
 MIN_WINDOW_SPREAD = 0.06
+# A loss judged on thin evidence, a side with fewer than THIN_REQUESTS resolved per window (under about 7 req/s:
+# its share scatters by its requests' chance as much as by the bursts) and a drop under CONFIRM_FACTOR times the
+# bound, rolls back only once CONFIRM_WINDOWS judged windows in a row were judged a rollback (``confirm``).
+THIN_REQUESTS = 100.0
+CONFIRM_FACTOR = 1.5
+CONFIRM_WINDOWS = 2
 SETTLE_GROWTH = 0.10  # the batch has settled once it grows by less than 10% from one window to the next
 MAX_SETTLE_SECONDS = 180.0  # settled at the latest this long after the new limit is in force on every pod
 
@@ -290,13 +298,18 @@ def noise(before: Side, after: Side) -> float:
     return math.sqrt(var(before) + var(after))
 
 
+def noise_bound(base: Side, new: Side) -> float:
+    """The drop in the share served in time that a rollback must exceed: Z standard errors, at least MIN_DROP."""
+    return max(MIN_DROP, Z * noise(base, new))
+
+
 def judge(base: Side, new: Side, old_label: str, new_label: str,
           better_seconds: float = KEEP_SECONDS) -> tuple[Outcome, Why, str]:
     """Keep, roll back or wait, from the two sides' figures (each already clean and comparable).
     ``better_seconds``: the evidence after which a gain beyond the noise bound is kept (a canary keeps one sooner
     than a change in force, whose verdict only lifts the hold on a next step: autotune/verification.py)."""
     drop = base.share - new.share
-    bound = max(MIN_DROP, Z * noise(base, new))
+    bound = noise_bound(base, new)
     figures = f"before, {old_label}: {base.text()}; after, {new_label}: {new.text()}"
     if new.resolved >= MIN_REQUESTS and drop > bound and (
             new.seconds >= MIN_EVIDENCE_SECONDS or (drop >= CLEAR_DROP and new.seconds >= MIN_EVIDENCE_SECONDS / 2)):
@@ -308,6 +321,32 @@ def judge(base: Side, new: Side, old_label: str, new_label: str,
         return Outcome.KEEP, why, (f"{new_label} serves {-drop:+.0%} of its requests in time against {old_label} "
                                    f"(noise bound {bound:.0%}); {figures}")
     return Outcome.UNDECIDED, Why.TOO_LITTLE_EVIDENCE, f"{new.seconds:.0f}s of settled evidence so far; {figures}"
+
+
+def thin(base: Side, new: Side) -> bool:
+    """Whether a loss judged on these sides is too near its bound, on too few requests, to roll back on one look:
+    fewer than THIN_REQUESTS resolved per window on a side and a drop under CONFIRM_FACTOR times the bound."""
+    few = any(s.resolved < THIN_REQUESTS * max(1.0, s.windows) for s in (base, new))
+    return few and base.share - new.share < CONFIRM_FACTOR * noise_bound(base, new)
+
+
+def confirm(judged: tuple[Outcome, Why, str], base: Side, new: Side, worse: int) -> tuple[Outcome, Why, str]:
+    """``judged`` (``judge``'s verdict on these sides), with a rollback on thin evidence held until the judged
+    windows in a row whose verdict was a rollback (``worse``, this one included) reach CONFIRM_WINDOWS.
+
+    Why: the verdict is reached anew at every interval on evidence one window longer, so at a few requests per
+    second a share that drew low for a few windows now and then crosses a 3.5-error bound. Measured with the
+    property's generator (tests/unit/test_autotune_verify.py, 2026-12-03): 13 false rollbacks in 200,000 steady
+    draws at 1-5 req/s, each at 1.00-1.14x its bound with under 52 requests a window; held for the next window, 9
+    never roll back. The other 4 (and the strict xfail) stay beyond the bound window after window, as a real loss
+    does: only a wider bound would tell them apart, and it would miss real losses of that size. A loss beyond 1.5x
+    its bound, or judged on 100 requests a window or more (the suite's tens of requests per second), rolls back on
+    one look as before."""
+    if judged[0] != Outcome.ROLL_BACK or worse >= CONFIRM_WINDOWS or not thin(base, new):
+        return judged
+    return Outcome.UNDECIDED, Why.TOO_LITTLE_EVIDENCE, (
+        f"a loss on thin evidence, judged on {worse} window(s) in a row of the {CONFIRM_WINDOWS} it needs: "
+        f"{judged[2]}")
 
 
 def undecided_or_give_up(why: Why, message: str, base: Side | None, new: Side | None, since_s: float,

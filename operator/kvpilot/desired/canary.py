@@ -25,7 +25,7 @@ from kvpilot.autotune.verification import CanaryWatch, figures_from_window
 from kvpilot.autotune.verify import WindowFigures
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import Observed, PodState
-from kvpilot.desired.verifying import seconds_at, settle_of, side_of, side_record, stamp
+from kvpilot.desired.verifying import seconds_at, settle_of, side_of, side_record, stamp, worse_of
 
 
 def canary_of(status: AutotuneStatus | None, now: datetime) -> Canary | None:
@@ -41,7 +41,7 @@ def canary_of(status: AutotuneStatus | None, now: datetime) -> Canary | None:
     seen = seconds_at(record.seen_until, now)
     watch = CanaryWatch(started, record.from_batch_size, record.to_batch_size,
                         settle_of(record.in_force_at, record.last_batch, record.calm_at, now),
-                        side_of(record.canary), side_of(record.others))
+                        side_of(record.canary), side_of(record.others), worse_of(record.worse_windows))
     return Canary(Phase(record.phase), record.from_batch_size, record.to_batch_size, started, bool(record.spare),
                   record.reason or "", ready if ready is not None and ready <= now.timestamp() else None, watch,
                   seen if seen is not None and seen <= now.timestamp() else None, record.pods or "")
@@ -68,7 +68,8 @@ def canary_record(canary: Canary | None, previous: CanaryStatus | None, pod: str
         ready_at=stamp(canary.ready_at_s), pod=pod, canary=side_record(w.canary), others=side_record(w.others),
         in_force_at=stamp(w.settle.in_force_s),
         last_batch=round(w.settle.last_batch) if w.settle.last_batch is not None else None,
-        calm_at=stamp(w.settle.calm_s), seen_until=stamp(canary.seen_until_s), pods=canary.pods or None,
+        calm_at=stamp(w.settle.calm_s), worse_windows=w.worse or None, seen_until=stamp(canary.seen_until_s),
+        pods=canary.pods or None,
         outcome=last.outcome, message=last.message, decided_at=last.decided_at)
 
 

@@ -18,7 +18,7 @@ from kvpilot.api.status import (AutotuneStatus, EngineStatus, VerificationBar, V
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.verification import Baseline, Memory, Watch, figures_from_window
-from kvpilot.autotune.verify import Bar, Settle, Side
+from kvpilot.autotune.verify import CONFIRM_WINDOWS, Bar, Settle, Side
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.tuning import when
 
@@ -98,7 +98,12 @@ def _watch_of(record: VerificationWatch | None, now: datetime) -> Watch | None:
         return None
     return Watch(changed, record.from_batch_size, record.to_batch_size, side_of(record.before),
                  settle_of(record.in_force_at, record.last_batch, record.calm_at, now), side_of(record.after),
-                 max(0, record.other_load or 0))
+                 max(0, record.other_load or 0), worse_of(record.worse_windows))
+
+
+def worse_of(value: int | None) -> int:
+    """The judged windows in a row judged a rollback, as status holds them (absent or negative: none)."""
+    return min(max(0, value or 0), CONFIRM_WINDOWS)
 
 
 def settle_of(in_force: str | None, last_batch: int | None, calm: str | None, now: datetime) -> Settle:
@@ -123,7 +128,7 @@ def verification_status(memory: Memory, previous: VerificationStatus | None) -> 
             changed_at=stamp(w.change_at_s), from_batch_size=w.from_value, to_batch_size=w.to_value,
             before=side_record(w.baseline), after=side_record(w.after), in_force_at=stamp(w.settle.in_force_s),
             last_batch=round(w.settle.last_batch) if w.settle.last_batch is not None else None,
-            calm_at=stamp(w.settle.calm_s), other_load=w.other_load),
+            calm_at=stamp(w.settle.calm_s), other_load=w.other_load, worse_windows=w.worse or None),
         baseline_batch_size=memory.baseline.limit, baseline=side_record(memory.baseline.side),
         baseline_in_force_at=stamp(memory.baseline.settle.in_force_s),
         baseline_last_batch=round(memory.baseline.settle.last_batch) if memory.baseline.settle.last_batch is not None
