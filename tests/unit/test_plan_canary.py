@@ -300,3 +300,13 @@ def test_auto_tries_one_pod_first_only_where_the_rollout_cannot_restart_every_po
     assert any(_canary_pods(p) for p in c.plans) is canaried
     first = next(p for p in c.plans if p.decision is not None and p.decision.action == "Raise")
     assert ("canary" in first.decision.message) is canaried
+
+
+def test_while_a_canary_runs_the_hold_names_it_and_its_pod_counts_as_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
+    c = run(tuned(), lambda limit, canary: 0.56, steps=11)
+    p = c.plans[-1]
+    assert _canary_pods(p) == 1 and p.decision is not None
+    assert p.decision.reason == "RolloutInProgress" and "a canary at 512 is judged" in p.decision.message
+    available = next(x for x in doc(p)["conditions"] if x["type"] == "Available")
+    assert available["message"].startswith("2/2 pods serve"), available

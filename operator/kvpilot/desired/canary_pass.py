@@ -45,6 +45,14 @@ class CanaryPass:
         """Whether the tuner holds this pass: a canary runs, or this pass ended one."""
         return self.canary is not None or self.ended is not None
 
+    def holding(self, decision: Decision | None) -> Decision | None:
+        """The tuner's hold while a canary runs, saying so (the rule's message names any rollout)."""
+        c = self.canary
+        if c is None or decision is None or decision.reason != TunerReason.ROLLOUT_IN_PROGRESS:
+            return decision
+        what = "is judged against the other pods" if c.phase == C.Phase.RUNNING else "is promoted to every pod"
+        return replace(decision, message=f"a canary at {c.to_value} {what}; observing only")
+
     def moves_to(self) -> int | None:
         """The value this pass puts in force on the engine's own pods (promotion), None when it keeps it."""
         return self.canary.to_value if self.promoted is not None and self.canary is not None else None

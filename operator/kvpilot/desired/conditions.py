@@ -95,7 +95,9 @@ def _available(spec: InferenceEngineSpec, build: BuildDecision, observed: Observ
     """At least one pod serves (possibly the previous engine's)."""
     dep = observed.deployment
     unschedulable = [p for p in observed.pods if not p.deleting and p.unschedulable_message]
-    available_replicas = dep.available_replicas if dep else 0
+    # A canary retune's pod serves behind the same Service as the engine's own (autotune/canary.py).
+    canary = observed.canary_deployment
+    available_replicas = (dep.available_replicas if dep else 0) + (canary.available_replicas if canary else 0)
     if spec.serving.replicas == 0:
         return false(AVAILABLE, "ScaledToZero", "spec.serving.replicas is 0")
     if not has_deployment:

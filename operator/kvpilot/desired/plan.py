@@ -297,6 +297,7 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
                              expected_pods=spec.serving.replicas, now=now) if spec.autotune.enabled else None
     after = _decided(spec, observed, what, before, rolling=holding, building=build.building, now=now,
                      what_if=what_if, verification=memory or Memory())
+    after = replace(after, decision=judged.holding(after.decision))
     cpass, after = _with_canary(spec, observed, judged, before, after, now)
     if after.batch != before.batch:
         cm = config_map(after.batch)
