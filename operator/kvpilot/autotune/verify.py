@@ -336,12 +336,12 @@ def confirm(judged: tuple[Outcome, Why, str], base: Side, new: Side, worse: int)
 
     Why: the verdict is reached anew at every interval on evidence one window longer, so at a few requests per
     second a share that drew low for a few windows now and then crosses a 3.5-error bound. Measured with the
-    property's generator (tests/unit/test_autotune_verify.py, 2026-12-03): 13 false rollbacks in 200,000 steady
-    draws at 1-5 req/s, each at 1.00-1.14x its bound with under 52 requests a window; held for the next window, 9
-    never roll back. The other 4 (and the strict xfail) stay beyond the bound window after window, as a real loss
-    does: only a wider bound would tell them apart, and it would miss real losses of that size. A loss beyond 1.5x
-    its bound, or judged on 100 requests a window or more (the suite's tens of requests per second), rolls back on
-    one look as before."""
+    property's generator (tests/unit/test_autotune_verify.py, 2026-12-03): 20 false rollbacks in 400,000 steady
+    draws at 1-5 req/s, each at 1.00-1.14x its bound with at most 65 requests a window; held for the next window,
+    15 never roll back. The other 5 (and the strict xfail) stay beyond the bound window after window, as a real
+    loss does: only a wider bound would tell them apart, and it would miss real losses of that size. A loss
+    beyond 1.5x its bound, or judged on 100 requests a window or more (the suite's tens of requests per second),
+    rolls back on one look as before."""
     if judged[0] != Outcome.ROLL_BACK or worse >= CONFIRM_WINDOWS or not thin(base, new):
         return judged
     return Outcome.UNDECIDED, Why.TOO_LITTLE_EVIDENCE, (
