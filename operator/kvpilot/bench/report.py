@@ -33,6 +33,13 @@ def canaries(tuned: dict[str, Any]) -> int:
     return len(marks) if isinstance(marks, list) else int(marks)
 
 
+def canary_rollbacks(tuned: dict[str, Any]) -> int:
+    """Canaries rolled back (a change no pod but the canary ran: not in the history of values in force)."""
+    marks = tuned.get("canaries", [])
+    return sum(1 for c in marks if isinstance(c, dict) and c.get("outcome") == "RolledBack") \
+        if isinstance(marks, list) else 0
+
+
 def criteria(row: dict[str, Any], case: Case) -> dict[str, bool]:
     """The issues' done-when figures for one row (issue 8: never lose, near the oracle, win where hindsight does,
     one change after settling, no oscillation; issue 18: the same from 2048, ahead of TensorRT-LLM's default)."""
@@ -146,6 +153,7 @@ def summary_line(out: dict[str, Any]) -> str:
     return (f"suite: {len(rows)} rows, {out['cpuSeconds']:.0f} CPU-s ({out['wallSeconds']:.0f}s wall); decision CPU "
             f"{out['decisionCpuMs']['mean']:.2f} ms mean, {out['decisionCpuMs']['max']:.1f} ms max; "
             f"{sum(rollbacks(t) for t in runs)} rollbacks ({sum(int(t.get('falseRollbacks', 0)) for t in runs)} "
-            f"false, on steady rows), {sum(canaries(t) for t in runs)} canaries; "
+            f"false, on steady rows), {sum(canaries(t) for t in runs)} canaries "
+            f"({sum(canary_rollbacks(t) for t in runs)} rolled back); "
             f"all criteria {'hold' if out['allPass'] else 'do NOT all hold'}"
             f"{'' if out['allPass'] else '; the instant reference misses every failed one too' if out['failuresAllMissedByInstant'] else ''}")
