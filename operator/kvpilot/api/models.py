@@ -180,7 +180,7 @@ class AutotuneSpec:
     allow_rebuild: bool
     metrics: MetricsSpec
     slo: Optional[SloSpec] = None
-    canary: str = "Auto"  # Auto | Always | Off: a change proposed for a gain tried on one pod first (canary_pass.py)
+    canary: str = "Off"  # Auto | Always | Off: a change proposed for a gain tried on one pod first (canary_pass.py)
 
 
 @dataclass(frozen=True)

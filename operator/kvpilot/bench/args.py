@@ -25,8 +25,8 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
                    help="With --suite: the TensorRT-LLM backend the pods run (kvsim plays it): tensorrt (a built "
                         "engine; TensorRT-LLM's default there has the in-engine batch tuner) or pytorch (no engine, "
                         "CUDA graphs, no in-engine tuner; rows named CASE.pytorch).")
-    p.add_argument("--canary", choices=("Auto", "Always", "Off"), default="Auto",
-                   help="With --suite: the tuner's autotune.canary (default: the product's, Auto). A change it "
+    p.add_argument("--canary", choices=("Auto", "Always", "Off"), default="Off",
+                   help="With --suite: the tuner's autotune.canary (default: the product's, Off). A change it "
                         "proposes for a gain is tried on one pod beside the others first, then promoted or rolled "
                         "back: Auto where the rollout cannot restart every pod at once (--no-spare-gpu), Always on "
                         "every such change; Off: every change rolls to every pod and is verified after it "

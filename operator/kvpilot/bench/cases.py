@@ -56,9 +56,9 @@ class Case:
     # The TensorRT-LLM backend the pods run (kvsim plays either): tensorrt (a built engine, the in-engine batch
     # tuner) or pytorch (no engine, CUDA graphs, no in-engine tuner); ``--backend`` of the suite.
     backend: str = "tensorrt"
-    # The tuner's autotune.canary (the product's default, Auto: a change it proposes for a gain is tried on one pod
-    # first where the rollout cannot restart every pod at once; bench/canary_fleet.py); ``--canary`` of the suite.
-    canary: str = "Auto"
+    # The tuner's autotune.canary (Auto: a change it proposes for a gain is tried on one pod first where the rollout
+    # cannot restart every pod at once; Always; Off, the product's default; bench/canary_fleet.py); ``--canary``.
+    canary: str = "Off"
     extra: dict[str, Any] = field(default_factory=dict)
     # Per phase, (prompt, output) lognormal (mean, median) in place of ``prompt``/``output`` (the traffic mix
     # changes, not only its rate); empty: every phase draws from ``prompt``/``output``.

@@ -234,7 +234,7 @@ def _kept(row: dict[str, Any], partial: str | None) -> dict[str, Any]:
 
 
 def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str],
-               backend: str = "tensorrt", canary: str = "Auto") -> list[tuple[Case, str]]:
+               backend: str = "tensorrt", canary: str = "Off") -> list[tuple[Case, str]]:
     """The rows to run: every case (or those in ``only``) on each served engine in ``perturbations``, its pods on
     ``backend``, the tuner's ``autotune.canary`` set to ``canary``."""
     unknown = sorted(set(only or ()) - {c.name for c in CASES})
@@ -253,7 +253,7 @@ def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]
 def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False, spare_gpu: bool = True,
               perturbations: list[str] | None = None, jobs: int = 1,
               bounds: dict[str, dict[str, Any]] | None = None, partial: str | None = None,
-              backend: str = "tensorrt", canary: str = "Auto") -> dict[str, Any]:
+              backend: str = "tensorrt", canary: str = "Off") -> dict[str, Any]:
     """Every row (or those of the cases named in ``only``), on each served engine in ``perturbations`` (default:
     the nominal profile only). ``spare_gpu=False``: the same cases on a cluster with no free GPU, where every
     rollout drops a pod's capacity while it restarts. ``jobs``: rows run in that many processes at once (the
@@ -291,7 +291,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
 
 def main(as_json: bool, only: list[str] | None = None, spare_gpu: bool = True,
          perturbations: list[str] | None = None, jobs: int = 1, bounds: str | None = None,
-         partial: str | None = None, backend: str = "tensorrt", canary: str = "Auto") -> int:
+         partial: str | None = None, backend: str = "tensorrt", canary: str = "Off") -> int:
     out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu, perturbations=perturbations, jobs=jobs,
                     bounds=load_bounds(bounds) if bounds else None, partial=partial, backend=backend, canary=canary)
     if as_json:

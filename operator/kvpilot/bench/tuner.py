@@ -82,7 +82,7 @@ def tuned_engine(profile: str, ceiling: int, slo: Slo, start: int, replicas: int
                  policy: str = "GuaranteedNoEvict", autotune_max: int | None = None,
                  surge: bool = False, strategy: str | None = None,
                  in_engine_tuner: bool | None = None, backend: str = "tensorrt",
-                 canary: str = "Auto") -> InferenceEngine:
+                 canary: str = "Off") -> InferenceEngine:
     """The InferenceEngine a user would apply: simulated backend, Auto mode, the SLOs, the product defaults.
     ``strategy``: the rollout strategy (default: Surge or NoSurge by ``surge``). ``in_engine_tuner``:
     ``batching.dynamicBatchSizeTuning`` (None: the schema's default)."""
@@ -113,16 +113,16 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                   autotune_max: int | None = None, series: bool = False, surge: bool = False,
                   queue_timeout_s: float | None = None, spare_gpu: bool | None = None,
                   served: Profile | str | None = None, in_engine_tuner: bool = False,
-                  backend: str = "tensorrt", canary: str = "Auto") -> dict[str, Any]:
+                  backend: str = "tensorrt", canary: str = "Off") -> dict[str, Any]:
     """The operator's plan() in the loop of a simulated fleet. ``series``: also return one point per tuning
     interval (offered load, limit in force, KV utilization, p95 TTFT/TPOT, SLO attainment, decisions).
     ``spare_gpu``: when given, the engine's rollout strategy is ``Auto`` and the cluster reports this (free
     GPUs of the pods' product for every replica: the rollout surges them all at once); otherwise ``surge``
     picks Surge (one pod at a time) or NoSurge explicitly. ``served``: the engine the pods run (default: the
     ``profile`` the spec names; the tuner's what-if always simulates that named profile). ``in_engine_tuner``:
-    the pods run TensorRT-LLM's in-engine batch-size tuner too. ``canary``: ``autotune.canary``, the product's
-    default (Auto: a change the tuner proposes for a gain is tried on one pod first where the rollout cannot
-    restart every pod at once; bench/canary_fleet.py)."""
+    the pods run TensorRT-LLM's in-engine batch-size tuner too. ``canary``: ``autotune.canary`` (Off, the product's
+    default; Auto: a change the tuner proposes for a gain is tried on one pod first where the rollout cannot
+    restart every pod at once; Always; bench/canary_fleet.py)."""
     engine_of = served if served is not None else profile
     if spare_gpu is not None:
         surge = spare_gpu
