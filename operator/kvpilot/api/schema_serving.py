@@ -268,7 +268,7 @@ def autotune_schema() -> Schema:
                 "takes one start and verification judges the change after it. Always: every such change. Off (the "
                 "default): none; every change rolls to every pod and is verified after it. A canary holds the "
                 "other pods at the old value while it is judged (about four minutes): in the tuner suite, where "
-                "the tuner's changes were gains, that cost 1-9% of a 30-minute run's goodput (docs/live-tuner.md, "
+                "the tuner's changes were gains, that cost up to 15% of a 30-minute run's goodput (docs/live-tuner.md, "
                 "'Canary retunes'); it pays where a bad change is likely and costly.",
                 enum=("Auto", "Always", "Off"),
                 default="Off",

@@ -131,7 +131,7 @@ def canary_wanted(spec: InferenceEngineSpec, surge: int) -> bool:
     pod at the old value while it is judged (about four minutes), which cost the changes the suite makes for a gain
     up to 9% of a run's goodput (phase-shift-l40s from 64: 16.42 req/s against 18.08). Why Off by default: without
     a spare GPU too, every canary in the suite was a gain, promoted minutes late (49 of 50 canaries over 40 rows,
-    the 50th still judged when its run ended; none rolled back), at 1-9% of a run's goodput."""
+    the 50th still judged when its run ended; none rolled back), at up to 15% of a run's goodput."""
     mode = spec.autotune.canary
     return mode == "Always" or (mode == "Auto" and surge < spec.serving.replicas)
 
