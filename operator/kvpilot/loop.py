@@ -247,6 +247,10 @@ class EngineLoops:
             kv = await self.signals.window(loop.sampler, engine, loop.pods, loop.pod_limit)
             canary_kv = await self.signals.canary_windows(loop.sampler, engine, loop.pods)
             samples, prompts = loop.sampler.fresh()  # the engine fit takes each sample once (autotune/trust.py)
+            # A canary pod runs another limit than the one the fit files its samples under (autotune/canary.py).
+            canaries = {p.name for p in loop.pods if p.canary}
+            samples = {pod: s for pod, s in samples.items() if pod not in canaries}
+            prompts = {pod: w for pod, w in prompts.items() if pod not in canaries}
             self.planner.observe_pods(engine, samples, prompts, self.wall_clock(), _runtime_batch(loop.status()) or 0)
             raw = loop.body.get("status")
             p, observed = await reconcile(self.api, engine, dict(raw) if isinstance(raw, dict) else {},

@@ -39,8 +39,9 @@ WHAT_IF_CPU_SECONDS = Histogram(
     "kvpilot_autotune_whatif_cpu_seconds", "CPU seconds of one autotune pass that may run the what-if simulation "
     "(off the event loop; kvpilot/planning.py).", buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
 CANARIES = Counter("kvpilot_autotune_canaries_total", "Canary retunes (one pod at the new max_batch_size beside the "
-                   "others: autotune/canary.py) by outcome: started, promoted, rolled_back.", ["outcome"])
-CANARY_OUTCOMES = {"CanaryStarted": "started", "CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back"}
+                   "others: autotune/canary.py) by outcome: started, promoted, rolled_back, abandoned.", ["outcome"])
+CANARY_OUTCOMES = {"CanaryStarted": "started", "CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back",
+                   "CanaryAbandoned": "abandoned"}
 RECOMMENDED = Gauge("kvpilot_autotune_recommended_batch_size", "The tuner's recommended runtime max_batch_size.",
                     ["namespace", "name"])
 

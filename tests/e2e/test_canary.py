@@ -195,7 +195,7 @@ def test_a_raise_for_a_gain_goes_to_a_canary_pod_which_is_caught_and_rolled_back
         if not at_end and canary.get("outcome") and "canary started" in marks:
             mark("canary ended", now)
             # Written in the pass that ended it, before its status: the Deployments as that pass left them.
-            at_end.update(engine=engine, deployment=deployment(ns, NAME), canary=deployment(ns, f"{NAME}-canary"))
+            at_end.update(engine=engine, deployment=deployment(ns, NAME), canary=deployment(ns, f"{NAME}-kvpilot-canary"))
         if at_end:
             # The load goes on while the canary pod drains away and the engine's Deployment comes back to every
             # replica: no client request may fail on the way back either.

@@ -78,11 +78,13 @@ def test_a_window_whose_pods_changed_is_no_evidence() -> None:
     assert c.judged.canary == before.canary and c.judged.others == before.others
 
 
-def test_a_canary_without_a_verdict_is_rolled_back_at_the_give_up_time() -> None:
+def test_a_canary_without_a_verdict_is_rolled_back_at_the_give_up_time_after_its_pod_was_ready() -> None:
     c = C.start(RAISE, 64, 0.0, spare=False)
-    assert c.verdict(GIVE_UP_SECONDS - 1).outcome == Outcome.UNDECIDED
-    late = c.verdict(GIVE_UP_SECONDS)
-    assert late.outcome == Outcome.ROLL_BACK and "cannot be judged" in late.message
+    assert c.verdict(2 * GIVE_UP_SECONDS).outcome == Outcome.UNDECIDED  # never Ready: canary_checks' to judge
+    ready = c.became_ready(True, 100.0)
+    assert ready.verdict(100.0 + GIVE_UP_SECONDS - 1).outcome == Outcome.UNDECIDED
+    late = ready.verdict(100.0 + GIVE_UP_SECONDS)
+    assert late.outcome == Outcome.ROLL_BACK and late.why == Why.GAVE_UP and "cannot be judged" in late.message
 
 
 def test_the_sampler_gives_each_group_its_own_window() -> None:

@@ -83,7 +83,7 @@ class Cluster:
 
 
 def _canary_pods(p: Plan) -> int:
-    return next((d["spec"]["replicas"] for d in p.apply if d["metadata"]["name"] == "e1-canary"), 0)
+    return next((d["spec"]["replicas"] for d in p.apply if d["metadata"]["name"] == "e1-kvpilot-canary"), 0)
 
 
 def _main_pods(p: Plan) -> int:
@@ -108,8 +108,9 @@ def propose(monkeypatch: pytest.MonkeyPatch, decision: Decision, at_s: float = 1
 
 
 def run(e: Any, share: Callable[[int, bool], float], steps: int = 60, surge_room: int | None = None,
-        status: Any = None, canary_ready_after: int = 0) -> Cluster:
-    """``steps`` plans 15 s apart; ``share(limit, canary)``: the share a group at ``limit`` serves in time."""
+        status: Any = None, canary_ready_after: int = 0, canary_reports: bool = True) -> Cluster:
+    """``steps`` plans 15 s apart; ``share(limit, canary)``: the share a group at ``limit`` serves in time;
+    ``canary_reports``: whether a Ready canary pod's metrics reach the sampler."""
     first = plan(e, Observed(claim_phase="Bound"), Settings(), T0)
     observed = replace(built(first), surge_room=surge_room)
     if status is not None:
@@ -123,7 +124,7 @@ def run(e: Any, share: Callable[[int, bool], float], steps: int = 60, surge_room
         limit = int(main[0].max_batch_size or 64) if main else 64
         whole = kv(limit, share(limit, False), pods=len(main))
         groups: dict[str, Any] = {}
-        if canary:
+        if canary and canary_reports:
             value = int(canary[0].max_batch_size or 0)
             groups = dict(canary_kv=kv(value, share(value, True)), others_kv=kv(limit, share(limit, False),
                                                                               pods=len(main)))
@@ -166,7 +167,7 @@ def test_a_raise_the_canary_serves_worse_never_reaches_the_other_pods(monkeypatc
 
 
 def _canary_batch(p: Plan) -> str | None:
-    dep = next((d for d in p.apply if d["kind"] == "Deployment" and d["metadata"]["name"] == "e1-canary"), None)
+    dep = next((d for d in p.apply if d["kind"] == "Deployment" and d["metadata"]["name"] == "e1-kvpilot-canary"), None)
     return dep["spec"]["template"]["metadata"]["annotations"][L.BATCH_ANNOTATION] if dep is not None else None
 
 
@@ -244,19 +245,36 @@ def test_a_protective_lower_goes_to_every_pod_at_once(monkeypatch: pytest.Monkey
 def test_no_canary_without_pods_to_compare_or_when_off(monkeypatch: pytest.MonkeyPatch, e: Any) -> None:
     propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
     c = run(e, lambda limit, canary: 0.56, steps=14)
-    assert all(_canary_pods(p) == 0 and not any(d["metadata"]["name"] == "e1-canary" for d in p.apply)
+    assert all(_canary_pods(p) == 0 and not any(d["metadata"]["name"] == "e1-kvpilot-canary" for d in p.apply)
                for p in c.plans)
     assert c.plans[-1].status.batching is not None and c.plans[-1].status.batching.max_batch_size == 512
 
 
-def test_a_canary_that_cannot_be_judged_is_rolled_back_after_fifteen_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The canary pod never becomes Ready (no GPU, a crash): no window of it, no verdict; rolled back."""
+def test_a_canary_that_cannot_be_judged_is_rolled_back_fifteen_minutes_after_it_is_ready_and_barred_nowhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canary pod is Ready but its metrics never arrive: no verdict; rolled back 15 minutes after it was Ready,
+    with no bar (nothing was measured against the value)."""
     propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
-    c = run(tuned(), lambda limit, canary: 0.56, steps=80, canary_ready_after=10_000)
+    c = run(tuned(), lambda limit, canary: 0.56, steps=80, canary_reports=False)
     started = next(i for i, p in enumerate(c.plans) if _canary_pods(p) == 1)
     ended = next(i for i, p in enumerate(c.plans) if i > started and _canary_pods(p) == 0)
-    assert 59 <= ended - started <= 62
-    assert "cannot be judged" in doc(c.plans[ended])["autotune"]["canary"]["message"]
+    assert 60 <= ended - started <= 63  # Ready one pass after it started
+    end = doc(c.plans[ended])["autotune"]
+    assert end["canary"]["outcome"] == "RolledBack" and "cannot be judged" in end["canary"]["message"]
+    assert not (end.get("verification") or {}).get("bars"), end.get("verification")
+
+
+def test_a_canary_pod_that_never_becomes_ready_is_given_its_start_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serving.startupTimeoutSeconds (plus a drain) for a canary pod that never becomes Ready, then rolled back
+    without a bar: a slow model load is no verdict on the value."""
+    propose(monkeypatch, Decision("Raise", 512, "QueueWithHeadroom", "requests queue"))
+    e = tuned(serving__startupTimeoutSeconds=600)
+    c = run(e, lambda limit, canary: 0.56, steps=80, canary_ready_after=10_000)
+    started = next(i for i, p in enumerate(c.plans) if _canary_pods(p) == 1)
+    ended = next(i for i, p in enumerate(c.plans) if i > started and _canary_pods(p) == 0)
+    assert (ended - started) * 15 == pytest.approx(600 + 305, abs=16)
+    end = doc(c.plans[ended])["autotune"]
+    assert "was not Ready" in end["canary"]["message"] and not (end.get("verification") or {}).get("bars")
 
 
 def test_a_user_reset_of_the_start_value_ends_the_canary(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvpilot.autotune.decision import Decision
-from kvpilot.desired.canary_pass import UNSCHEDULABLE_SECONDS
+from kvpilot.desired.canary_checks import UNSCHEDULABLE_SECONDS
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import plan
 from kvpilot.desired.settings import Settings

@@ -260,7 +260,7 @@ def autotune_schema() -> Schema:
             "canary": string(
                 "In mode Auto, whether a change the tuner proposes for a gain (not a protective lower, a rollback "
                 "or a correction into the bounds) is first tried on one pod beside the others behind the same "
-                "Service (the <name>-canary Deployment), compared with them over the same windows, then promoted "
+                "Service (the <name>-kvpilot-canary Deployment), compared with them over the same windows, then promoted "
                 "to every pod or rolled back; only for an engine of two or more replicas on a Deployment (a "
                 "multi-node engine, or a single pod, is verified after the change instead). Auto: where the "
                 "rollout cannot restart every pod at once (no free GPU for each), as there a bad change would "

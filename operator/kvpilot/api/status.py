@@ -272,7 +272,7 @@ class CanaryStatus:
     worse_windows: int | None = None  # as VerificationWatch.worse_windows
     seen_until: str | None = None
     pods: str | None = None
-    outcome: Literal["Promoted", "RolledBack"] | None = None
+    outcome: Literal["Promoted", "RolledBack", "Abandoned"] | None = None
     message: str | None = None
     decided_at: str | None = None
 

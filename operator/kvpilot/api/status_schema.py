@@ -271,7 +271,9 @@ def _canary() -> Schema:
                                     "loss near its bound must show on two).", 0),
             "seenUntil": string("The end of the last window taken in.", 64, fmt="date-time"),
             "pods": string("The serving pods and their restarts when last seen (a digest).", 64),
-            "outcome": string("How the last canary ended.", enum=("Promoted", "RolledBack")),
+            "outcome": string("How the last canary ended: Promoted; RolledBack (it served worse, or its pod could "
+                              "not run it); Abandoned (the spec, the engine or the other pods moved on before a "
+                              "verdict).", enum=("Promoted", "RolledBack", "Abandoned")),
             "message": string("The last canary's verdict with both groups' figures.", 1024),
             "decidedAt": string("When the last canary ended.", 64, fmt="date-time"),
         },

@@ -55,7 +55,8 @@ class Ending(StrEnum):
     """``status.autotune.canary.outcome``: how the last canary ended."""
 
     PROMOTED = "Promoted"
-    ROLLED_BACK = "RolledBack"
+    ROLLED_BACK = "RolledBack"  # it served worse (or its pod could not run it)
+    ABANDONED = "Abandoned"  # ended without a verdict on its value: the spec, the engine or the old pods moved on
 
 
 def wants_canary(decision: Decision | None, replicas: int, multinode: bool, enabled: bool) -> bool:
@@ -103,13 +104,20 @@ class Canary:
         return replace(self, watch=self.judged.observe(canary, others), seen_until_s=canary.end_s, pods=pods)
 
     def verdict(self, now_s: float) -> Verdict:
-        """Promote (Keep), roll back, or wait. Past GIVE_UP_SECONDS without a verdict: roll back."""
+        """Promote (Keep), roll back, or wait. No verdict GIVE_UP_SECONDS after the canary pod was first Ready:
+        roll back, without a bar (nothing was measured against the value: canary_pass.verified_memory); a pod that
+        is never Ready is desired/canary_checks.py's."""
         verdict = self.judged.verdict(now_s)
-        if verdict.outcome == Outcome.KEEP and verdict.why == Why.GAVE_UP:
-            return replace(verdict, outcome=Outcome.ROLL_BACK,
-                           message=f"no verdict {GIVE_UP_SECONDS:.0f}s after the canary started: a canary that "
-                                   f"cannot be judged is not kept ({verdict.message})")
-        return verdict
+        if verdict.outcome != Outcome.KEEP or verdict.why != Why.GAVE_UP:
+            return verdict
+        since = self.ready_at_s
+        if since is None or now_s - since < GIVE_UP_SECONDS:
+            waited = "it is not Ready yet" if since is None else f"{now_s - since:.0f}s after its pod was Ready"
+            return replace(verdict, outcome=Outcome.UNDECIDED, why=Why.TOO_LITTLE_EVIDENCE,
+                           message=f"no verdict yet on the canary at {self.to_value}: {waited}")
+        return replace(verdict, outcome=Outcome.ROLL_BACK,
+                       message=f"no verdict {GIVE_UP_SECONDS:.0f}s after the canary pod was Ready: a canary that "
+                               f"cannot be judged is not kept")
 
     def promoted(self) -> Canary:
         return replace(self, phase=Phase.PROMOTING)

@@ -20,7 +20,7 @@ from kvsim import EngineConfig
 
 from kvpilot.api.status import AutotuneStatus, CanaryStatus, EngineStatus
 from kvpilot.autotune.fleet import Fleet, Replica
-from kvpilot.bench.window import Drained, Slo, window_of
+from kvpilot.bench.window import Drained, PodReadings, Slo, window_of
 from kvpilot.desired.observed import DeploymentState, Observed, PodState
 
 
@@ -63,6 +63,12 @@ class CanaryFleet:
 
         others = [r for r in serving if not self._is_canary(r)]
         return replace(observed, pods=pods, canary_deployment=dep, canary_kv=group(canary), others_kv=group(others))
+
+    def without_canary(self, readings: PodReadings) -> PodReadings:
+        """The pods' readings less the canary pod's, for the engine fit (it runs another limit)."""
+        names = {r.name for r in self.fleet.replicas if self._is_canary(r)}
+        return PodReadings({p: s for p, s in readings.samples.items() if p not in names},
+                           {p: w for p, w in readings.prompts.items() if p not in names})
 
     def follow(self, status: EngineStatus, want: int, config_of: Callable[[int], EngineConfig], t: float) -> bool:
         """Carry out what status says of the canary; True when this handled the fleet's rollout (a canary runs,

@@ -180,7 +180,9 @@ def run_autotuned(requests: list[Request], profile: str, ceiling: int, replicas:
                                         drained, interval, slo, list(counts))
             started = time.process_time()
             # The operator's path: the engine fit takes the pods' samples, the planner checks the model and plans.
-            planner.observe_pods(engine, readings.samples, readings.prompts, EPOCH.timestamp() + t,
+            # As the operator's loop: a canary pod's samples stay out of the fit (they run another limit).
+            fit = canaries.without_canary(readings)
+            planner.observe_pods(engine, fit.samples, fit.prompts, EPOCH.timestamp() + t,
                                  (status.batching or BatchingStatus()).max_batch_size or 0)
             p = planner.plan_inline(engine, _with_rollout(observed, fleet), Settings(), EPOCH + timedelta(seconds=t))
             decision_cpu.append(time.process_time() - started)

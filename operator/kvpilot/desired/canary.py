@@ -1,10 +1,13 @@
-"""A canary retune (autotune/canary.py decides) in and out of status, the objects it renders, and its Events. Pure.
+"""A canary retune (autotune/canary.py decides) in and out of status, and the objects it renders. Pure.
 
 Status is user-writable, as for verification (desired/verifying.py): a canary record that does not parse (no
-values, a time that is not RFC 3339, a value below 1) reads as no canary, so the old pods go back to every
-replica and the canary pod to none: a forged or broken record can end a canary, never start one.
+values, a time that is not RFC 3339 or in the future, a value below 1) reads as no canary, so the old pods go back
+to every replica and the canary pod to none. A well-formed record is trusted as the operator's own, as a
+verification record is: it can run a canary, but only within autotune's bounds and the engine's ceiling
+(desired/canary_checks.py), as a hand-edited status.batching can set a value. Tenants cannot forge one: the
+chart's kvpilot-edit role may read the status, not write it.
 
-The canary runs in a Deployment of its own, ``<name>-canary`` (one pod), with its own LLM-API ConfigMap: a
+The canary runs in a Deployment of its own, ``<name>-kvpilot-canary`` (one pod), with its own LLM-API ConfigMap: a
 Deployment has no "pause after the first pod", and two Deployments make the canary's size exact. Its pods carry the
 engine's serving labels, so the engine's Service spreads connections over them and the old pods alike (about 1/N
 of the traffic each, the share a pod will have once the value is promoted), plus ``serving.kvpilot.io/canary``,
@@ -15,8 +18,10 @@ with the engine (owner reference).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from kvpilot.api.models import ObjectRef
 from kvpilot.api.status import AutotuneStatus, CanaryStatus
@@ -26,6 +31,10 @@ from kvpilot.autotune.verify import WindowFigures
 from kvpilot.desired import labels as L
 from kvpilot.desired.observed import Observed, PodState
 from kvpilot.desired.verifying import seconds_at, settle_of, side_of, side_record, stamp, worse_of
+
+
+OUTCOMES: dict[Ending, Literal["Promoted", "RolledBack", "Abandoned"]] = {
+    Ending.PROMOTED: "Promoted", Ending.ROLLED_BACK: "RolledBack", Ending.ABANDONED: "Abandoned"}
 
 
 def canary_of(status: AutotuneStatus | None, now: datetime) -> Canary | None:
@@ -54,7 +63,7 @@ def canary_record(canary: Canary | None, previous: CanaryStatus | None, pod: str
     prev = previous or CanaryStatus()
     last = prev if ending is None else CanaryStatus(
         from_batch_size=ending[0].from_value, to_batch_size=ending[0].to_value,
-        outcome="Promoted" if ending[1] == Ending.PROMOTED else "RolledBack", message=ending[2][:1024],
+        outcome=OUTCOMES[ending[1]], message=ending[2][:1024],
         decided_at=stamp(ending[3]))
     if canary is None:
         if last.outcome is None:
@@ -107,12 +116,35 @@ def canary_figures(observed: Observed, old_pods: int, now: datetime) -> tuple[Wi
 
 def idle_value(observed: Observed, in_force: int, ceiling: int | None) -> int:
     """The value the canary Deployment is rendered at between canaries (0 pods): the one it holds, the last
-    canary's (what ``kubectl get deployment <name>-canary`` then shows was tried), so that neither a rollback nor
+    canary's (what ``kubectl get deployment <name>-kvpilot-canary`` then shows was tried), so that neither a rollback nor
     a change made on every pod rewrites its template (a new ReplicaSet each time, the first while the rolled-back
     pod still drains); the value in force where it holds none that the engine may run."""
     held = observed.canary_deployment.max_batch_size if observed.canary_deployment is not None else None
     value = int(held) if held is not None and held.isdigit() else 0
     return value if 1 <= value and (ceiling is None or value <= ceiling) else in_force
+
+
+# The engine's (ConfigMap, Deployment) rendered at a value (desired/plan.py): what the canary copies.
+CanarySource = Callable[[int], tuple[dict[str, Any], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class CanaryRender:
+    """What a canary retune asks of the rendering: how many pods the engine's own Deployment runs, and the canary
+    Deployment's value and pods (rendered while a canary runs, and at 0 pods once one has run: kvpilot deletes
+    nothing)."""
+
+    old_pods: int
+    value: int
+    pods: int
+
+    def render(self, owner: ObjectRef, source: CanarySource, exists: bool, idle: bool = False) -> list[dict[str, Any]]:
+        """The canary's ConfigMap and Deployment (none while none runs or ever ran: ``exists`` says whether its
+        Deployment does). ``idle``: at 0 pods whatever a canary asks (a multi-node engine runs none)."""
+        if (self.pods == 0 or idle) and not exists:
+            return []
+        cm, dep = source(self.value)
+        return canary_children(owner, dep, cm, 0 if idle else self.pods)
 
 
 def canary_children(owner: ObjectRef, deployment: dict[str, Any], config_map: dict[str, Any],

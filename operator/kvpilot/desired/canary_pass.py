@@ -22,11 +22,9 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verification import Memory
 from kvpilot.autotune.verify import Outcome, Verdict, Why, bar_after_rollback
-from kvpilot.desired.batching import tuning_applies
 from kvpilot.desired.canary import canary_figures, canary_of, canary_pod, canary_record
-from kvpilot.desired.conditions import CRASH_REASONS
-from kvpilot.desired.observed import Observed, PodState
-from kvpilot.desired.serving import TERMINATION_GRACE_SECONDS
+from kvpilot.desired.canary_checks import CANARY_PREFIX, no_longer_applies, old_pods_need, pod_failed
+from kvpilot.desired.observed import Observed
 from kvpilot.desired.verifying import pods_digest
 
 
@@ -37,8 +35,9 @@ class CanaryPass:
     canary: C.Canary | None = None
     promoted: Verdict | None = None  # this pass promotes it: the value moves to canary.to_value
     rolled_back: Verdict | None = None  # this pass rolls it back
-    ended: C.Canary | None = None  # the canary this pass rolled back or saw promoted everywhere
+    ended: C.Canary | None = None  # the canary this pass rolled back, abandoned or saw promoted everywhere
     started: bool = False  # this pass started ``canary`` for the tuner's decision
+    abandoned: str | None = None  # why this pass ended a running canary without a verdict on its value
 
     @property
     def holds_tuner(self) -> bool:
@@ -58,21 +57,29 @@ class CanaryPass:
         return self.canary.to_value if self.promoted is not None and self.canary is not None else None
 
 
-def judge_canary(spec: InferenceEngineSpec, observed: Observed, in_force: int, old_rolling: bool,
-                 now: datetime) -> CanaryPass:
+def judge_canary(spec: InferenceEngineSpec, observed: Observed, in_force: int, old_rolling: bool, now: datetime,
+                 ceiling: int | None = None, serving_fp: str | None = None) -> CanaryPass:
     """The canary status holds, judged on this interval's windows. ``in_force``: the value status holds for the
-    engine's own pods; ``old_rolling``: whether they are rolling (their template, or their count)."""
-    canary = canary_of(observed.status.autotune, now) if tuning_applies(spec) else None
-    if canary is None or not _still_applies(spec, canary, in_force):
+    engine's own pods; ``old_rolling``: whether they are rolling (their template, or their count); ``ceiling``:
+    the engine's; ``serving_fp``: the engine the pods serve. A canary that no longer applies is abandoned
+    (desired/canary_checks.py)."""
+    canary = canary_of(observed.status.autotune, now)
+    if canary is None:
         return CanaryPass()
-    if canary.phase == C.Phase.PROMOTING:
-        return CanaryPass(canary) if old_rolling else CanaryPass(ended=canary)
+    why = no_longer_applies(spec, observed, canary, in_force, ceiling, serving_fp)
+    if why is not None or canary.phase == C.Phase.PROMOTING:
+        if why is None and old_rolling:
+            return CanaryPass(canary)
+        return CanaryPass(ended=canary, abandoned=why if canary.phase == C.Phase.RUNNING else None)
     pod = canary_pod(observed)
     canary = canary.became_ready(pod is not None and pod.ready, now.timestamp())
+    need = old_pods_need(spec, observed, canary, ceiling or spec.autotune.max_batch_size, now)
+    if need is not None:
+        return CanaryPass(ended=canary, abandoned=need)
     old_pods = C.old_pods(canary, spec.serving.replicas)
     figures = canary_figures(observed, old_pods, now)
     canary = canary.observe(*figures, pods_digest(observed))
-    verdict = _pod_failed(canary, pod, now) or canary.verdict(now.timestamp())
+    verdict = pod_failed(spec, canary, pod, now) or canary.verdict(now.timestamp())
     if verdict.outcome == Outcome.KEEP:
         return CanaryPass(canary.promoted(), promoted=verdict)
     if verdict.outcome == Outcome.ROLL_BACK:
@@ -80,42 +87,13 @@ def judge_canary(spec: InferenceEngineSpec, observed: Observed, in_force: int, o
     return CanaryPass(canary)
 
 
-# How long a canary pod may wait for a GPU: without a spare one it waits for the old pod it replaces to drain
-# (desired/serving.py, TERMINATION_GRACE_SECONDS) and start; past that, something else holds the GPU.
-UNSCHEDULABLE_SECONDS = TERMINATION_GRACE_SECONDS + 180
-
-
-def _pod_failed(canary: C.Canary, pod: PodState | None, now: datetime) -> Verdict | None:
-    """A canary whose pod crashes (a larger batch can exhaust GPU memory at start-up), or cannot be scheduled
-    long after the GPU it was given should have freed, is rolled back at once: waiting out the 15 minutes
-    without a verdict would hold one old pod down for nothing."""
-    if pod is None:
-        return None
-    if pod.waiting_reason in CRASH_REASONS:
-        why = f"{pod.waiting_reason}" + (f"; last {pod.last_exit[-300:]}" if pod.last_exit else "")
-        return Verdict(Outcome.ROLL_BACK, Why.WORSE, f"the canary pod {pod.name} at {canary.to_value} fails: {why}")
-    waited = now.timestamp() - canary.started_at_s
-    if pod.unschedulable_message and not pod.ready and waited > UNSCHEDULABLE_SECONDS:
-        return Verdict(Outcome.ROLL_BACK, Why.GAVE_UP, f"the canary pod {pod.name} could not be scheduled in "
-                       f"{waited:.0f}s: {pod.unschedulable_message[:300]}")
-    return None
-
-
-def _still_applies(spec: InferenceEngineSpec, canary: C.Canary, in_force: int) -> bool:
-    """A canary whose old value is no longer the one in force (the user reset spec.batching.maxBatchSize, or the
-    engine's ceiling clamped it), or that the spec no longer allows, is dropped: the old pods go back to every
-    replica and the canary pod away."""
-    if spec.autotune.canary == "Off" or spec.multinode or spec.serving.replicas < C.MIN_REPLICAS:
-        return False
-    return in_force == (canary.from_value if canary.phase == C.Phase.RUNNING else canary.to_value)
-
-
 def start_canary(spec: InferenceEngineSpec, judged: CanaryPass, decision: Decision | None, applied: bool,
-                 in_force: int, surge: int, now: datetime) -> CanaryPass:
+                 in_force: int, surge: int, now: datetime, taken: bool = False) -> CanaryPass:
     """A canary for the tuner's ``decision`` when it applies one that is tried on one pod first
     (``canary.wants_canary``, where ``autotune.canary`` asks for one: see ``canary_wanted``); else the pass as
-    judged. ``surge``: the pods the rollout in force starts ahead of the old ones."""
-    if judged.holds_tuner or not applied or decision is None or not C.wants_canary(
+    judged. ``surge``: the pods the rollout in force starts ahead of the old ones; ``taken``: the canary
+    Deployment's name is held by an object the engine does not control (the change then goes to every pod)."""
+    if judged.holds_tuner or not applied or decision is None or taken or not C.wants_canary(
             decision, spec.serving.replicas, spec.multinode, canary_wanted(spec, surge)):
         return judged
     return CanaryPass(C.start(decision, in_force, now.timestamp(), surge > 0), started=True)
@@ -145,7 +123,7 @@ def verified_memory(memory: Memory, cpass: CanaryPass, now: datetime) -> Memory:
         c = cpass.canary
         return memory.decided(from_value=c.from_value, to_value=c.to_value, applied=True, rollback=False,
                               now_s=now.timestamp(), horizon_s=PLANNING_HORIZON_SECONDS)
-    if cpass.rolled_back is not None and ended is not None:
+    if cpass.rolled_back is not None and cpass.rolled_back.why == Why.WORSE and ended is not None:
         side = memory.baseline.side if memory.baseline.limit == ended.from_value else None
         bar = bar_after_rollback(ended.from_value, ended.to_value, now.timestamp(), PLANNING_HORIZON_SECONDS,
                                  memory.bars, side)
@@ -163,19 +141,24 @@ def canary_status(tune: AutotuneStatus, cpass: CanaryPass, observed: Observed, n
         ending = (cpass.canary, C.Ending.PROMOTED, f"promoted: {cpass.promoted.message}", now.timestamp())
     elif cpass.rolled_back is not None and cpass.ended is not None:
         ending = (cpass.ended, C.Ending.ROLLED_BACK, f"rolled back: {cpass.rolled_back.message}", now.timestamp())
+    elif cpass.abandoned is not None and cpass.ended is not None:
+        ending = (cpass.ended, C.Ending.ABANDONED, f"abandoned: {cpass.abandoned}", now.timestamp())
     out = replace(tune, canary=canary_record(cpass.canary, tune.canary, pod.name if pod else None, ending))
     if cpass.promoted is not None:
         out = replace(out, last_applied_at=rfc3339(now), what_if_declined_at=None)
     ended = cpass.ended
-    if cpass.rolled_back is not None and ended is not None:
+    undone = (f"canary rolled back: {cpass.rolled_back.message}" if cpass.rolled_back is not None
+              else f"canary abandoned: {cpass.abandoned}" if cpass.abandoned is not None else None)
+    if undone is not None and ended is not None:
+        # The pod that ran the canary's value goes back to the old one: a rollback's record, so that it and the
+        # canary's start leave the anti-oscillation memory together (desired/tuning.recent_changes).
         record = DecisionRecord(at=rfc3339(now), action=Action.LOWER if ended.to_value > ended.from_value
                                 else Action.RAISE, from_batch_size=ended.to_value, to_batch_size=ended.from_value,
-                                reason=TunerReason.ROLLED_BACK,
-                                message=f"canary rolled back: {cpass.rolled_back.message}"[:1024], applied=True)
+                                reason=TunerReason.ROLLED_BACK, message=undone[:1024], applied=True)
         out = replace(out, history=(record, *(out.history or ()))[:HISTORY_LIMIT])
     return out
 
 
 def canary_message(decision: Decision) -> Decision:
     """The tuner's decision as the canary tries it (status.autotune.history says it went to one pod first)."""
-    return replace(decision, message=f"tried on one pod first (canary): {decision.message}")
+    return replace(decision, message=f"{CANARY_PREFIX}{decision.message}")

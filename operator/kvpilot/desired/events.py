@@ -87,9 +87,9 @@ def _canary_events(old: EngineStatus, new: EngineStatus) -> list[Event]:
                          f"Trying runtime max_batch_size {now.to_batch_size} on one pod beside the pods at "
                          f"{now.from_batch_size} ({now.reason or 'the tuner'}); the others keep serving"[:1024]))
     if now.outcome is not None and now.decided_at is not None and now.decided_at != was.decided_at:
-        promoted = now.outcome == "Promoted"
-        out.append(Event("Normal" if promoted else "Warning", "CanaryPromoted" if promoted else "CanaryRolledBack",
-                         f"Canary {now.from_batch_size} -> {now.to_batch_size}: {now.message or ''}"[:1024]))
+        kind, reason = {"Promoted": ("Normal", "CanaryPromoted"), "RolledBack": ("Warning", "CanaryRolledBack"),
+                        "Abandoned": ("Normal", "CanaryAbandoned")}[now.outcome]
+        out.append(Event(kind, reason, f"Canary {now.from_batch_size} -> {now.to_batch_size}: {now.message or ''}"[:1024]))
     return out
 
 

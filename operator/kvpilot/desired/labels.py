@@ -59,11 +59,13 @@ def deployment_name(name: str) -> str:
 
 
 def canary_deployment_name(name: str) -> str:
-    return f"{name}-canary"
+    """A canary retune's Deployment (autotune/canary.py). Not ``<name>-canary``: that is the Deployment of an
+    engine named ``<name>-canary``, a name users give."""
+    return f"{name}-kvpilot-canary"
 
 
 def canary_config_map_name(name: str) -> str:
-    return f"{name}-canary-llm-api"
+    return f"{name}-kvpilot-canary-llm-api"
 
 
 def service_name(name: str) -> str:

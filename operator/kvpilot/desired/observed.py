@@ -110,11 +110,12 @@ class Observed:
     # Pods wearing the engine's labels that its serving workload did not create (observe/lineage.py): they feed
     # no decision, and Degraded names them.
     foreign_pods: tuple[str, ...] = ()
-    # A canary retune (autotune/canary.py): the <name>-canary Deployment, and the windows of its pod and of the
+    # A canary retune (autotune/canary.py): the <name>-kvpilot-canary Deployment, and the windows of its pod and of the
     # other pods over the same interval (None: none, or no canary runs).
     canary_deployment: DeploymentState | None = None
     canary_kv: KvWindow | None = None
     others_kv: KvWindow | None = None
+    canary_name_taken: bool = False  # <name>-kvpilot-canary exists and is not the engine's: no canary starts
 
 
 def job_state(job: dict[str, Any], pod_message: str = "", unschedulable: str | None = None) -> JobState:

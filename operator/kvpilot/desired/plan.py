@@ -48,7 +48,7 @@ from kvpilot.desired.pod_parts import image_for
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.storage import cache_claim, cache_claim_name
 from kvpilot.desired.verifying import observed_memory, verification_status
-from kvpilot.desired.canary import canary_children, idle_value
+from kvpilot.desired.canary import CanaryRender, CanarySource, idle_value
 from kvpilot.desired.canary_pass import (CanaryPass, canary_message, canary_status, judge_canary, start_canary,
                                          verified_memory)
 from kvpilot.desired.rollout import surge_pods_in_force
@@ -90,7 +90,7 @@ def _deployment(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batc
 
 
 def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch: int, observed: Observed,
-              canary: _CanaryRender) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
+              canary: CanaryRender) -> tuple[list[dict[str, Any]], tuple[CreateOnce, ...]]:
     """What serves the engine, with its Service and PodDisruptionBudget: a Deployment (and a canary retune's, where
     one runs or ran), or for a multi-node engine a LeaderWorkerSet of groups with its scripts, and its SSH Secret to
     create once (desired/multinode.py)."""
@@ -99,7 +99,8 @@ def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch:
         pdb = serving.pod_disruption_budget(meta, spec)
         dep = _deployment(engine, what, cm, batch, observed)
         dep["spec"]["replicas"] = canary.old_pods
-        return [dep, *canary.render(engine, what, observed), serving.service(meta, spec), *([pdb] if pdb else [])], ()
+        extra = canary.render(meta, _canary_source(engine, what, observed), observed.canary_deployment is not None)
+        return [dep, *extra, serving.service(meta, spec), *([pdb] if pdb else [])], ()
     rollout = spec.serving.rollout
     limits = rolling_update(rollout, observed.surge_room, spec.serving.replicas)  # in groups (observe/cluster.py)
     dep = serving.deployment(meta, spec, what.served, image=what.image, claim=what.claim, max_batch_size=batch,
@@ -109,25 +110,17 @@ def _workload(engine: InferenceEngine, what: _Served, cm: dict[str, Any], batch:
                                     observed.deployment)
     if kept is not None:
         lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"].update(maxSurge=kept[0], maxUnavailable=kept[1])
-    return multinode.serving_children(meta, spec, lws)
+    children, once = multinode.serving_children(meta, spec, lws)
+    idle = canary.render(meta, _canary_source(engine, what, observed), observed.canary_deployment is not None, True)
+    return [*children, *idle], once
 
 
-@dataclass(frozen=True)
-class _CanaryRender:
-    """What a canary retune asks of the rendering: how many pods the engine's own Deployment runs, and the canary
-    Deployment's value and pods (rendered while a canary runs, and at 0 pods once one has run: kvpilot deletes
-    nothing)."""
-
-    old_pods: int
-    value: int
-    pods: int
-
-    def render(self, engine: InferenceEngine, what: _Served, observed: Observed) -> list[dict[str, Any]]:
-        if self.pods == 0 and observed.canary_deployment is None:
-            return []
-        cm = serving.llm_api_config_map(engine.meta, engine.spec, what.served, self.value, what.surface)
-        dep = _deployment(engine, what, cm, self.value, observed)
-        return canary_children(engine.meta, dep, cm, self.pods)
+def _canary_source(engine: InferenceEngine, what: _Served, observed: Observed) -> CanarySource:
+    """The engine's ConfigMap and Deployment at a value, for the canary to copy (desired/canary.py)."""
+    def at(value: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        cm = serving.llm_api_config_map(engine.meta, engine.spec, what.served, value, what.surface)
+        return cm, _deployment(engine, what, cm, value, observed)
+    return at
 
 
 def _limits_between_rollouts(strategy: str, template: dict[str, Any],
@@ -250,7 +243,8 @@ def _with_canary(spec: InferenceEngineSpec, observed: Observed, judged: CanaryPa
     """The tuner's change tried on one pod first (the value in force stays), or the canary's promotion put in
     force (autotune/canary.py)."""
     surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
-    cpass = start_canary(spec, judged, after.decision, after.moved, before.batch, surge, now)
+    cpass = start_canary(spec, judged, after.decision, after.moved, before.batch, surge, now,
+                         taken=observed.canary_name_taken)
     if cpass.started and after.decision is not None:
         return cpass, replace(before, decision=canary_message(after.decision), applied=True)
     promoted_to = cpass.moves_to()
@@ -291,7 +285,8 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
 
     cm = config_map(before.batch)
     conds, rolling = conditions(before.batch, cm)
-    judged = judge_canary(spec, observed, before.batch, rolling, now)
+    judged = judge_canary(spec, observed, before.batch, rolling, now, what.ceiling,
+                          what.served.fingerprint if what.served else None)
     holding = rolling or judged.holds_tuner  # a canary holds the tuner like a rollout
     memory = observed_memory(observed.status, observed, current=before.batch, rolling=holding,
                              expected_pods=spec.serving.replicas, now=now) if spec.autotune.enabled else None
@@ -302,12 +297,15 @@ def plan(engine: InferenceEngine, observed: Observed, settings: Settings, now: d
     if after.batch != before.batch:
         cm = config_map(after.batch)
         conds, rolling = conditions(after.batch, cm)
-    render = _CanaryRender(C.old_pods(cpass.canary, spec.serving.replicas),
+    render = CanaryRender(C.old_pods(cpass.canary, spec.serving.replicas),
                            cpass.canary.to_value if cpass.canary else idle_value(observed, after.batch, what.ceiling),
                            C.canary_pods(cpass.canary, rolling))
     if cpass.canary is not None and cpass.canary.phase == C.Phase.RUNNING:
-        conds = [true(PROGRESSING, "CanaryRunning", f"One pod tries max_batch_size {cpass.canary.to_value} beside "
-                      f"the pods at {cpass.canary.from_value}") if c.type == PROGRESSING else c for c in conds]
+        running = true(PROGRESSING, "CanaryRunning", f"One pod tries max_batch_size {cpass.canary.to_value} beside "
+                       f"the pods at {cpass.canary.from_value}")
+        # A build or a missed deadline says more than the canary does.
+        conds = [running if c.type == PROGRESSING and c.reason not in ("ProgressDeadlineExceeded", "Building")
+                 else c for c in conds]
     workload, once = _workload(engine, what, cm, after.batch, observed, render) if what.can_serve else ([], ())
     apply = [c for c in (claim_obj, cm) if c] + (workload or [serving.service(meta, spec)])
     job = None
@@ -339,8 +337,7 @@ def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: l
     tuned = autotune_status(observed.status.autotune or AutotuneStatus(), after.decision, current=before.batch,
                             applied=after.applied, now=now, spec_ceiling=spec.build.max_batch_size,
                             verification=verification)
-    if spec.autotune.enabled:
-        tuned = canary_status(tuned, cpass, observed, now)
+    tuned = canary_status(tuned, cpass, observed, now)  # also ends a canary once tuning is off
     extra = observed.canary_deployment
     return EngineStatus(
         observed_generation=meta.generation,

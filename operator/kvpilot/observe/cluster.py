@@ -130,6 +130,7 @@ def observe_engine(
         group_pods=serving.group_pods,
         foreign_pods=lineage.foreign,
         canary_deployment=serving.canary,
+        canary_name_taken=serving.canary_taken,
         canary_kv=canary_kv[0],
         others_kv=canary_kv[1],
     )
@@ -148,6 +149,7 @@ class _Serving:
     workers: tuple[PodState, ...] = ()
     group_pods: tuple[GroupPod, ...] = ()
     canary: DeploymentState | None = None  # a canary retune's Deployment (desired/canary.py)
+    canary_taken: bool = False  # its name is held by an object the engine does not control
 
 
 def _single(cache: ChildCache, engine: InferenceEngine, gpus: GpuCapacity | None) -> _Serving:
@@ -155,10 +157,9 @@ def _single(cache: ChildCache, engine: InferenceEngine, gpus: GpuCapacity | None
     if dep is not None and not controlled_by(dep, engine.meta.uid):
         dep = None  # not the engine's (NameConflict when it writes): nothing of it counts
     canary = cache.get("Deployment", engine.meta.namespace, L.canary_deployment_name(engine.meta.name))
-    if canary is not None and not controlled_by(canary, engine.meta.uid):
-        canary = None
+    taken = canary is not None and not controlled_by(canary, engine.meta.uid)
     return _Serving(deployment_state(dep) if dep else None, surge_room(dep, gpus),
-                    canary=deployment_state(canary) if canary else None)
+                    canary=deployment_state(canary) if canary is not None and not taken else None, canary_taken=taken)
 
 
 def _multinode(cache: ChildCache, engine: InferenceEngine, owned: list[dict[str, Any]],
