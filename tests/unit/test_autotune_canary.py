@@ -139,3 +139,32 @@ def test_a_clear_gain_is_promoted_on_a_minute_of_evidence_and_no_loss_on_two() -
     assert after(0.6, 7).verdict(105.0).outcome == Outcome.UNDECIDED
     same = after(0.6, 11).verdict(165.0)
     assert same.outcome == Outcome.KEEP and same.why == Why.NO_WORSE
+
+
+def test_the_prometheus_source_queries_the_canary_and_the_others_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``metrics.source: Prometheus`` the canary's window and the others' are one query each, over the warm
+    pods of each group (the server still has the pods' older samples)."""
+    from kvpilot.observe import signals
+
+    asked: list[set[str]] = []
+
+    async def query(_session: object, _url: str, _ns: str, _name: str, _interval: int, live: set[str],
+                    *_a: object, **_k: object) -> str:
+        asked.append(set(live))
+        return f"window of {sorted(live)}"
+
+    monkeypatch.setattr(signals, "query_prometheus", query)
+    e = engine(autotune={"mode": "Auto", "warmupSeconds": 0,
+                         "metrics": {"source": "Prometheus", "url": "http://prometheus.monitoring.svc:9090"}})
+    pods = [PodState("c", True, None, ip="10.0.0.1", canary=True), PodState("o1", True, None, ip="10.0.0.2"),
+            PodState("o2", False, None, ip="10.0.0.3")]  # not Ready: not warm, left out
+
+    async def windows() -> tuple[object, object]:
+        source = MetricsSource(wall_clock=lambda: 1000.0)
+        try:
+            return await source.canary_windows(EngineSampler(), e, pods)
+        finally:
+            await source.close()
+
+    assert asyncio.run(windows()) == ("window of ['c']", "window of ['o1']")
+    assert asked == [{"c"}, {"o1"}]
