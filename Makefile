@@ -50,8 +50,15 @@ cluster-down: ## Stop exactly what cluster-up started
 e2e-tools: ## Install the real tools the tests run, from Debian when missing: prometheus + promtool, lua5.1
 	@hack/testenv/apt-tools.sh
 
-test: venv lint $(AIPERF_STAMP) cluster-build e2e-tools images ## Run every test: unit, chart, simulator, end-to-end on the local control plane (stopped at the end unless KVPILOT_KEEP_CLUSTER=1)
+test: venv ## Run every test: unit, chart, simulator, end-to-end on the local control plane (stopped at the end unless KVPILOT_KEEP_CLUSTER=1)
+	@# The set-up steps run side by side (on a new machine: mypy, the control plane's Go build, aiperf's
+	@# virtualenv, Debian's tools and then the images), the two that use apt-get one after the other.
+	@$(MAKE) --no-print-directory -j3 lint $(AIPERF_STAMP) cluster-build test-apt-steps
 	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
+
+.PHONY: test-apt-steps
+test-apt-steps: e2e-tools
+	@$(MAKE) --no-print-directory images
 
 unit: venv e2e-tools ## Run the fast tests that need no cluster
 	$(BIN)/pytest -q tests -m 'not e2e'
