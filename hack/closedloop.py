@@ -20,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import yaml
@@ -190,6 +190,43 @@ async def _one(session: aiohttp.ClientSession, endpoint: str, prompt_words: int,
             await _send(session, other, prompt_words, max_tokens, stats, outstanding)
         except aiohttp.ClientConnectorError:
             stats.errors += 1
+
+
+# Words for prompts no two of which share a prefix (distinct_prompt).
+PROMPT_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+                "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
+
+
+def distinct_prompt(rng: random.Random, words: int) -> str:
+    """A prompt of ``words`` random words. Every prompt is distinct: kvsim, like TensorRT-LLM, reuses the KV
+    blocks of a repeated prefix, so identical prompts would cost no prefill (and show no TPOT cliff)."""
+    return " ".join(rng.choice(PROMPT_WORDS) for _ in range(words))
+
+
+async def closed_loop_clients(clients: int, endpoints: Callable[[], list[str]], stop: Callable[[], bool],
+                              send: Callable[[aiohttp.ClientSession, list[str], random.Random], Awaitable[None]],
+                              seed: int = 18) -> None:
+    """``clients`` clients, each calling ``send`` (one request to the ready ``endpoints``) again as soon as its
+    last one finished, like a batch job or a gateway with a concurrency cap, until ``stop()`` says so (polled
+    every 2 s, in a thread: it may call kubectl)."""
+    rng = random.Random(seed)
+    done = asyncio.Event()
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while not done.is_set():
+            targets = endpoints()
+            if not targets:
+                await asyncio.sleep(0.2)
+                continue
+            await send(session, targets, rng)
+
+    async def watch() -> None:
+        while not await asyncio.to_thread(stop):
+            await asyncio.sleep(2)
+        done.set()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+        await asyncio.gather(watch(), *(client(session) for _ in range(clients)))
 
 
 async def stream_completion(session: aiohttp.ClientSession, endpoint: str, prompt: str, max_tokens: int,

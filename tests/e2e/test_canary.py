@@ -38,8 +38,6 @@ NAME = "canary"
 PERTURB = "decode=0.8,per_seq=1.5"
 REPLICAS, FROM, CEILING = 2, 4, 16
 CLIENTS, PROMPT_WORDS, OUTPUT_TOKENS = 16, 4000, 50
-WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
-         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 SLO = {"timeToFirstTokenMillis": 10000, "timePerOutputTokenMillis": 75}
 CANARY_LABEL = "serving.kvpilot.io/canary"
 START_WITHIN_S, END_WITHIN_S = 240, 420  # from the apply: generous, for a loaded 2-core machine
@@ -108,28 +106,12 @@ class Load:
             return
 
     async def run(self, endpoints: Any, stop: Any) -> None:
-        """CLIENTS clients, each sending its next request as soon as its last one finished, until ``stop()``
-        (polled every 2 s) says so. Every prompt is distinct: kvsim, like TensorRT-LLM, reuses the KV blocks of
-        a repeated prefix (identical prompts would cost no prefill, and no TPOT cliff)."""
-        rng = random.Random(18)
-        done = asyncio.Event()
+        """CLIENTS closed-loop clients with distinct prompts (closedloop.closed_loop_clients), until ``stop()``."""
+        async def send(session: aiohttp.ClientSession, targets: list[str], rng: random.Random) -> None:
+            self.stats.sent += 1
+            await self.one(session, targets, closedloop.distinct_prompt(rng, PROMPT_WORDS), rng)
 
-        async def client(session: aiohttp.ClientSession) -> None:
-            while not done.is_set():
-                targets = endpoints()
-                if not targets:
-                    await asyncio.sleep(0.2)
-                    continue
-                self.stats.sent += 1
-                await self.one(session, targets, " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS)), rng)
-
-        async def watch() -> None:
-            while not await asyncio.to_thread(stop):
-                await asyncio.sleep(2)
-            done.set()
-
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
-            await asyncio.gather(watch(), *(client(session) for _ in range(CLIENTS)))
+        await closedloop.closed_loop_clients(CLIENTS, endpoints, stop, send)
 
 
 def deployment(ns: str, name: str) -> dict[str, Any]:

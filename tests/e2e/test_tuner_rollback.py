@@ -37,8 +37,6 @@ NAME = "slow"
 PERTURB = "decode=0.8,per_seq=1.5"
 FROM, TO, CEILING = 4, 16, 16
 CLIENTS, PROMPT_WORDS, OUTPUT_TOKENS = 8, 4000, 50
-WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
-         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 SLO = {"timeToFirstTokenMillis": 10000, "timePerOutputTokenMillis": 75}
 
 
@@ -70,26 +68,12 @@ async def completion(session: aiohttp.ClientSession, endpoint: str, prompt: str,
 
 async def clients(endpoints: Any, stats: closedloop.LoadStats, stop: Any) -> None:
     """CLIENTS clients, each sending its next streamed completion as soon as its last one finished."""
-    rng = random.Random(18)
-    done = asyncio.Event()
+    async def send(session: aiohttp.ClientSession, targets: list[str], rng: random.Random) -> None:
+        stats.sent += 1
+        prompt = closedloop.distinct_prompt(rng, PROMPT_WORDS)
+        await completion(session, rng.choice(targets), prompt, stats)
 
-    async def client(session: aiohttp.ClientSession) -> None:
-        while not done.is_set():
-            targets = endpoints()
-            if not targets:
-                await asyncio.sleep(0.2)
-                continue
-            stats.sent += 1
-            prompt = " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
-            await completion(session, rng.choice(targets), prompt, stats)
-
-    async def watch() -> None:
-        while not await asyncio.to_thread(stop):
-            await asyncio.sleep(2)
-        done.set()
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
-        await asyncio.gather(watch(), *(client(session) for _ in range(CLIENTS)))
+    await closedloop.closed_loop_clients(CLIENTS, endpoints, stop, send)
 
 
 def patch_bounds(ns: str, **bounds: int) -> None:
