@@ -302,6 +302,21 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
             await asyncio.wait(tasks, timeout=120)
 
 
+def slower_l4_engine(ns: str, name: str, start_batch: int, replicas: int, perturb: str) -> dict[str, Any]:
+    """A closed-loop engine (``closed_loop_engine``) whose kvsim L4 pods (Llama-3.1-8B FP8, built for 64) serve an
+    engine other than their profile (``KVSIM_PERTURB``, e.g. ``decode=0.8,per_seq=1.5``: the tuner's model starts
+    from the profile), playing TensorRT-LLM 1.3, whose TensorRT backend serves the latency histograms the tuner,
+    its verification and a canary read (1.2's does not: without them a TPOT cliff is invisible)."""
+    doc = closed_loop_engine(ns, name, start_batch=start_batch, replicas=replicas, cooldown_seconds=60)
+    spec = doc["spec"]
+    spec["runtime"] = {"backend": "simulated", "simulation": {"profile": "llama-3.1-8b-fp8-l4"},
+                       "env": [{"name": "KVSIM_PERTURB", "value": perturb},
+                               {"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3"}]}
+    spec["build"]["maxBatchSize"] = 64
+    spec["serving"]["gpuProduct"] = "NVIDIA-L4"
+    return doc
+
+
 def closed_loop_engine(ns: str, name: str, start_batch: int, replicas: int,
                        cooldown_seconds: int = 60) -> dict[str, Any]:
     """A simulated engine that starts with a deliberately small runtime batch limit, tuned in Auto mode."""

@@ -44,13 +44,8 @@ START_WITHIN_S, END_WITHIN_S = 240, 420  # from the apply: generous, for a loade
 
 
 def slow_engine(ns: str) -> dict[str, Any]:
-    doc = closedloop.closed_loop_engine(ns, NAME, start_batch=FROM, replicas=REPLICAS, cooldown_seconds=60)
+    doc = closedloop.slower_l4_engine(ns, NAME, FROM, REPLICAS, PERTURB)
     spec = doc["spec"]
-    spec["runtime"] = {"backend": "simulated", "simulation": {"profile": "llama-3.1-8b-fp8-l4"},
-                       "env": [{"name": "KVSIM_PERTURB", "value": PERTURB},
-                               {"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3"}]}
-    spec["build"]["maxBatchSize"] = 64
-    spec["serving"]["gpuProduct"] = "NVIDIA-L4"
     # autotune.canary Auto (opt-in; the default is Off: docs/live-tuner.md, "Canary retunes") tries one pod first
     # only where a rollout cannot restart every pod at once: the L4 node has a free GPU for each, so rollout Auto
     # would restart both together and verification would judge the raise instead. Surge starts one pod ahead of the

@@ -41,15 +41,8 @@ SLO = {"timeToFirstTokenMillis": 10000, "timePerOutputTokenMillis": 75}
 
 
 def slow_engine(ns: str) -> dict[str, Any]:
-    doc = closedloop.closed_loop_engine(ns, NAME, start_batch=FROM, replicas=1, cooldown_seconds=60)
+    doc = closedloop.slower_l4_engine(ns, NAME, FROM, 1, PERTURB)
     spec = doc["spec"]
-    spec["runtime"] = {"backend": "simulated", "simulation": {"profile": "llama-3.1-8b-fp8-l4"},
-                       "env": [{"name": "KVSIM_PERTURB", "value": PERTURB},
-                               # A release whose TensorRT backend serves the latency histograms the tuner and its
-                               # verification read (1.2's does not: without them a TPOT cliff is invisible).
-                               {"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3"}]}
-    spec["build"]["maxBatchSize"] = 64
-    spec["serving"]["gpuProduct"] = "NVIDIA-L4"
     # maxBatchSize at FROM until the baseline has settled: on the first run the tuner raised 4 -> 8 itself
     # (QueueWithHeadroom) at its first decision, before verification had any baseline to judge it against.
     spec["autotune"].update(minBatchSize=FROM, maxBatchSize=FROM, slo=SLO)
