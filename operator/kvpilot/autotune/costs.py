@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpilot.api.models import SloSpec
 from kvpilot.autotune.constants import LOWER_MARGIN, MAX_RAISE_FACTOR, PLANNING_HORIZON_SECONDS, SEVERE_MISSES
 from kvpilot.autotune.inputs import ChangeCost
 from kvpilot.autotune.signals import load as load_of
+from kvpilot.autotune.signals import restart_load
 from kvpilot.autotune.window import KvWindow
 from kvpilot.trtllm.cuda_graphs import captured_batch_sizes
 
@@ -114,10 +116,10 @@ def restart_cost_seconds(cost: ChangeCost, load: float) -> float:
     return n * per_pod * (excess * 2.0 + 0.1)
 
 
-def lower_pays(cost: ChangeCost, current: int, w: KvWindow, misses: float) -> tuple[bool, str]:
+def lower_pays(cost: ChangeCost, current: int, w: KvWindow, misses: float, slo: SloSpec | None) -> tuple[bool, str]:
     """A protective lower is worth it when the misses it may fix over the horizon (prudently, half of them)
-    exceed LOWER_MARGIN times what the restart costs."""
-    load = 1.0 if w.mean_queued >= 1 else load_of(current, w)
-    spent = restart_cost_seconds(cost, load)
+    exceed LOWER_MARGIN times what the restart costs (priced at the load the objectives leave room for,
+    ``signals.restart_load``)."""
+    spent = restart_cost_seconds(cost, restart_load(slo, current, w))
     benefit = 0.5 * misses * PLANNING_HORIZON_SECONDS
     return benefit > LOWER_MARGIN * spent, f"misses fixed {benefit:.0f}s vs restart {spent:.0f}s of traffic"

@@ -39,8 +39,7 @@ from kvpilot.autotune.guarantees import no_harm
 from kvpilot.autotune.verify import MIN_EVIDENCE_SECONDS
 from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, within_bars
 from kvpilot.autotune.rules import decide_from_signals
-from kvpilot.autotune.signals import load as load_of
-from kvpilot.autotune.signals import tpot_margin, tpot_trade_off
+from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
@@ -157,6 +156,8 @@ def called_for(decision: Decision, w: KvWindow, slo: SloSpec | None) -> bool:
     (``signals.tpot_trade_off``): lowering there fixes some misses by causing others, and the what-if judges it."""
     if decision.reason == TunerReason.ROLLED_BACK:
         return True  # a severe TPOT break undoing the raise that caused it (guarantees.oscillation)
+    if decision.judged:
+        return False  # a lower whose restart costs more than the fluid estimate of what it fixes (rules._judged)
     if decision.reason not in PROTECTIVE_REASONS:
         return False
     return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(slo, w)
@@ -191,7 +192,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
             return replace(decision, message=f"{decision.message}; the simulation, which declined it recently, "
                            f"cannot veto a change the measurements call for")
         return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
-    load = 1.0 if w.mean_queued >= 1 else load_of(inp.current, w)
+    load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
     best, why = what_if_verdict(model, w, inp.current, _options(inp, w, decision, lo, hi),
@@ -202,6 +203,9 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
                            f"model, but the measurements call for it and the model cannot veto it", simulated=True)
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
         return replace(held, simulated=True)
+    if best is None and decision.judged:
+        return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{decision.message}; but {why}: lowering would cost "
+                    f"more than it saves")
     if best is None:
         return decision if why == "no traffic fit" else replace(decision, message=f"{decision.message}; {why}")
     return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)

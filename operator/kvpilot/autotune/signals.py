@@ -95,8 +95,8 @@ def kv_fit(w: KvWindow, target_u: float, default: int) -> int:
     return math.floor(target_u * w.max_blocks / per_request) if per_request > 0 else default
 
 
-def tpot_bound(slo: SloSpec | None, w: KvWindow) -> int | None:
-    """The largest limit whose predicted p95 TPOT stays within TPOT_HEADROOM of the objective.
+def tpot_bound(slo: SloSpec | None, w: KvWindow, headroom: float = TPOT_HEADROOM) -> int | None:
+    """The largest limit whose predicted p95 TPOT stays within ``headroom`` of the objective.
 
     Prediction: the fitted iteration latency at that batch, scaled by how much the observed p95 TPOT
     exceeds the fitted latency at today's batch (prefill interference, tails). None when unknown."""
@@ -107,8 +107,28 @@ def tpot_bound(slo: SloSpec | None, w: KvWindow) -> int | None:
         return None
     at_now = a + b * max(1.0, w.mean_generation)
     ratio = max(1.0, (w.tpot_p95_ms or at_now) / at_now)
-    budget = TPOT_HEADROOM * slo.time_per_output_token_millis / ratio
+    budget = headroom * slo.time_per_output_token_millis / ratio
     return max(1, math.floor((budget - a) / b))
+
+
+def restart_load(slo: SloSpec | None, current: int, w: KvWindow) -> float:
+    """How much of the capacity the pods have WITHIN THE OBJECTIVES their traffic uses (1 = none to spare): what
+    a restart without surge costs, since the pods left carry the share of the one restarting (costs.py).
+
+    ``load`` measures against the limit, and a limit far above the batch that runs (TensorRT-LLM's default 2048)
+    reads as room the pods do not have: the KV pool, or the TPOT objective, bounds the batch first. Measured on
+    the suite without a spare GPU (docs/tuner-suite.md, eighth pass): from 2048, lowers priced at a tenth of their
+    restart (a batch of 290 reads as a fifth of 2048) cost three rows 3-8% of their goodput, each restart leaving
+    one pod to serve twice its traffic. So: requests that queue or miss TTFT, or a broken TPOT objective, mean no
+    room (1); else the load against the smallest of the limit, the requests the pool holds and the batch whose
+    fitted step latency meets the TPOT objective."""
+    if w.mean_queued >= 1 or slo_broken(slo, w) is not None or pressure(slo, current, w) is not None:
+        return 1.0
+    capacity = min(max(1, current), kv_fit(w, 1.0, current))
+    bound = tpot_bound(slo, w, headroom=1.0)
+    if bound is not None:
+        capacity = min(capacity, bound)
+    return load(max(1, capacity), w)
 
 
 def load(current: int, w: KvWindow) -> float:
