@@ -114,3 +114,14 @@ def test_a_lower_that_pays_stays_one_the_measurements_call_for(monkeypatch: pyte
     d = decide(no_surge_input(severe, WhatIfGate(model=MODEL)))
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken") and not d.judged, d.message
     assert "cannot veto" in d.message
+
+
+def test_a_mild_break_that_does_not_pay_is_held_without_asking_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvpilot.autotune.policy as policy
+
+    def never(*_a: object, **_k: object) -> tuple[int | None, str]:
+        raise AssertionError("the what-if was asked")
+
+    monkeypatch.setattr(policy, "what_if_verdict", never)
+    d = decide(no_surge_input(tpot_break(misses=0.12), WhatIfGate(model=MODEL)))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
