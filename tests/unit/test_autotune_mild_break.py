@@ -44,11 +44,27 @@ def test_a_mild_break_that_lasts_is_lowered() -> None:
     assert d.target < 512 and "15.0% over the last" in d.message
 
 
-def test_many_misses_in_one_window_act_at_once_whatever_the_pool_says() -> None:
-    severe = kv(active=512, tpot=80.0, tpot_misses=REVERSAL_MIN_TPOT_MISSES)
+def test_many_misses_in_one_window_are_weighed_on_the_pool_too() -> None:
+    """A swell is a swell however deep: one window missing 62% where the minutes around it served in time called
+    for a lower that cost 8% of the run (tight-tpot-overload from 2048 without a spare GPU)."""
+    severe = kv(active=512, tpot=80.0, tpot_misses=0.62)
     d = decide(inp(w=severe, mem=settled(0.99)))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+    assert "62% of this window's requests missed, 1.0% over the last" in d.message
+    # a break that lasts shows in the pool, and is lowered
+    d = decide(inp(w=severe, mem=settled(0.6)))
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+
+
+def test_many_misses_in_one_window_act_at_once_without_settled_evidence() -> None:
+    severe = kv(active=512, tpot=80.0, tpot_misses=REVERSAL_MIN_TPOT_MISSES)
+    young = settled(0.99, windows=3)  # 45 s at 512: less than a minute of settled traffic
+    assert young.baseline.side.seconds < TPOT_CONFIRM_SECONDS
+    d = decide(inp(w=severe, mem=young))
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
     assert "over the last" not in d.message
+    d = decide(inp(w=severe, mem=settled(0.99, limit=256)))  # the pool is another limit's
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
 
 
 def test_a_mild_break_while_the_batch_settles_waits() -> None:
