@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 
 from kvpilot.api.models import SloSpec
+from kvpilot.autotune.constants import LOWER_MARGIN
 from kvpilot.autotune.costs import lower_pays, restart_cost_seconds
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.inputs import ChangeCost, TunerHistory, TunerInput
@@ -125,3 +126,18 @@ def test_a_mild_break_that_does_not_pay_is_held_without_asking_the_model(monkeyp
     monkeypatch.setattr(policy, "what_if_verdict", never)
     d = decide(no_surge_input(tpot_break(misses=0.12), WhatIfGate(model=MODEL)))
     assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+
+
+def test_a_judged_lower_must_save_twice_its_restart_in_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvpilot.autotune.policy as policy
+
+    asked: list[float] = []
+
+    def record(*args: object, **_k: object) -> tuple[int | None, str]:
+        asked.append(float(args[-1]))  # type: ignore[arg-type]
+        return None, "no gain"
+
+    monkeypatch.setattr(policy, "what_if_verdict", record)
+    decide(no_surge_input(tpot_break(), WhatIfGate(model=MODEL)))
+    decide(no_surge_input(tpot_break(misses=0.9), WhatIfGate(model=MODEL)))
+    assert asked == [LOWER_MARGIN, 1.0]

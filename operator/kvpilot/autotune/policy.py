@@ -26,6 +26,7 @@ from dataclasses import replace
 from kvpilot.api.models import SloSpec
 from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
+    LOWER_MARGIN,
     MIN_SAMPLES,
     PLANNING_HORIZON_SECONDS,
     REVERSAL_MIN_TTFT_MISSES,
@@ -195,8 +196,11 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
+    # A lower the fluid estimate does not pay for must save LOWER_MARGIN times its restart, as a protective one
+    # must by that estimate (costs.lower_pays), now by the simulation's (rules._judged).
     best, why = what_if_verdict(model, w, inp.current, _options(inp, w, decision, lo, hi),
-                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin, tpot_near)
+                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
+                                LOWER_MARGIN if decision.judged else 1.0)
     if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
         if protective:
             return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
