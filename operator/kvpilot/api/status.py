@@ -244,6 +244,7 @@ class VerificationStatus:
     baseline_in_force_at: str | None = None
     baseline_last_batch: int | None = None
     baseline_calm_at: str | None = None
+    baseline_missing_windows: int | None = None  # Baseline.missing_streak
     bars: tuple[VerificationBar, ...] | None = None
     seen_until: str | None = None
     pods: str | None = None

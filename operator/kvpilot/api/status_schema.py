@@ -228,6 +228,8 @@ def _verification() -> Schema:
             "baselineLastBatch": integer("The mean batch of the last window at that value.", 0),
             "baselineCalmAt": string("When its batch had settled (the baseline counts from then).", 64,
                                      fmt="date-time"),
+            "baselineMissingWindows": integer("Settled windows in a row at that value in which 20% or more of the "
+                                              "requests missed an objective (up to 3: a break that lasts).", 0),
             "bars": array("After a rollback (or a lower that did not help), the values barred for the planning "
                           "horizon at the load they were measured at.", obj(
                 "No change in this direction to this value or beyond it until then, at this load.",

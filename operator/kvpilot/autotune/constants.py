@@ -27,6 +27,10 @@ MAX_LOWER_FACTOR = 0.5
 MIN_SAMPLES = 3
 SATURATION = 0.95  # the batch counts as full when its peak reaches 95% of the limit
 REVERSAL_MIN_TPOT_MISSES = 0.20  # a lower right after a raise needs this share of TPOT misses (or pauses)
+# A TPOT break with REVERSAL_MIN_TPOT_MISSES or more missing is taken at its window's share, not the pooled one,
+# once this many settled windows in a row at the limit in force missed that many (rules._lasting_misses): a swell
+# lasts a window or two, a cliff lasts.
+LASTING_BREAK_WINDOWS = 3
 TRADE_OFF_P95 = 1.1  # a TPOT break with p95 within 10% of the objective (and few misses) may be a trade-off
 REVERSAL_MIN_TTFT_MISSES = 0.20  # a raise past where a recent lower started needs this share of TTFT misses
 UNDO_MIN_TPOT_MISSES = SEVERE_MISSES  # a lower past where a recent raise started needs this share of TPOT misses

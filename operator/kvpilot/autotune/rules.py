@@ -15,6 +15,7 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
     CONSERVATIVE_STEP_FACTOR,
     FREE_SLOTS_HEADROOM,
+    LASTING_BREAK_WINDOWS,
     HYSTERESIS,
     MAX_LOWER_FACTOR,
     MAX_STEP_FACTOR,
@@ -90,7 +91,7 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
             return lasting
         worth, verdict = lower_pays(inp.cost, cur, w, lasting[0], inp.spec.slo)
         verdict += lasting[1]
-        if not worth and (inp.simulation is None or lasting[0] < REVERSAL_MIN_TPOT_MISSES):
+        if not worth and (inp.simulation is None or inp.cost.surge or lasting[0] < REVERSAL_MIN_TPOT_MISSES):
             return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{broken}; lowering would cost more than it saves ({verdict})")
         target = math.floor(running * scale)
         bound = tpot_bound(inp.spec.slo, w)
@@ -110,9 +111,10 @@ def _judged(inp: TunerInput, lower: Decision) -> Decision:
     limit. Measured on the suite without a spare GPU: from 2048 on ramp-a100, 30% of the requests missed TPOT
     while the traffic climbed, a lower the estimate prices at 269 s of misses fixed against a 198 s restart, and
     the what-if at 3.0 req/s staying against 19.5 at 102 (static 2048 serves 4.6, static 128 11.4). The lower is
-    not one the measurements call for, so the what-if may veto it (policy.called_for). Only with many misses
-    (REVERSAL_MIN_TPOT_MISSES or more): fewer do not pay even for a restart with surge, which costs a tenth of one
-    without, and a mild break is held as before (_lasting_misses: such lowers fixed nothing on the suite)."""
+    not one the measurements call for, so the what-if may veto it (policy.called_for). Only without surge, where
+    the restart's price is what changed (with surge a lower that does not pay is held as before), and only with
+    many misses (REVERSAL_MIN_TPOT_MISSES or more): a mild break is held as before (_lasting_misses: such lowers
+    fixed nothing on the suite)."""
     if not lower.changes:
         return lower
     return replace(lower, judged=True, message=f"{lower.message}; the restart costs more than the estimate of what "
@@ -131,18 +133,23 @@ def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float,
     window called for a lower that fixed nothing (7,077 good requests in the phase at 40 against 7,097 at 2048)
     and left the engine at 40 when chat traffic arrived. So a break is weighed on the share verification's
     baseline pools over the settled, comparable windows at this limit (autotune/verification.Baseline, this one
-    included, about the last two to four minutes), once it holds TPOT_CONFIRM_SECONDS of them. That holds for a
+    included when it is clean, about the last two to four minutes), once it holds TPOT_CONFIRM_SECONDS of them. That holds for a
     window with many misses too: on the suite's overloaded case with a 22 ms TPOT objective, at 2048 without a
     spare GPU, one window missed 62% where static 2048 serves 95% of the requests in time, and the lower it called
-    for cost 8% of the run's goodput (static 2048 serves 1.5% less than the best limit). A break that lasts shows in the pool
-    within a minute or two; a load that moved restarts the pool, and the window then decides at once.
+    for cost 8% of the run's goodput (static 2048 serves 1.5% less than the best limit). A break that lasts is told
+    from a swell by its length: once LASTING_BREAK_WINDOWS settled windows in a row at this limit missed
+    REVERSAL_MIN_TPOT_MISSES or more (verification.Baseline.missing_streak), a window with that many misses is taken
+    at its own share; a load that moved restarts the pool, and the window then decides at once too. The pool
+    counts the misses of either objective, the window TPOT's alone.
 
     Without that evidence: a window with many misses (REVERSAL_MIN_TPOT_MISSES or more) decides at once; a milder
     one waits while the batch at this limit is still settling (a cold start, a change just rolled), and where no
     settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides."""
     base = inp.history.verification.baseline
     side = base.side
-    if base.limit == inp.current and side.seconds >= TPOT_CONFIRM_SECONDS and side.resolved >= MIN_REQUESTS:
+    lasting = misses >= REVERSAL_MIN_TPOT_MISSES and base.missing_streak >= LASTING_BREAK_WINDOWS
+    if (base.limit == inp.current and side.seconds >= TPOT_CONFIRM_SECONDS and side.resolved >= MIN_REQUESTS
+            and not lasting):
         pooled = 1.0 - side.share
         return pooled, (f"; {misses:.0%} of this window's requests missed, {pooled:.1%} over the last "
                         f"{side.seconds:.0f}s at {inp.current}")

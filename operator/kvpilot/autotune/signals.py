@@ -106,6 +106,8 @@ def tpot_bound(slo: SloSpec | None, w: KvWindow, headroom: float = TPOT_HEADROOM
     if a is None or b is None or b <= 0:
         return None
     at_now = a + b * max(1.0, w.mean_generation)
+    if at_now <= 0:
+        return None  # a least-squares intercept below zero: no latency to scale the objective by
     ratio = max(1.0, (w.tpot_p95_ms or at_now) / at_now)
     budget = headroom * slo.time_per_output_token_millis / ratio
     return max(1, math.floor((budget - a) / b))

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from kvpilot.autotune.constants import LASTING_BREAK_WINDOWS, REVERSAL_MIN_TPOT_MISSES
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.verify import (BASELINE_SECONDS, CONFIRM_WINDOWS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS, Bar,
                                      Outcome, Settle, Side, Verdict, WindowFigures, Why, bar_after_rollback, clean,
@@ -35,6 +36,10 @@ class Baseline:
     limit: int | None = None
     side: Side = Side()
     settle: Settle = Settle()
+    # The settled windows in a row at ``limit``, the last one taken included, in which REVERSAL_MIN_TPOT_MISSES or
+    # more of the resolved requests missed an objective (up to LASTING_BREAK_WINDOWS): a break that lasts, told
+    # from a swell of a window or two (rules._lasting_misses).
+    missing_streak: int = 0
 
     def observe(self, w: WindowFigures | None, limit: int) -> Baseline:
         """After this interval's window (None: no window) with ``limit`` in force."""
@@ -49,7 +54,8 @@ class Baseline:
         side = side.add(w)
         if side.seconds > 2 * BASELINE_SECONDS:
             side = side.faded()
-        return Baseline(limit, side, settle)
+        missing = 1.0 - w.served_share >= REVERSAL_MIN_TPOT_MISSES
+        return Baseline(limit, side, settle, min(LASTING_BREAK_WINDOWS, self.missing_streak + 1) if missing else 0)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from kvpilot.api.status import (AutotuneStatus, EngineStatus, VerificationBar, VerificationSide, VerificationStatus,
                                 VerificationWatch)
 from kvpilot.api.timestamps import rfc3339
-from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
+from kvpilot.autotune.constants import LASTING_BREAK_WINDOWS, PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.verification import Baseline, Memory, Watch, figures_from_window
 from kvpilot.autotune.verify import CONFIRM_WINDOWS, Bar, Settle, Side
 from kvpilot.desired.observed import Observed
@@ -74,7 +74,8 @@ def memory_of(status: AutotuneStatus | None, now: datetime) -> Memory:
                      _count(b.prompt_tokens)) for b in record.bars or ()
                  if b.direction and b.batch_size and b.batch_size > 0 and (until := seconds_at(b.until, now)) is not None)
     base = Baseline(record.baseline_batch_size, side_of(record.baseline),
-                    settle_of(record.baseline_in_force_at, record.baseline_last_batch, record.baseline_calm_at, now)) \
+                    settle_of(record.baseline_in_force_at, record.baseline_last_batch, record.baseline_calm_at, now),
+                    min(max(0, record.baseline_missing_windows or 0), LASTING_BREAK_WINDOWS)) \
         if record.baseline_batch_size else Baseline()
     seen = seconds_at(record.seen_until, now)
     return Memory(baseline=base, watch=_watch_of(record.watch, now), bars=bars,
@@ -133,6 +134,7 @@ def verification_status(memory: Memory, previous: VerificationStatus | None) -> 
         baseline_in_force_at=stamp(memory.baseline.settle.in_force_s),
         baseline_last_batch=round(memory.baseline.settle.last_batch) if memory.baseline.settle.last_batch is not None
         else None, baseline_calm_at=stamp(memory.baseline.settle.calm_s),
+        baseline_missing_windows=memory.baseline.missing_streak or None,
         bars=tuple(VerificationBar("Raise" if b.upward else "Lower", b.limit, stamp(b.until_s),
                                    round(b.offered_per_s * 60), round(b.prompt_mean)) for b in memory.bars) or None,
         seen_until=stamp(memory.seen_until_s), pods=memory.pods or None,
