@@ -28,8 +28,6 @@ RAISE = Decision("Raise", 512, "QueueWithHeadroom", "requests queue")
     (RAISE, 2, True, True, False),  # a LeaderWorkerSet: verified after the change instead
     (RAISE, 2, False, False, False),  # autotune.canary: Off
     (Decision("Lower", 32, "TpotObjectiveBroken", "p95 TPOT over"), 2, False, True, False),
-    # a TPOT lower the measurements alone do not pay for is the what-if's choice (rules._judged)
-    (Decision("Lower", 32, "TpotObjectiveBroken", "the simulation judges it", judged=True), 2, False, True, True),
     (Decision("Lower", 32, "KvCachePressure", "pool full"), 2, False, True, False),
     (Decision("Lower", 32, "RequestsPaused", "paused"), 2, False, True, False),
     (Decision("Lower", 64, "RolledBack", "serves worse"), 2, False, True, False),

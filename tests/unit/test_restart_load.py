@@ -1,5 +1,5 @@
 """What a restart without surge costs is priced at the load the objectives leave room for (signals.restart_load),
-and a TPOT lower that does not pay by that estimate is the what-if's to judge (rules._judged, policy.called_for).
+and a TPOT lower that does not pay by that estimate is held, with or without a what-if model.
 
 Measured on the suite without a spare GPU (docs/tuner-suite.md, eighth pass): from TensorRT-LLM's default 2048,
 the batch that runs (a few hundred) read as a fraction of the limit, so a restart that left one pod serving
@@ -14,11 +14,10 @@ from datetime import timedelta
 import pytest
 
 from kvpilot.api.models import SloSpec
-from kvpilot.autotune.constants import LOWER_MARGIN
 from kvpilot.autotune.costs import lower_pays, restart_cost_seconds
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.inputs import ChangeCost, TunerHistory, TunerInput
-from kvpilot.autotune.policy import called_for, decide
+from kvpilot.autotune.policy import decide
 from kvpilot.autotune.signals import load, restart_load
 from kvpilot.autotune.window import KvWindow
 from tests.unit.test_autotune_rollback import MODEL, NOW, SPEC, kv
@@ -90,54 +89,27 @@ def test_without_a_model_a_lower_that_does_not_pay_is_held() -> None:
     assert "misses fixed 270s vs restart 198s" in d.message
 
 
-def test_with_a_model_the_what_if_judges_it_and_may_veto_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvpilot.autotune.policy as policy
-
-    gate = WhatIfGate(model=MODEL)
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (256, "19.5 at 256 against 3.0 staying"))
-    d = decide(no_surge_input(tpot_break(), gate))
-    assert (d.action, d.target, d.reason) == ("Lower", 256, "TpotObjectiveBroken"), d.message
-    assert d.judged and not called_for(d, tpot_break(), SLO)
-    assert "the simulation judges it" in d.message
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 28.14 staying at 512"))
-    d = decide(no_surge_input(tpot_break(), gate))
-    assert (d.action, d.reason) == ("Hold", "NoPredictedGain"), d.message
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "no traffic fit"))
-    d = decide(no_surge_input(tpot_break(), gate))
-    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
-
-
-def test_a_lower_that_pays_stays_one_the_measurements_call_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvpilot.autotune.policy as policy
-
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 32.01 staying at 512"))
-    severe = tpot_break(misses=0.9)  # 0.5 x 90% x 1800 s = 810 s, more than twice 198 s
-    d = decide(no_surge_input(severe, WhatIfGate(model=MODEL)))
-    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken") and not d.judged, d.message
-    assert "cannot veto" in d.message
-
-
-def test_a_mild_break_that_does_not_pay_is_held_without_asking_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_a_model_too_a_lower_that_does_not_pay_is_held_without_asking_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is measured overrules what is predicted, both ways: the model may veto a change, never make one the
+    measurements say does not pay. Tried on the suite without a spare GPU (docs/tuner-suite.md, eighth pass): a
+    model that approved such lowers took the overloaded A100 case (22 ms TPOT, an engine a little slower everywhere)
+    from 64 to 53 on a predicted 40% gain, and the run lost 5%."""
     import kvpilot.autotune.policy as policy
 
     def never(*_a: object, **_k: object) -> tuple[int | None, str]:
         raise AssertionError("the what-if was asked")
 
     monkeypatch.setattr(policy, "what_if_verdict", never)
-    d = decide(no_surge_input(tpot_break(misses=0.12), WhatIfGate(model=MODEL)))
-    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+    for misses in (0.12, 0.3):
+        d = decide(no_surge_input(tpot_break(misses), WhatIfGate(model=MODEL)))
+        assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
 
 
-def test_a_judged_lower_must_save_twice_its_restart_in_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lower_that_pays_stays_one_the_measurements_call_for(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvpilot.autotune.policy as policy
 
-    asked: list[float] = []
-
-    def record(*args: object, **_k: object) -> tuple[int | None, str]:
-        asked.append(float(args[-1]))  # type: ignore[arg-type]
-        return None, "no gain"
-
-    monkeypatch.setattr(policy, "what_if_verdict", record)
-    decide(no_surge_input(tpot_break(), WhatIfGate(model=MODEL)))
-    decide(no_surge_input(tpot_break(misses=0.9), WhatIfGate(model=MODEL)))
-    assert asked == [LOWER_MARGIN, 1.0]
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 32.01 staying at 512"))
+    severe = tpot_break(misses=0.9)  # most requests miss: worth any restart
+    d = decide(no_surge_input(severe, WhatIfGate(model=MODEL)))
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+    assert "cannot veto" in d.message

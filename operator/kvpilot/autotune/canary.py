@@ -62,8 +62,7 @@ class Ending(StrEnum):
 def wants_canary(decision: Decision | None, replicas: int, multinode: bool, enabled: bool) -> bool:
     """Whether an applied ``decision`` is tried on one pod first (see the module's docstring)."""
     return (enabled and decision is not None and not multinode and replicas >= MIN_REPLICAS
-            and decision.action in (Action.RAISE, Action.LOWER)
-            and (decision.reason not in NOT_CANARIED or decision.judged))  # a judged lower is the what-if's choice
+            and decision.action in (Action.RAISE, Action.LOWER) and decision.reason not in NOT_CANARIED)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,6 @@ class Decision:
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
     simulated: bool = False  # the what-if simulation ran for this decision (status records when it declined)
-    # A protective lower the measurements alone do not pay for (rules: its restart costs more than the misses it
-    # may fix, by the fluid estimate): not one they call for, so the what-if judges it like any change and may
-    # veto it (policy.called_for).
-    judged: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise

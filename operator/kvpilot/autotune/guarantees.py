@@ -54,8 +54,7 @@ def oscillation(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
     # A protective lower with most requests missing TPOT is a measurement calling for it (issue 18): the reversal
     # budget, like the what-if, does not veto it (measured: on an engine decoding 30% slower than its profile, a
     # raise to 456 for chat traffic after a lower for document Q&A broke TPOT and was held there for 13 minutes).
-    severe = (lower and decision.reason in PROTECTIVE_REASONS and not decision.judged
-              and (w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES)
+    severe = lower and decision.reason in PROTECTIVE_REASONS and (w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES
     if len(directions) > 1 and directions[0] != directions[1] and flips > 1 and not severe:
         return hold(inp, TunerReason.WOULD_OSCILLATE, f"{decision.message}; but the limit changed direction once already "
                     f"less than {horizon:.0f}s ago: at most one reversal per planning horizon")

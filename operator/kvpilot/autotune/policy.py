@@ -26,7 +26,6 @@ from dataclasses import replace
 from kvpilot.api.models import SloSpec
 from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
-    LOWER_MARGIN,
     MIN_SAMPLES,
     PLANNING_HORIZON_SECONDS,
     REVERSAL_MIN_TTFT_MISSES,
@@ -157,8 +156,6 @@ def called_for(decision: Decision, w: KvWindow, slo: SloSpec | None) -> bool:
     (``signals.tpot_trade_off``): lowering there fixes some misses by causing others, and the what-if judges it."""
     if decision.reason == TunerReason.ROLLED_BACK:
         return True  # a severe TPOT break undoing the raise that caused it (guarantees.oscillation)
-    if decision.judged:
-        return False  # a lower whose restart costs more than the fluid estimate of what it fixes (rules._judged)
     if decision.reason not in PROTECTIVE_REASONS:
         return False
     return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(slo, w)
@@ -196,20 +193,14 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
-    # A lower the fluid estimate does not pay for must save LOWER_MARGIN times its restart, as a protective one
-    # must by that estimate (costs.lower_pays), now by the simulation's (rules._judged).
     best, why = what_if_verdict(model, w, inp.current, _options(inp, w, decision, lo, hi),
-                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
-                                LOWER_MARGIN if decision.judged else 1.0)
+                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin)
     if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
         if protective:
             return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
                            f"model, but the measurements call for it and the model cannot veto it", simulated=True)
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
         return replace(held, simulated=True)
-    if best is None and decision.judged:
-        return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{decision.message}; but {why}: lowering would cost "
-                    f"more than it saves")
     if best is None:
         return decision if why == "no traffic fit" else replace(decision, message=f"{decision.message}; {why}")
     return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)

@@ -9,7 +9,6 @@ the pool allow, or ask for a larger engine. Anything else holds. ``decide_from_s
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from kvpilot.api.status import Action
 from kvpilot.autotune.constants import (
@@ -91,7 +90,7 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
             return lasting
         worth, verdict = lower_pays(inp.cost, cur, w, lasting[0], inp.spec.slo)
         verdict += lasting[1]
-        if not worth and (inp.simulation is None or inp.cost.surge or lasting[0] < REVERSAL_MIN_TPOT_MISSES):
+        if not worth:
             return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{broken}; lowering would cost more than it saves ({verdict})")
         target = math.floor(running * scale)
         bound = tpot_bound(inp.spec.slo, w)
@@ -100,25 +99,8 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
             # every other's step); the fitted step latency says where TPOT is met again.
             target = max(math.floor(running * MAX_LOWER_FACTOR), bound)
             verdict = f"{verdict}; the fitted step latency meets the objective at {bound}"
-        lower = protect(inp, w, target, TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
-        return lower if worth else _judged(inp, lower)
+        return protect(inp, w, target, TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
     return None
-
-
-def _judged(inp: TunerInput, lower: Decision) -> Decision:
-    """A TPOT lower whose restart costs more than the misses it may fix, by the fluid estimate, left to the
-    what-if: the estimate knows only the share missing now, where the simulation replays the traffic at each
-    limit. Measured on the suite without a spare GPU: from 2048 on ramp-a100, 30% of the requests missed TPOT
-    while the traffic climbed, a lower the estimate prices at 269 s of misses fixed against a 198 s restart, and
-    the what-if at 3.0 req/s staying against 19.5 at 102 (static 2048 serves 4.6, static 128 11.4). The lower is
-    not one the measurements call for, so the what-if may veto it (policy.called_for). Only without surge, where
-    the restart's price is what changed (with surge a lower that does not pay is held as before), and only with
-    many misses (REVERSAL_MIN_TPOT_MISSES or more): a mild break is held as before (_lasting_misses: such lowers
-    fixed nothing on the suite)."""
-    if not lower.changes:
-        return lower
-    return replace(lower, judged=True, message=f"{lower.message}; the restart costs more than the estimate of what "
-                   f"it fixes, so the simulation judges it")
 
 
 def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float, str] | Decision:

@@ -350,11 +350,11 @@ def _slower_runs(e: Engine, fit: TrafficFit, candidates: list[int], budget: int)
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
-            horizon_s: float, margin: float = MARGIN, cost_margin: float = 1.0) -> tuple[int | None, str]:
-    """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds
-    ``cost_margin`` times the good requests the restart spoils (``restart_cost_s`` seconds of the good traffic,
-    from the policy's cost model for the rollout in force) and beats staying put by ``margin`` (or the model's
-    error, if larger); None when no candidate does. Also the figures and the CPU it took. Without a traffic fit:
+            horizon_s: float, margin: float = MARGIN) -> tuple[int | None, str]:
+    """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
+    good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
+    model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
+    None when no candidate does. Also the figures and the CPU it took. Without a traffic fit:
     None with the reason "no traffic fit". The choice among equals reads the margin on the objectives from each
     candidate's own simulated p95s (``choose``)."""
     fit = fit_traffic(w)
@@ -381,7 +381,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     moving = [c for c in movers(results, stay, e, margin) if c > current]
     slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
     cpu = time.process_time() - started
-    best = choose(results, stay, gains, lost * cost_margin, current, e, margin, slow)
+    best = choose(results, stay, gains, lost, current, e, margin, slow)
     tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
     if slow:
         tried += "; on an engine 20% slower: " + ", ".join(
@@ -390,6 +390,5 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     error = f"; model error {e.model_error:.0%}" if e.model_error > NOISE else ""
     why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
            f"goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests"
-           f"{f' (a change must gain {cost_margin:g}x that)' if cost_margin != 1.0 else ''}"
            f"{error} ({cpu:.1f} CPU-s)")
     return best, why
