@@ -178,4 +178,3 @@ def test_a_model_that_cannot_place_a_limit_leaves_the_decision_to_the_rules() ->
     at_2048 = replace(window(5.0), runtime_batch_size=2048)
     assert (model_check(model, at_2048, rendered=2048) or "").startswith(UNPLACEABLE)
     assert model_check(model, window(5.0), rendered=64) is None
-

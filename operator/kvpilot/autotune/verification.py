@@ -38,7 +38,8 @@ class Baseline:
     settle: Settle = Settle()
     # The settled windows in a row at ``limit``, the last one taken included, in which REVERSAL_MIN_TPOT_MISSES or
     # more of the resolved requests missed an objective (up to LASTING_BREAK_WINDOWS): a break that lasts, told
-    # from a swell of a window or two (rules._lasting_misses).
+    # from a swell of a window or two (rules._lasting_misses). A load that moves restarts ``side``, not the streak:
+    # the windows in a row are still the pods' own.
     missing_streak: int = 0
 
     def observe(self, w: WindowFigures | None, limit: int) -> Baseline:
