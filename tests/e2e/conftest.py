@@ -37,10 +37,13 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True, timeout_s:
     return cluster.kubectl(*args, stdin=stdin, check=check, timeout_s=timeout_s)
 
 
-def run_kubectl(*args: str, stdin: str | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """kubectl with its exit code, stdout and stderr (for asserting on admission errors)."""
+def run_kubectl(*args: str, stdin: str | None = None, timeout_s: float = 120,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """kubectl with its exit code, stdout and stderr (for asserting on admission errors); ``env`` adds to the
+    cluster's environment."""
     argv = [str(cluster.bin_dir() / "kubectl"), f"--kubeconfig={cluster.kubeconfig_path()}", *args]
-    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout_s, env=cluster.env())
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout_s,
+                          env={**cluster.env(), **(env or {})})
 
 
 def apply(doc: dict[str, Any] | str, *extra: str) -> str:

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import functools
 import os
+import shlex
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,9 +37,23 @@ def sync(doc: dict[str, Any]) -> str:
     return kubectl("apply", "--server-side", f"--field-manager={MANAGER}", "-f", "-", stdin=yaml.safe_dump(doc))
 
 
+@functools.cache
+def _differ() -> Path:
+    """An executable that runs diff_without_status.py with this interpreter: kubectl passes KUBECTL_EXTERNAL_DIFF
+    only its flags, so a script path after the interpreter would be dropped."""
+    wrapper = Path(tempfile.mkdtemp(prefix="kvpilot-differ-")) / "diff-without-status"
+    wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                       f"{shlex.quote(str(Path(__file__).with_name('diff_without_status.py')))} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def diff(doc: dict[str, Any]) -> tuple[int, str]:
-    """``kubectl diff --server-side``: exit 0 and no output when the live object already is the manifest."""
-    done = run_kubectl("diff", "--server-side", f"--field-manager={MANAGER}", "-f", "-", stdin=yaml.safe_dump(doc))
+    """``kubectl diff --server-side``: exit 0 and no output when the live object already is the manifest. Status
+    aside, as Argo CD compares a custom resource (tests/e2e/diff_without_status.py): an operator's status write
+    between kubectl's read of the live object and its dry run is no difference a sync could make or undo."""
+    done = run_kubectl("diff", "--server-side", f"--field-manager={MANAGER}", "-f", "-", stdin=yaml.safe_dump(doc),
+                       env={"KUBECTL_EXTERNAL_DIFF": str(_differ())})
     return done.returncode, done.stdout + done.stderr
 
 
