@@ -81,8 +81,11 @@ def group_pods(ns: str) -> list[dict[str, Any]]:
 
 
 def ready_leader_ips(ns: str) -> list[str]:
+    """The IPs of the Ready leaders that serve: a terminating pod (a group being recreated) may still say Ready
+    while its server has stopped, and a Service leaves it out too (CI once got "connection refused" from one)."""
     return [p["status"]["podIP"] for p in group_pods(ns)
             if p["metadata"]["labels"].get("leaderworkerset.sigs.k8s.io/worker-index") == "0"
+            and not p["metadata"].get("deletionTimestamp")
             and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
 
 
