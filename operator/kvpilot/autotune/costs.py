@@ -119,8 +119,9 @@ def restart_cost_seconds(cost: ChangeCost, load: float) -> float:
 def lower_pays(cost: ChangeCost, current: int, w: KvWindow, misses: float, slo: SloSpec | None) -> tuple[bool, str]:
     """A protective lower is worth it when the misses it may fix over the horizon (prudently, half of them)
     exceed LOWER_MARGIN times what the restart costs (priced at the load the objectives leave room for,
-    ``signals.restart_load``, which is full while TPOT is broken: a TPOT lower is priced at the whole restart). When most requests miss, as for a raise (``worth_a_restart``), acting beats any
-    restart cost: without surge, four pods of five minutes' start would otherwise never pay for a lower."""
+    ``signals.restart_load``, which is full while TPOT is broken: a TPOT lower is priced at the whole restart).
+    When most requests miss, as for a raise (``worth_a_restart``), acting beats any restart cost: without surge,
+    four pods of five minutes' start would otherwise never pay for a lower."""
     if misses >= SEVERE_MISSES:
         return True, f"{misses:.0%} of requests miss: a restart cannot make it worse for long"
     spent = restart_cost_seconds(cost, restart_load(slo, current, w))

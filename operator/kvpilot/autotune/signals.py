@@ -121,8 +121,8 @@ def restart_load(slo: SloSpec | None, current: int, w: KvWindow) -> float:
     reads as room the pods do not have: the KV pool, or the TPOT objective, bounds the batch first. Measured on
     the suite without a spare GPU (docs/tuner-suite.md, eighth pass): from 2048, lowers priced at a tenth of their
     restart (290 requests running under a limit of 2048) cost four rows 3-8% of their goodput, each restart
-    leaving one pod to serve twice its traffic. So: requests that queue or miss TTFT, or a broken TPOT objective, mean no
-    room (1); else the load against the smallest of the limit, the requests the pool holds and the batch whose
+    leaving one pod to serve twice its traffic. So: requests that queue or miss TTFT, or a broken TPOT objective,
+    mean no room (1); else the load against the smallest of the limit, the requests the pool holds and the batch whose
     fitted step latency meets the TPOT objective."""
     if w.mean_queued >= 1 or slo_broken(slo, w) is not None or pressure(slo, current, w) is not None:
         return 1.0
