@@ -17,6 +17,7 @@ from kvpilot.api.status import Action
 from kvpilot.autotune.constants import MIN_RELATIVE_STEP
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.shift import SeenTraffic
 from kvpilot.autotune.verification import Memory
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.window import KvWindow
@@ -59,6 +60,9 @@ class TunerHistory:
     # What verification keeps (status.autotune.verification): the change under verification, its evidence, and
     # the bars rollbacks left (autotune/verification.py, autotune/rollback.py).
     verification: Memory = Memory()
+    # The previous window's traffic (status.kvCache.traffic, written at the last pass): whether the mix is
+    # shifting (autotune/shift.py). None: unknown.
+    last_traffic: SeenTraffic | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from kvpilot.autotune.guarantees import no_harm
 from kvpilot.autotune.verify import MIN_EVIDENCE_SECONDS
 from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, within_bars
 from kvpilot.autotune.rules import decide_from_signals
+from kvpilot.autotune.shift import lengths_moving
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import UNPLACEABLE
@@ -66,7 +67,7 @@ def decide(inp: TunerInput) -> Decision:
     model = inp.simulation
     # A rollback goes back to the value measured to serve well: no model resizes it.
     if decision.action in (Action.RAISE, Action.LOWER) and model is not None and decision.reason != TunerReason.ROLLED_BACK:
-        return _simulated(inp, w, decision, model, lo, hi)
+        return _settled(inp, w, decision) or _simulated(inp, w, decision, model, lo, hi)
     return inp.what_if.withheld(decision, inp.current, called_for(decision, w, inp.spec.slo))
 
 
@@ -159,6 +160,17 @@ def called_for(decision: Decision, w: KvWindow, slo: SloSpec | None) -> bool:
     if decision.reason not in PROTECTIVE_REASONS:
         return False
     return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(slo, w)
+
+
+def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | None:
+    """A hold while the traffic's mix is shifting and the change is no protective one (autotune/shift.py): the
+    what-if would size it on lengths that still mix the old traffic's. None: the what-if may size it now."""
+    if called_for(decision, w, inp.spec.slo):
+        return None
+    moving = lengths_moving(inp.history.last_traffic, w)
+    if moving is None:
+        return None
+    return hold(inp, TunerReason.TRAFFIC_SHIFTING, f"{decision.message}; waiting a window: {moving}")
 
 
 def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int) -> list[int]:

@@ -48,6 +48,9 @@ class TunerReason(StrEnum):
     COOLDOWN = "Cooldown"
     NO_PREDICTED_GAIN = "NoPredictedGain"
     WHAT_IF_BUDGET_SPENT = "WhatIfBudgetSpent"
+    # The traffic's mix is shifting: the request lengths the what-if would size a change on still mix the old
+    # traffic's (autotune/shift.py); the change waits a window or two.
+    TRAFFIC_SHIFTING = "TrafficShifting"
 
 
 # Lowers that protect memory or latency: they skip the cooldown (after two intervals) and need no simulation

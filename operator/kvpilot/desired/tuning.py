@@ -18,6 +18,7 @@ from kvpilot.autotune.gate import WhatIfGate, engine_model
 from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.shift import SeenTraffic
 from kvpilot.autotune.verification import Memory
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.desired.observed import Observed
@@ -88,6 +89,7 @@ def tune(
                 recent_changes=recent_changes(observed.status, now),
                 declined_since=declined_since(observed.status.autotune, now),
                 verification=verification,
+                last_traffic=last_traffic(observed.status),
             ),
             what_if=replace(what_if, model=what_if_model(spec, ceiling, observed)),
         )
@@ -100,6 +102,14 @@ def what_if_model(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -
     surge = surge_pods_in_force(spec.serving.rollout, observed.surge_room, spec.serving.replicas)
     return engine_model(spec, ceiling, restart_seconds=restart_seconds(spec, observed),
                         surge_pods=surge, model=observed.model)
+
+
+def last_traffic(status: EngineStatus) -> SeenTraffic | None:
+    """The previous window's traffic as the last pass wrote it (status.kvCache.traffic); None when absent or unusable."""
+    traffic = status.kv_cache.traffic if status.kv_cache is not None else None
+    if traffic is None:
+        return None
+    return SeenTraffic.from_status(traffic.requests_per_minute, traffic.prompt_tokens, traffic.output_tokens)
 
 
 def declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:

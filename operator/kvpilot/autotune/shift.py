@@ -1,0 +1,69 @@
+"""A traffic mix in motion: the what-if waits for the request lengths to settle before it sizes a change. Pure.
+
+The what-if replays the window's traffic (``whatif.fit_traffic``): its arrival rate, counted from arrivals, is
+right from the first window of a new load, but its mean prompt and output come from the requests that finished
+in the window. Right after the mix shifts, those are still mostly the old traffic's, and a change sized on them
+fits neither. Measured on the suite's document Q&A then chat case without a spare GPU (docs/tuner-suite.md,
+"Ninth pass"): 15 s after chat arrived the fit read prompts of 800-1,340 tokens (Q&A ~2,000, chat ~140), the raise
+it sized stopped at 60-80 where chat wanted 256-512, and a second rolling restart followed. Each restart without
+surge halves the fleet's capacity while it rolls; waiting one or two 15 s windows costs a few hundred requests.
+
+So a change the what-if would size waits while the lengths of this window and of the last one (status.kvCache.
+traffic, written at the previous pass) differ by LENGTH_SHIFT or more. A protective change the measurements call
+for never waits (the policy does not ask), nor does a rollback; the rules alone (no model) do not read lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvpilot.autotune.window import KvWindow
+
+# Consecutive windows whose mean prompt or output differ by this factor or more: the mix is moving. Lognormal
+# lengths with a chat-like spread (sigma 0.8) give the mean of MIN_SHIFT_REQUESTS requests a relative error of
+# about 10%, so two windows of the same traffic differ by 1.5x with a chance well under one in a thousand.
+LENGTH_SHIFT = 1.5
+MIN_SHIFT_REQUESTS = 100  # fewer requests in either window: their means may differ by chance
+
+
+@dataclass(frozen=True)
+class SeenTraffic:
+    """The previous window's traffic (status.kvCache.traffic): requests per second per pod, mean prompt and output
+    tokens; 0 where unknown."""
+
+    rate_per_pod: float = 0.0
+    prompt_mean: float = 0.0
+    output_mean: float = 0.0
+
+    @classmethod
+    def from_status(cls, requests_per_minute: object, prompt_tokens: object, output_tokens: object) -> SeenTraffic | None:
+        """From status fields (user-writable: anything that is not a finite positive number reads as unknown);
+        None when no figure is usable."""
+        figures = [_positive(v) for v in (requests_per_minute, prompt_tokens, output_tokens)]
+        if not all(figures):
+            return None
+        return cls(figures[0] / 60.0, figures[1], figures[2])
+
+
+def _positive(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return float(value) if math.isfinite(value) and value > 0 else 0.0
+
+
+def lengths_moving(before: SeenTraffic | None, w: KvWindow) -> str | None:
+    """Why the window's lengths are no fit for the what-if yet (the mean prompt or output moved by LENGTH_SHIFT
+    or more since the last window, both windows holding MIN_SHIFT_REQUESTS requests or more), else None."""
+    if before is None or w.prompt_mean <= 0 or w.output_mean <= 0 or w.window_seconds <= 0:
+        return None
+    pods = max(1, w.pods)
+    requests_before = before.rate_per_pod * w.window_seconds * pods
+    requests_now = w.completion_rate * w.window_seconds * pods
+    if min(requests_before, requests_now) < MIN_SHIFT_REQUESTS:
+        return None
+    for name, old, new in (("prompt", before.prompt_mean, w.prompt_mean), ("output", before.output_mean, w.output_mean)):
+        if max(old, new) >= LENGTH_SHIFT * min(old, new):
+            return (f"the mean {name} moved {old:.0f} -> {new:.0f} tokens since the last window: the traffic's "
+                    f"mix is shifting, and lengths taken from finished requests still mix the old traffic's")
+    return None
