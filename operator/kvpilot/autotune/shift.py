@@ -20,11 +20,19 @@ from dataclasses import dataclass
 
 from kvpilot.autotune.window import KvWindow
 
-# Consecutive windows whose mean prompt or output differ by this factor or more: the mix is moving. Lognormal
-# lengths with a chat-like spread (sigma 0.8) give the mean of MIN_SHIFT_REQUESTS requests a relative error of
-# about 10%, so two windows of the same traffic differ by 1.5x with a chance well under one in a thousand.
+# Consecutive windows whose mean prompt or output differ by shift_factor(n) or more, n the requests of the smaller
+# window: the mix is moving. The factor is the noise bound 1 + NOISE_BOUND / sqrt(n), and at least LENGTH_SHIFT (a
+# smaller move leaves the what-if's sizing about right). Two windows of the same traffic with lognormal lengths of
+# a chat-like spread (sigma 0.8: the mean of a heavy tail) differ by it about 2 to 6 times in 10,000 for n of 30 to
+# 100 (tests/unit/test_traffic_shift.py), and a false reading only delays a change by one window.
 LENGTH_SHIFT = 1.5
-MIN_SHIFT_REQUESTS = 100  # fewer requests in either window: their means may differ by chance
+NOISE_BOUND = 7.0
+MIN_SHIFT_REQUESTS = 30  # fewer requests in either window: their means say too little to tell
+
+
+def shift_factor(requests: float) -> float:
+    """How far two windows' mean lengths must differ to be two mixes, the smaller holding ``requests``."""
+    return max(LENGTH_SHIFT, 1.0 + NOISE_BOUND / math.sqrt(max(1.0, requests)))
 
 
 @dataclass(frozen=True)
@@ -53,17 +61,19 @@ def _positive(value: object) -> float:
 
 
 def lengths_moving(before: SeenTraffic | None, w: KvWindow) -> str | None:
-    """Why the window's lengths are no fit for the what-if yet (the mean prompt or output moved by LENGTH_SHIFT
-    or more since the last window, both windows holding MIN_SHIFT_REQUESTS requests or more), else None."""
+    """Why the window's lengths are no fit for the what-if yet (the mean prompt or output moved by shift_factor or
+    more since the last window, both windows holding MIN_SHIFT_REQUESTS requests or more), else None."""
     if before is None or w.prompt_mean <= 0 or w.output_mean <= 0 or w.window_seconds <= 0:
         return None
     pods = max(1, w.pods)
     requests_before = before.rate_per_pod * w.window_seconds * pods
     requests_now = w.completion_rate * w.window_seconds * pods
-    if min(requests_before, requests_now) < MIN_SHIFT_REQUESTS:
+    fewer = min(requests_before, requests_now)
+    if fewer < MIN_SHIFT_REQUESTS:
         return None
+    factor = shift_factor(fewer)
     for name, old, new in (("prompt", before.prompt_mean, w.prompt_mean), ("output", before.output_mean, w.output_mean)):
-        if max(old, new) >= LENGTH_SHIFT * min(old, new):
+        if max(old, new) >= factor * min(old, new):
             return (f"the mean {name} moved {old:.0f} -> {new:.0f} tokens since the last window: the traffic's "
                     f"mix is shifting, and lengths taken from finished requests still mix the old traffic's")
     return None
