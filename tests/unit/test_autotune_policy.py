@@ -433,7 +433,8 @@ def test_reasons_are_typed_and_their_values_are_the_api() -> None:
         "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "TpotBreakUnconfirmed", "NoPressure",
         "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
         "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
-        "NoPredictedGain", "WhatIfBudgetSpent", "RolledBack", "BarredByVerification", "AwaitingVerification"}
+        "NoPredictedGain", "WhatIfBudgetSpent", "TrafficShifting", "RolledBack", "BarredByVerification",
+        "AwaitingVerification"}
 
 
 def test_the_gate_holds_unconfirmed_changes_only_when_its_budget_is_spent() -> None:
