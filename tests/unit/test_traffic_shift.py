@@ -26,26 +26,35 @@ from tests.unit.test_autotune_rollback import MODEL, NOW, inp, kv
 DOCUMENTS = SeenTraffic(rate_per_pod=4.0, prompt_mean=2000.0, output_mean=210.0)  # the Q&A window before
 
 
-def chat(prompt: float = 1000.0, output: float = 450.0, finished_per_pod: float = 15.0) -> KvWindow:
+def chat(prompt: float = 1000.0, output: float = 450.0, finished_per_pod: float = 15.0,
+         arrivals_per_pod: float = 15.0) -> KvWindow:
     """The batch full at 32 with a queue and most requests missing TTFT, TPOT far inside its objective; the lengths
     those that finished in the window had."""
     return replace(kv(active=32, tpot=9.0), peak_active=32, mean_active=32.0, runtime_batch_size=32, mean_queued=20.0,
-                   ttft_miss_fraction=0.57, peak_utilization=0.16, mean_utilization=0.1, arrival_rate=15.0,
+                   ttft_miss_fraction=0.57, peak_utilization=0.16, mean_utilization=0.1, arrival_rate=arrivals_per_pod,
                    completion_rate=finished_per_pod, prompt_mean=prompt, output_mean=output)
+
+
+# The window that caught the shift halfway, as the suite measured it (rag-then-chat-a100 on the all-slow engine,
+# from 2048, the first window of chat): arrivals 3.8 -> 14.9 req/s per pod, finished lengths 1.4x.
+HALFWAY = chat(prompt=1342.0, output=445.0, finished_per_pod=4.13, arrivals_per_pod=14.87)
 
 
 @pytest.mark.parametrize(("before", "window", "moved"), [
     (DOCUMENTS, chat(prompt=1000.0, output=450.0), "prompt"),  # 15 s after chat arrived
-    (SeenTraffic(30.0, 1000.0, 450.0), chat(prompt=180.0, output=520.0), "prompt"),  # 15 s later
-    (SeenTraffic(30.0, 150.0, 220.0), chat(prompt=150.0, output=520.0), "output"),
-    (SeenTraffic(30.0, 180.0, 520.0), chat(prompt=140.0, output=560.0), None),  # settled: within the noise
-    (SeenTraffic(30.0, 140.0 * shift_factor(450) * 0.99, 520.0), chat(prompt=140.0, output=520.0), None),
+    (SeenTraffic(15.0, 1000.0, 450.0), chat(prompt=180.0, output=520.0), "prompt"),  # 15 s later
+    (SeenTraffic(15.0, 150.0, 220.0), chat(prompt=150.0, output=520.0), "output"),
+    (SeenTraffic(15.0, 180.0, 520.0), chat(prompt=140.0, output=560.0), None),  # settled: within the noise
+    (SeenTraffic(15.0, 140.0 * shift_factor(450) * 0.99, 520.0), chat(prompt=140.0, output=520.0), None),
     (None, chat(), None),  # nothing seen before
     (SeenTraffic(0.5, 2000.0, 210.0), chat(prompt=150.0), None),  # too few requests before to tell
     (DOCUMENTS, chat(prompt=150.0, finished_per_pod=0.9), None),  # too few finished now to tell
-    (DOCUMENTS, chat(prompt=1300.0, output=450.0, finished_per_pod=2.0), "output"),  # 60 requests: 2x is no noise
-    (DOCUMENTS, chat(prompt=1300.0, output=300.0, finished_per_pod=2.0), None),  # 60 requests: 1.5x may be noise
     (DOCUMENTS, replace(chat(), prompt_mean=0.0), None),  # no lengths now
+    (SeenTraffic(15.0, 2000.0, 210.0), chat(1300.0, 450.0, finished_per_pod=2.0), "output"),  # 60 requests: 2.1x
+    (SeenTraffic(15.0, 2000.0, 210.0), chat(1300.0, 300.0, finished_per_pod=2.0), None),  # 60 requests: 1.5x
+    (SeenTraffic(3.83, 1894.0, 300.0), HALFWAY, "prompt"),  # the rate leads: 1.4x is a shift beside it
+    (SeenTraffic(14.87, 1894.0, 300.0), HALFWAY, None),  # the same lengths at the same rate: maybe noise
+    (SeenTraffic(7.5, 700.0, 300.0), chat(760.0, 280.0), None),  # a ramp: the rate doubled, the mix did not move
 ])
 def test_the_mix_is_moving_when_a_mean_length_moved_by_the_shift_factor_over_enough_requests(
     before: SeenTraffic | None, window: KvWindow, moved: str | None,
@@ -55,6 +64,7 @@ def test_the_mix_is_moving_when_a_mean_length_moved_by_the_shift_factor_over_eno
         assert why is None, why
     else:
         assert why is not None and f"mean {moved} moved" in why
+        assert ("arrival rate moved" in why) == (before is not None and abs(before.rate_per_pod / window.arrival_rate - 1) > 0.5)
 
 
 @pytest.mark.parametrize("requests", [MIN_SHIFT_REQUESTS, 50, 100, 200])

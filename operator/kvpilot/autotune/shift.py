@@ -28,6 +28,11 @@ from kvpilot.autotune.window import KvWindow
 LENGTH_SHIFT = 1.5
 NOISE_BOUND = 7.0
 MIN_SHIFT_REQUESTS = 30  # fewer requests in either window: their means say too little to tell
+# An arrival rate that moved by this factor since the last window (at least MIN_SHIFT_REQUESTS arrivals: 4 standard
+# deviations of a Poisson count) leads the lengths, which then need only half the margin to read as a shift. Same
+# traffic at a new rate (a ramp) then reads as a shift, by the noise of its lengths, in 2-9% of such windows (for
+# 30-200 requests, prompt or output); each costs one window's wait.
+RATE_SHIFT = 1.5
 
 
 def shift_factor(requests: float) -> float:
@@ -61,19 +66,28 @@ def _positive(value: object) -> float:
 
 
 def lengths_moving(before: SeenTraffic | None, w: KvWindow) -> str | None:
-    """Why the window's lengths are no fit for the what-if yet (the mean prompt or output moved by shift_factor or
-    more since the last window, both windows holding MIN_SHIFT_REQUESTS requests or more), else None."""
+    """Why the window's lengths are no fit for the what-if yet, else None: both windows hold MIN_SHIFT_REQUESTS
+    requests or more, and a mean prompt or output moved since the last window by shift_factor or more, or by
+    half that margin while the arrival rate, which leads the lengths, moved by RATE_SHIFT or more (a window that
+    caught a shift halfway: measured on document Q&A then chat, the rate rose 3.9x while the lengths of the
+    requests finished moved 1.4x, then 9x a window later)."""
     if before is None or w.prompt_mean <= 0 or w.output_mean <= 0 or w.window_seconds <= 0:
         return None
     pods = max(1, w.pods)
-    requests_before = before.rate_per_pod * w.window_seconds * pods
-    requests_now = w.completion_rate * w.window_seconds * pods
-    fewer = min(requests_before, requests_now)
+    fewer = min(before.rate_per_pod, w.completion_rate) * w.window_seconds * pods
     if fewer < MIN_SHIFT_REQUESTS:
         return None
-    factor = shift_factor(fewer)
+    rate_moved = _moved(before.rate_per_pod, w.arrival_rate) >= RATE_SHIFT
+    factor = shift_factor(fewer) if not rate_moved else 1.0 + (shift_factor(fewer) - 1.0) / 2.0
     for name, old, new in (("prompt", before.prompt_mean, w.prompt_mean), ("output", before.output_mean, w.output_mean)):
-        if max(old, new) >= factor * min(old, new):
-            return (f"the mean {name} moved {old:.0f} -> {new:.0f} tokens since the last window: the traffic's "
+        if _moved(old, new) >= factor:
+            rate = (f" while the arrival rate moved {before.rate_per_pod:.1f} -> {w.arrival_rate:.1f} req/s per pod"
+                    if rate_moved else "")
+            return (f"the mean {name} moved {old:.0f} -> {new:.0f} tokens since the last window{rate}: the traffic's "
                     f"mix is shifting, and lengths taken from finished requests still mix the old traffic's")
     return None
+
+
+def _moved(old: float, new: float) -> float:
+    """How many times the larger of two positive figures is the smaller (inf when either is not positive)."""
+    return max(old, new) / min(old, new) if min(old, new) > 0 else math.inf
