@@ -9,8 +9,9 @@ it sized stopped at 60-80 where chat wanted 256-512, and a second rolling restar
 surge halves the fleet's capacity while it rolls; waiting one or two 15 s windows costs a few hundred requests.
 
 So a change the what-if would size waits while the lengths of this window and of the last one (status.kvCache.
-traffic, written at the previous pass) differ by LENGTH_SHIFT or more. A protective change the measurements call
-for never waits (the policy does not ask), nor does a rollback; the rules alone (no model) do not read lengths.
+traffic, written at the previous pass) differ by more than their noise (``shift_factor``), or by half that beside
+an arrival rate that moved. A protective change the measurements call for never waits (the policy does not ask),
+nor does a rollback; the rules alone (no model) do not read lengths.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from kvpilot.autotune.window import KvWindow
 # Consecutive windows whose mean prompt or output differ by shift_factor(n) or more, n the requests of the smaller
 # window: the mix is moving. The factor is the noise bound 1 + NOISE_BOUND / sqrt(n), and at least LENGTH_SHIFT (a
 # smaller move leaves the what-if's sizing about right). Two windows of the same traffic with lognormal lengths of
-# a chat-like spread (sigma 0.8: the mean of a heavy tail) differ by it about 2 to 6 times in 10,000 for n of 30 to
-# 100 (tests/unit/test_traffic_shift.py), and a false reading only delays a change by one window.
+# a chat-like spread (sigma 0.8: the mean of a heavy tail) differ by it, in one of the two lengths, about 2 to 6
+# times in 10,000 for n of 30 to 100 (tests/unit/test_traffic_shift.py), and a false reading only delays a change
+# by one window.
 LENGTH_SHIFT = 1.5
 NOISE_BOUND = 7.0
 MIN_SHIFT_REQUESTS = 30  # fewer requests in either window: their means say too little to tell
