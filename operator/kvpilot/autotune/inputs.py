@@ -63,6 +63,8 @@ class TunerHistory:
     # The previous window's traffic (status.kvCache.traffic, written at the last pass): whether the mix is
     # shifting (autotune/shift.py). None: unknown.
     last_traffic: SeenTraffic | None = None
+    # When the run of TrafficShifting holds in force began (status.autotune.recommendation); None: not holding.
+    shifting_since: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,13 @@ from kvpilot.autotune.guarantees import no_harm
 from kvpilot.autotune.verify import MIN_EVIDENCE_SECONDS
 from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, within_bars
 from kvpilot.autotune.rules import decide_from_signals
-from kvpilot.autotune.shift import lengths_moving
+from kvpilot.autotune.shift import mix_wait
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
+from kvpilot.autotune.whatif import fit_traffic
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
@@ -164,10 +165,13 @@ def called_for(decision: Decision, w: KvWindow, slo: SloSpec | None) -> bool:
 
 def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | None:
     """A hold while the traffic's mix is shifting and the change is no protective one (autotune/shift.py): the
-    what-if would size it on lengths that still mix the old traffic's. None: the what-if may size it now."""
-    if called_for(decision, w, inp.spec.slo):
+    what-if would size it on lengths that still mix the old traffic's. None: the what-if may size it now (or
+    would not run: no traffic fit)."""
+    if called_for(decision, w, inp.spec.slo) or fit_traffic(w) is None:
         return None
-    moving = lengths_moving(inp.history.last_traffic, w)
+    since = inp.history.shifting_since
+    holding_for = (inp.now - since).total_seconds() if since is not None else None
+    moving = mix_wait(inp.history.last_traffic, w, holding_for, inp.spec.interval_seconds)
     if moving is None:
         return None
     return hold(inp, TunerReason.TRAFFIC_SHIFTING, f"{decision.message}; waiting a window: {moving}")

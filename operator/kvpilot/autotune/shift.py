@@ -50,21 +50,50 @@ class SeenTraffic:
     rate_per_pod: float = 0.0
     prompt_mean: float = 0.0
     output_mean: float = 0.0
+    age_s: float | None = None  # how long before this decision it was observed (status.kvCache.observedAt)
 
     @classmethod
-    def from_status(cls, requests_per_minute: object, prompt_tokens: object, output_tokens: object) -> SeenTraffic | None:
+    def from_status(cls, requests_per_minute: object, prompt_tokens: object, output_tokens: object,
+                    age_s: float | None = None) -> SeenTraffic | None:
         """From status fields (user-writable: anything that is not a finite positive number reads as unknown);
         None when no figure is usable."""
         figures = [_positive(v) for v in (requests_per_minute, prompt_tokens, output_tokens)]
         if not all(figures):
             return None
-        return cls(figures[0] / 60.0, figures[1], figures[2])
+        return cls(figures[0] / 60.0, figures[1], figures[2], age_s)
 
 
 def _positive(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return 0.0
-    return float(value) if math.isfinite(value) and value > 0 else 0.0
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float: forged
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0
+
+
+# A run of TrafficShifting holds lasts at most this many tuning intervals: traffic whose mix keeps moving (or lengths
+# spread wider than the noise bound assumes) then gets the what-if's sizing on the window as it is, as before.
+MAX_SHIFT_WINDOWS = 2
+# The last window's traffic is compared only when it is this many windows old at most (an older one, kept in
+# status while windows went empty, says nothing of the last window) ...
+STALE_WINDOWS = 2.5
+# ... and at least this share of a window old: a pass sooner (the live loop also reconciles on events) reads a
+# window that overlaps the last one, which looks alike whatever the traffic does. While holding, such a pass holds on.
+OVERLAP_SHARE = 0.8
+
+
+def mix_wait(before: SeenTraffic | None, w: KvWindow, holding_for_s: float | None, interval_s: float) -> str | None:
+    """Why a change the what-if would size waits for the mix to settle (None: it need not). ``holding_for_s``:
+    how long the tuner has held for a shifting mix already (None: it is not holding)."""
+    if holding_for_s is not None and holding_for_s >= MAX_SHIFT_WINDOWS * interval_s:
+        return None
+    if before is None or before.age_s is None or w.window_seconds <= 0 or before.age_s > STALE_WINDOWS * w.window_seconds:
+        return None
+    if before.age_s < OVERLAP_SHARE * w.window_seconds:
+        return "the mix was shifting a moment ago" if holding_for_s is not None else None
+    return lengths_moving(before, w)
 
 
 def lengths_moving(before: SeenTraffic | None, w: KvWindow) -> str | None:

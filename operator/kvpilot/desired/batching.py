@@ -114,6 +114,8 @@ def autotune_status(
             out = replace(out, history=(record, *(previous.history or ()))[:HISTORY_LIMIT])
     if decision.reason == TunerReason.NO_PREDICTED_GAIN and decision.simulated:
         out = replace(out, what_if_declined_at=rfc3339(now))  # the policy reruns the simulation only a period later
+    if decision.reason == TunerReason.TRAFFIC_SHIFTING:
+        out = replace(out, what_if_declined_at=None)  # a decline for the old traffic says nothing of the new
     if applied:
         out = replace(out, what_if_declined_at=None, last_applied_at=rfc3339(now))
         if decision.action == Action.REBUILD and decision.ceiling_request:

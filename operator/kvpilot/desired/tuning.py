@@ -89,7 +89,8 @@ def tune(
                 recent_changes=recent_changes(observed.status, now),
                 declined_since=declined_since(observed.status.autotune, now),
                 verification=verification,
-                last_traffic=last_traffic(observed.status),
+                last_traffic=last_traffic(observed.status, now),
+                shifting_since=shifting_since(observed.status.autotune, now),
             ),
             what_if=replace(what_if, model=what_if_model(spec, ceiling, observed)),
         )
@@ -104,12 +105,26 @@ def what_if_model(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -
                         surge_pods=surge, model=observed.model)
 
 
-def last_traffic(status: EngineStatus) -> SeenTraffic | None:
-    """The previous window's traffic as the last pass wrote it (status.kvCache.traffic); None when absent or unusable."""
-    traffic = status.kv_cache.traffic if status.kv_cache is not None else None
-    if traffic is None:
+def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
+    """The previous window's traffic as the last pass wrote it (status.kvCache.traffic), with its age (from
+    status.kvCache.observedAt; unknown when unreadable or in the future); None when absent or unusable."""
+    kv = status.kv_cache
+    if kv is None or kv.traffic is None:
         return None
-    return SeenTraffic.from_status(traffic.requests_per_minute, traffic.prompt_tokens, traffic.output_tokens)
+    seen = when(kv.observed_at, now)
+    age = (now - seen).total_seconds() if seen is not None and seen <= now else None
+    t = kv.traffic
+    return SeenTraffic.from_status(t.requests_per_minute, t.prompt_tokens, t.output_tokens, age)
+
+
+def shifting_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
+    """When the run of TrafficShifting holds in force began: the recommendation's time, refreshed only when the
+    advice changes (desired/batching.autotune_status). None when the tuner is not holding for a shifting mix."""
+    rec = tune.recommendation if tune is not None else None
+    if rec is None or rec.action != Action.HOLD or rec.reason != TunerReason.TRAFFIC_SHIFTING:
+        return None
+    at = when(rec.at, now)
+    return at if at is not None and at <= now else None
 
 
 def declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
