@@ -139,20 +139,23 @@ def test_a_raise_the_what_if_would_size_waits_while_the_mix_shifts(monkeypatch: 
     assert decide(no_fit).reason != "TrafficShifting"
 
 
-@pytest.mark.parametrize(("age_s", "holding_s", "waits"), [
-    (15.0, None, True),   # the last window, one interval ago: compared
-    (15.0, 15.0, True),   # still moving a window later: waits on
-    (15.0, 15.0 * MAX_SHIFT_WINDOWS, False),  # waited its windows: the what-if sizes on what it has
-    (60.0, None, False),  # kept in status while windows went empty: says nothing of the last window
-    (None, None, False),  # no time, or one in the future: unknown
-    (5.0, None, False),   # a pass soon after the last (an event): overlapping windows look alike, so no shift read
-    (5.0, 15.0, True),    # ... but a hold in force holds on until a window's worth has passed
+@pytest.mark.parametrize(("age_s", "holding_s", "missing", "waits"), [
+    (15.0, None, 0.3, True),   # the last window, one interval ago: compared
+    (15.0, 15.0, 0.3, True),   # still moving a window later: waits on
+    (15.0, 15.0 * MAX_SHIFT_WINDOWS, 0.3, False),  # waited its windows: the what-if sizes on what it has
+    (15.0, None, 0.6, True),   # most requests missing: the first window still waits ...
+    (15.0, 15.0, 0.6, False),  # ... but only one: each costs most of its traffic
+    (60.0, None, 0.3, False),  # kept in status while windows went empty: says nothing of the last window
+    (None, None, 0.3, False),  # no time, or one in the future: unknown
+    (5.0, None, 0.3, False),   # a pass soon after the last (an event): overlapping windows look alike, so no shift read
+    (5.0, 15.0, 0.3, True),    # ... but a hold in force holds on until a window's worth has passed
 ])
 def test_the_wait_reads_only_the_last_window_and_lasts_at_most_its_windows(
-    age_s: float | None, holding_s: float | None, waits: bool,
+    age_s: float | None, holding_s: float | None, missing: float, waits: bool,
 ) -> None:
     before = replace(DOCUMENTS, age_s=age_s)
-    assert (mix_wait(before, chat(), holding_s, 15.0) is not None) == waits
+    w = replace(chat(), ttft_miss_fraction=missing)
+    assert (mix_wait(before, w, holding_s, 15.0) is not None) == waits
 
 
 def test_a_protective_lower_never_waits_for_the_mix_and_a_trade_off_does(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvpilot.autotune.constants import SEVERE_MISSES
 from kvpilot.autotune.window import KvWindow
 
 # Consecutive windows whose mean prompt or output differ by shift_factor(n) or more, n the requests of the smaller
@@ -73,8 +74,9 @@ def _positive(value: object) -> float:
     return number if math.isfinite(number) and number > 0 else 0.0
 
 
-# A run of TrafficShifting holds lasts at most this many tuning intervals: traffic whose mix keeps moving (or lengths
-# spread wider than the noise bound assumes) then gets the what-if's sizing on the window as it is, as before.
+# A run of TrafficShifting holds lasts at most this many tuning intervals (one while most requests miss): traffic
+# whose mix keeps moving (or lengths spread wider than the noise bound assumes) then gets the what-if's sizing on
+# the window as it is, as before.
 MAX_SHIFT_WINDOWS = 2
 # The last window's traffic is compared only when it is this many windows old at most (an older one, kept in
 # status while windows went empty, says nothing of the last window) ...
@@ -84,10 +86,19 @@ STALE_WINDOWS = 2.5
 OVERLAP_SHARE = 0.8
 
 
+def _windows_to_wait(w: KvWindow) -> int:
+    """MAX_SHIFT_WINDOWS, or one while most requests miss an objective: every window of waiting then costs most of
+    its traffic. Measured on document Q&A then chat without a spare GPU: the window after the one that caught the
+    shift halfway already held the chat lengths (prompt 150-160 tokens), and a second window's wait cost the run
+    1-2% (docs/tuner-suite.md, "Ninth pass")."""
+    worst = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
+    return 1 if worst >= SEVERE_MISSES else MAX_SHIFT_WINDOWS
+
+
 def mix_wait(before: SeenTraffic | None, w: KvWindow, holding_for_s: float | None, interval_s: float) -> str | None:
     """Why a change the what-if would size waits for the mix to settle (None: it need not). ``holding_for_s``:
     how long the tuner has held for a shifting mix already (None: it is not holding)."""
-    if holding_for_s is not None and holding_for_s >= MAX_SHIFT_WINDOWS * interval_s:
+    if holding_for_s is not None and holding_for_s >= _windows_to_wait(w) * interval_s:
         return None
     if before is None or before.age_s is None or w.window_seconds <= 0 or before.age_s > STALE_WINDOWS * w.window_seconds:
         return None
