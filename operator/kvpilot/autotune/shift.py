@@ -6,7 +6,7 @@ in the window. Right after the mix shifts, those are still mostly the old traffi
 fits neither. Measured on the suite's document Q&A then chat case without a spare GPU (docs/tuner-suite.md,
 "Ninth pass"): 15 s after chat arrived the fit read prompts of 800-1,340 tokens (Q&A ~2,000, chat ~140), the raise
 it sized stopped at 60-80 where chat wanted 256-512, and a second rolling restart followed. Each restart without
-surge halves the fleet's capacity while it rolls; waiting one or two 15 s windows costs a few hundred requests.
+surge halves the fleet's capacity while it rolls; waiting a 15 s window or two costs a few hundred requests.
 
 So a change the what-if would size waits while the lengths of this window and of the last one (status.kvCache.
 traffic, written at the previous pass) differ by more than their noise (``shift_factor``), or by half that beside
