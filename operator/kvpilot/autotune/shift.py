@@ -5,7 +5,7 @@ right from the first window of a new load, but its mean prompt and output come f
 in the window. Right after the mix shifts, those are still mostly the old traffic's, and a change sized on them
 fits neither. Measured on the suite's document Q&A then chat case without a spare GPU (docs/tuner-suite.md,
 "Ninth pass"): 15 s after chat arrived the fit read prompts of 800-1,340 tokens (Q&A ~2,000, chat ~140), the raise
-it sized stopped at 60-80 where chat wanted 256-512, and a second rolling restart followed. Each restart without
+it sized stopped at 60-80 where chat wanted 128-512, and a second rolling restart followed. Each restart without
 surge halves the fleet's capacity while it rolls; waiting a 15 s window or two costs a few hundred requests.
 
 So a change the what-if would size waits while the lengths of this window and of the last one (status.kvCache.
@@ -25,15 +25,15 @@ from kvpilot.autotune.window import KvWindow
 # Consecutive windows whose mean prompt or output differ by shift_factor(n) or more, n the requests of the smaller
 # window: the mix is moving. The factor is the noise bound 1 + NOISE_BOUND / sqrt(n), and at least LENGTH_SHIFT (a
 # smaller move leaves the what-if's sizing about right). Two windows of the same traffic with lognormal lengths of
-# a chat-like spread (sigma 0.8: the mean of a heavy tail) differ by it, in one of the two lengths, about 2 to 6
-# times in 10,000 for n of 30 to 100 (tests/unit/test_traffic_shift.py), and a false reading only delays a change
-# by one window.
+# a chat-like spread (sigma 0.8: the mean of a heavy tail) differ by it, in one of the two lengths, in under 1 of
+# 1,000 pairs for n of 30 to 200 (tests/unit/test_traffic_shift.py); a wider spread does more often, and a false
+# reading only delays a change by one window.
 LENGTH_SHIFT = 1.5
 NOISE_BOUND = 7.0
 MIN_SHIFT_REQUESTS = 30  # fewer requests in either window: their means say too little to tell
 # An arrival rate that moved by this factor since the last window (at least MIN_SHIFT_REQUESTS arrivals: 4 standard
 # deviations of a Poisson count) leads the lengths, which then need only half the margin to read as a shift. Same
-# traffic at a new rate (a ramp) then reads as a shift, by the noise of its lengths, in 2-9% of such windows (for
+# traffic at a new rate (a ramp) then reads as a shift, by the noise of its lengths, in 4-8% of such windows (for
 # 30-200 requests, prompt or output); each costs one window's wait.
 RATE_SHIFT = 1.5
 
@@ -46,7 +46,7 @@ def shift_factor(requests: float) -> float:
 @dataclass(frozen=True)
 class SeenTraffic:
     """The previous window's traffic (status.kvCache.traffic): requests per second per pod, mean prompt and output
-    tokens; 0 where unknown."""
+    tokens, all known (``from_status`` gives None otherwise)."""
 
     rate_per_pod: float = 0.0
     prompt_mean: float = 0.0
