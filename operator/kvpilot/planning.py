@@ -149,7 +149,7 @@ class Planner:
         measured_only = _measured_only(observed)
         calibrated = observed.model is not None and observed.model.fit is not None and _places(engine, observed)
         gate = WhatIfGate(model_valid=measured_only or calibrated or model_reproduces(engine, observed),
-                          measured_only=measured_only)
+                          measured_only=measured_only, calibrated=calibrated and not measured_only)
         return plan(engine, observed, settings, now, what_if=gate)
 
     def close(self) -> None:

@@ -117,12 +117,14 @@ class BatchingStatus:
 
 @dataclasses.dataclass(frozen=True)
 class TrafficStatus:
-    """``status.kvCache.traffic``: the window's traffic as the tuner's what-if simulation replays it."""
+    """``status.kvCache.traffic``: the traffic the tuner's what-if simulation replays (the window pooled with the
+    windows before it while the traffic held, autotune/pooling.py)."""
 
     requests_per_minute: int | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     arrival_cv: str | None = None
+    requests: int | None = None  # the finished requests the figures stand for
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,12 +101,15 @@ def _kv_cache() -> Schema:
             "activeRequests": integer("Requests in the batch (peak of the window).", 0),
             "pausedRequests": integer("Requests paused for lack of blocks in the window.", 0),
             "traffic": obj(
-                "The traffic of the window as the tuner's what-if simulation replays it, from the pods' metrics "
-                "(absent until enough requests finished).",
+                "The traffic the tuner's what-if simulation replays, from the pods' metrics: the last window, pooled "
+                "with the windows before it while the traffic held within its noise (absent until enough requests "
+                "finished).",
                 {
                     "requestsPerMinute": integer("Requests received per minute, per pod.", 0),
-                    "promptTokens": integer("Mean prompt length of the window's requests.", 0),
-                    "outputTokens": integer("Mean output length of the window's requests.", 0),
+                    "promptTokens": integer("Mean prompt length of the requests.", 0),
+                    "outputTokens": integer("Mean output length of the requests.", 0),
+                    "requests": integer("The finished requests these figures stand for (at most about a minute's "
+                                        "traffic).", 0, fmt="int64"),
                     "arrivalCv": string("Coefficient of variation of the gaps between arrivals, a decimal "
                                         "(1: Poisson; above 1: bursty), from the scatter of the arrivals counted "
                                         "per sample over the last minutes (absent: too little evidence; the "

@@ -155,6 +155,9 @@ class WhatIfGate:
     # The calibrated model still disagrees with the pods by more than the stated bound (autotune/trust.py):
     # no simulation, and the rules step conservatively (the fallback flag the rules read).
     measured_only: bool = False
+    # The model is fitted to the pods and trusted (autotune/trust.py), not the datasheet: it may judge a mild TPOT
+    # break (policy._model_judges).
+    calibrated: bool = False
 
     @property
     def engine(self) -> Engine | None:

@@ -128,22 +128,31 @@ def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float,
     one waits while the batch at this limit is still settling (a cold start, a change just rolled), and where no
     settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides."""
     base = inp.history.verification.baseline
-    side = base.side
     lasting = misses >= REVERSAL_MIN_TPOT_MISSES and base.missing_streak >= LASTING_BREAK_WINDOWS
-    if (base.limit == inp.current and side.seconds >= TPOT_CONFIRM_SECONDS and side.resolved >= MIN_REQUESTS
-            and not lasting):
-        pooled = 1.0 - side.share
+    settled = settled_misses(inp)
+    if settled is not None and not lasting:
+        pooled, seconds = settled
         return pooled, (f"; {misses:.0%} of this window's requests missed, {pooled:.1%} over the last "
-                        f"{side.seconds:.0f}s at {inp.current}")
+                        f"{seconds:.0f}s at {inp.current}")
     if misses >= REVERSAL_MIN_TPOT_MISSES or base.limit != inp.current:
         return misses, ""
     start = base.settle.in_force_s
     if start is not None and inp.now.timestamp() - start < MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS:
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED,
                     f"{broken}, with {misses:.0%} of this window's requests missing it; the batch at {inp.current} "
-                    f"has {side.seconds:.0f}s of settled traffic (a lasting break is told from a transient on "
+                    f"has {base.side.seconds:.0f}s of settled traffic (a lasting break is told from a transient on "
                     f"{TPOT_CONFIRM_SECONDS:.0f}s): waiting")
     return misses, ""
+
+
+def settled_misses(inp: TunerInput) -> tuple[float, float] | None:
+    """(share of requests that missed an objective, seconds) over the settled, comparable windows at the limit in
+    force (verification's baseline), once they hold TPOT_CONFIRM_SECONDS and MIN_REQUESTS; None before."""
+    base = inp.history.verification.baseline
+    side = base.side
+    if base.limit != inp.current or side.seconds < TPOT_CONFIRM_SECONDS or side.resolved < MIN_REQUESTS:
+        return None
+    return 1.0 - side.share, side.seconds
 
 
 def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int) -> Decision:

@@ -36,6 +36,7 @@ MIN_SHIFT_REQUESTS = 30  # fewer requests in either window: their means say too 
 # traffic at a new rate (a ramp) then reads as a shift, by the noise of its lengths, in 4-8% of such windows (for
 # 30-200 requests, prompt or output); each costs one window's wait.
 RATE_SHIFT = 1.5
+MAX_POOLED = 10_000_000  # finished requests a record may stand for (autotune/pooling.py caps it at a minute's)
 
 
 def shift_factor(requests: float) -> float:
@@ -45,23 +46,27 @@ def shift_factor(requests: float) -> float:
 
 @dataclass(frozen=True)
 class SeenTraffic:
-    """The previous window's traffic (status.kvCache.traffic): requests per second per pod, mean prompt and output
-    tokens, all known (``from_status`` gives None otherwise)."""
+    """The traffic the last pass recorded (status.kvCache.traffic): requests per second per pod, mean prompt and
+    output tokens, all known (``from_status`` gives None otherwise), and the finished requests they stand for (the
+    windows pooled while the traffic held, autotune/pooling.py; 0: unknown, the record is not pooled into)."""
 
     rate_per_pod: float = 0.0
     prompt_mean: float = 0.0
     output_mean: float = 0.0
     age_s: float | None = None  # how long before this decision it was observed (status.kvCache.observedAt)
+    requests: float = 0.0
 
     @classmethod
     def from_status(cls, requests_per_minute: object, prompt_tokens: object, output_tokens: object,
-                    age_s: float | None = None) -> SeenTraffic | None:
+                    age_s: float | None = None, requests: object = None) -> SeenTraffic | None:
         """From status fields (user-writable: anything that is not a finite positive number reads as unknown);
-        None when no figure is usable."""
+        None when no figure is usable. A count of requests beyond MAX_POOLED reads as unknown too: a forged
+        one would make the record outweigh every window to come."""
         figures = [_positive(v) for v in (requests_per_minute, prompt_tokens, output_tokens)]
         if not all(figures):
             return None
-        return cls(figures[0] / 60.0, figures[1], figures[2], age_s)
+        count = _positive(requests)
+        return cls(figures[0] / 60.0, figures[1], figures[2], age_s, count if count <= MAX_POOLED else 0.0)
 
 
 def _positive(value: object) -> float:

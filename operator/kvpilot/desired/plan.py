@@ -28,12 +28,13 @@ from kvpilot.api.status import (
 )
 from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.pooling import pooled_traffic
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.trust import MODEL_TRUSTED, model_condition, model_status
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verification import Memory
 from kvpilot.desired.rollout import rolling_update
-from kvpilot.desired.tuning import tune
+from kvpilot.desired.tuning import last_traffic, tune
 from kvpilot.desired import labels as L
 from kvpilot.desired import multinode, serving
 from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
@@ -150,10 +151,12 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     w = observed.kv
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.kv_cache
-    traffic = (TrafficStatus(requests_per_minute=round(w.arrival_rate * 60), prompt_tokens=round(w.prompt_mean),
-                             output_tokens=round(w.output_mean),
-                             arrival_cv=f"{w.arrival_cv:.2f}" if w.arrival_cv is not None else None)
-               if w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0 else None)
+    seen = pooled_traffic(last_traffic(observed.status, now), w)  # what the what-if replays (tuning.tune)
+    traffic = (TrafficStatus(requests_per_minute=round(seen.rate_per_pod * 60), prompt_tokens=round(seen.prompt_mean),
+                             output_tokens=round(seen.output_mean),
+                             arrival_cv=f"{w.arrival_cv:.2f}" if w.arrival_cv is not None else None,
+                             requests=round(seen.requests))
+               if seen is not None else None)
     return KvCacheStatus(
         utilization_percent=round(w.peak_utilization * 100),
         used_blocks=w.peak_used_blocks,

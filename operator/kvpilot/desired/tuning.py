@@ -106,7 +106,7 @@ def what_if_model(spec: InferenceEngineSpec, ceiling: int, observed: Observed) -
 
 
 def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
-    """The previous window's traffic as the last pass wrote it (status.kvCache.traffic), with its age (from
+    """The traffic the last pass recorded (status.kvCache.traffic), with its age (from
     status.kvCache.observedAt; unknown when unreadable or in the future); None when absent or unusable."""
     kv = status.kv_cache
     if kv is None or kv.traffic is None:
@@ -114,7 +114,7 @@ def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
     seen = when(kv.observed_at, now)
     age = (now - seen).total_seconds() if seen is not None and seen <= now else None
     t = kv.traffic
-    return SeenTraffic.from_status(t.requests_per_minute, t.prompt_tokens, t.output_tokens, age)
+    return SeenTraffic.from_status(t.requests_per_minute, t.prompt_tokens, t.output_tokens, age, t.requests)
 
 
 def shifting_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:

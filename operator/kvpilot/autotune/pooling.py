@@ -1,0 +1,86 @@
+"""The traffic the what-if replays: the window pooled with the windows before it while the traffic holds. Pure.
+
+One window is a small sample. At 8 requests per second over two pods a 15 s window counts ~120 arrivals, so its
+rate scatters by ~9% and its mean prompt (a spread like the suite's, cv ~0.75) by ~7%. The what-if replays the
+traffic it is given as if it lasted, and an engine near its prefill capacity turns that scatter into a cliff:
+measured on document Q&A served by an engine 20% faster than its profile (rag-then-chat-a100.all-fast from 2048,
+docs/tuner-suite.md "Tenth pass"), the window that triggered the lower read 8.8 req/s and 2,208-token prompts
+(8.0 and 2,000 offered: 21% more prompt tokens per second). Fed that, the what-if put the pods at 2048 at 4.07
+good req/s, where they served 7.8 over the phase, and a lower to 42 that gained 1% of the phase cost 5% of the
+run when chat arrived.
+
+So the traffic is carried from pass to pass (status.kvCache.traffic, with the requests it stands for) and each
+window is pooled into it while the two agree within their noise (``agrees``): the rate within Z standard errors of
+a Poisson count (scaled by the arrivals' cv), each mean length within Z standard errors of a mean whose lengths
+scatter like LENGTH_CV. The past counts for at most POOL_SECONDS of traffic, so the newest 15 s window keeps a
+fifth of the weight or more: steady traffic is read with a third of one window's scatter, and a real change
+that passes the test unnoticed (smaller than Z standard errors) is followed within a few windows. A window that
+disagrees starts the pool afresh: a step in the load, a new mix (``shift.mix_wait`` then holds the what-if), or a
+stale or missing record.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from kvpilot.autotune.shift import OVERLAP_SHARE, STALE_WINDOWS, SeenTraffic
+from kvpilot.autotune.window import KvWindow
+
+POOL_SECONDS = 60.0  # the past's weight is capped at this much traffic (four 15 s windows)
+Z = 2.5  # standard errors: two samples of steady traffic disagree in ~1% of pairs per figure
+LENGTH_CV = 1.0  # the lengths' coefficient of variation the test allows (a lognormal of sigma 0.8 has 0.95)
+
+
+def window_traffic(w: KvWindow) -> SeenTraffic | None:
+    """The window's own traffic, standing for the requests that finished in it; None where it has none."""
+    if not (w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0):
+        return None
+    finished = w.completion_rate * max(0.0, w.window_seconds) * max(1, w.pods)
+    return SeenTraffic(w.arrival_rate, w.prompt_mean, w.output_mean, 0.0, max(1.0, finished))
+
+
+def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | None:
+    """The traffic the what-if replays at this pass, and status records for the next: the window pooled with
+    ``before`` (the record of the last pass, with its age) while they agree; the window alone where they do not,
+    or where ``before`` is unusable. A pass sooner than OVERLAP_SHARE of a window after the last reads a window
+    that overlaps the one pooled already: it keeps the record as it is while the two agree."""
+    now = window_traffic(w)
+    if now is None:
+        return None
+    if before is None or before.requests <= 0 or before.age_s is None \
+            or before.age_s > STALE_WINDOWS * w.window_seconds or not agrees(before, now, w):
+        return now
+    if before.age_s < OVERLAP_SHARE * w.window_seconds:
+        return SeenTraffic(before.rate_per_pod, before.prompt_mean, before.output_mean, 0.0, before.requests)
+    pods = max(1, w.pods)
+    past_s = min(POOL_SECONDS, before.requests / (before.rate_per_pod * pods))
+    past = before.rate_per_pod * pods * past_s  # the requests the capped past stands for
+    rate = (before.rate_per_pod * past_s + now.rate_per_pod * w.window_seconds) / (past_s + w.window_seconds)
+
+    def mean(old: float, new: float) -> float:
+        return (old * past + new * now.requests) / (past + now.requests)
+
+    return SeenTraffic(rate, mean(before.prompt_mean, now.prompt_mean), mean(before.output_mean, now.output_mean),
+                       0.0, past + now.requests)
+
+
+def agrees(before: SeenTraffic, now: SeenTraffic, w: KvWindow) -> bool:
+    """Whether the window's traffic is the recorded traffic within the noise of both samples."""
+    pods = max(1, w.pods)
+    arrivals = now.rate_per_pod * w.window_seconds * pods
+    cv = w.arrival_cv if w.arrival_cv is not None and math.isfinite(w.arrival_cv) and w.arrival_cv > 1 else 1.0
+    rate_error = cv * math.sqrt(1.0 / max(1.0, arrivals) + 1.0 / before.requests)
+    length_error = LENGTH_CV * math.sqrt(1.0 / now.requests + 1.0 / before.requests)
+    return (abs(math.log(now.rate_per_pod / before.rate_per_pod)) <= Z * rate_error
+            and abs(math.log(now.prompt_mean / before.prompt_mean)) <= Z * length_error
+            and abs(math.log(now.output_mean / before.output_mean)) <= Z * length_error)
+
+
+def replayed(before: SeenTraffic | None, w: KvWindow) -> KvWindow:
+    """The window as the what-if reads it: its traffic replaced by the pooled traffic (``pooled_traffic``)."""
+    traffic = pooled_traffic(before, w)
+    if traffic is None:
+        return w
+    return replace(w, arrival_rate=traffic.rate_per_pod, prompt_mean=traffic.prompt_mean,
+                   output_mean=traffic.output_mean)
