@@ -1,0 +1,189 @@
+"""The traffic the what-if replays is pooled over the windows that agree (autotune/pooling.py), and a mild TPOT break
+is the calibrated model's to judge (policy._model_judges). Measured where it mattered: rag-then-chat-a100.all-fast
+from 2048 (docs/tuner-suite.md, "Tenth pass")."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.policy import MILD_BREAK, decide
+from kvpilot.autotune.pooling import POOL_SECONDS, pooled_traffic, replayed, window_traffic
+from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
+from kvpilot.autotune.verification import Baseline, Memory
+from kvpilot.autotune.window import KvWindow
+from tests.unit.test_autotune_rollback import MODEL, NOW, figures, inp, kv
+
+PODS = 2
+SECONDS = 15.0
+
+
+def documents(rate: float = 4.0, prompt: float = 2000.0, output: float = 280.0, finished: float | None = None,
+              cv: float | None = None) -> KvWindow:
+    """A window of document Q&A per pod (two pods, 15 s)."""
+    return replace(kv(), arrival_rate=rate, completion_rate=rate if finished is None else finished,
+                   prompt_mean=prompt, output_mean=output, window_seconds=SECONDS, pods=PODS, arrival_cv=cv)
+
+
+def aged(seen: SeenTraffic | None, age: float = SECONDS) -> SeenTraffic | None:
+    """The record as the next pass reads it from status, ``age`` seconds later."""
+    return None if seen is None else replace(seen, age_s=age)
+
+
+def sampled(rng: random.Random, rate: float, prompt: float, output: float) -> KvWindow:
+    """One window drawn from steady traffic: Poisson arrivals, lognormal lengths of sigma 0.8 around the means."""
+    n = 0
+    t = rng.expovariate(rate * PODS)
+    while t < SECONDS:
+        n += 1
+        t += rng.expovariate(rate * PODS)
+    k = max(1, n)
+    sigma = 0.8
+
+    def mean_of(m: float) -> float:
+        return sum(rng.lognormvariate(math.log(m) - sigma * sigma / 2, sigma) for _ in range(k)) / k
+
+    return documents(n / SECONDS / PODS, mean_of(prompt), mean_of(output))
+
+
+def test_steady_traffic_is_read_with_a_fraction_of_one_windows_scatter() -> None:
+    rng = random.Random(7)
+    seen: SeenTraffic | None = None
+    raw: list[tuple[float, float]] = []
+    pooled: list[tuple[float, float]] = []
+    for k in range(400):
+        w = sampled(rng, 4.0, 2000.0, 280.0)
+        seen = pooled_traffic(aged(seen), w)
+        assert seen is not None
+        if k >= 10:
+            raw.append((math.log(w.arrival_rate * w.prompt_mean), math.log(w.output_mean)))
+            pooled.append((math.log(seen.rate_per_pod * seen.prompt_mean), math.log(seen.output_mean)))
+    for i in range(2):
+        spread_raw = statistics.pstdev(x[i] for x in raw)
+        spread_pooled = statistics.pstdev(x[i] for x in pooled)
+        assert spread_pooled < 0.5 * spread_raw, (i, spread_raw, spread_pooled)
+    # the prompt tokens per second (what an engine at its prefill capacity turns into a cliff): a window alone
+    # scatters ~11%, the pooled figure well under that
+    assert statistics.pstdev(x[0] for x in pooled) < 0.06
+
+
+def test_the_past_counts_for_at_most_a_minute_of_traffic() -> None:
+    seen: SeenTraffic | None = None
+    for _ in range(50):
+        seen = pooled_traffic(aged(seen), documents())
+    assert seen is not None
+    per_window = 4.0 * SECONDS * PODS
+    assert seen.requests <= 4.0 * PODS * POOL_SECONDS + per_window + 1e-6
+    assert seen.requests >= 4.0 * PODS * POOL_SECONDS  # and it does fill up to it
+
+
+@pytest.mark.parametrize(("after", "moved"), [
+    (documents(rate=5.6), "rate"),  # a load step of 1.4x
+    (documents(prompt=150.0, output=600.0), "mix"),  # chat arrives
+    (documents(output=420.0), "output"),  # 1.5x longer answers
+])
+def test_a_window_that_disagrees_starts_the_pool_afresh(after: KvWindow, moved: str) -> None:
+    seen: SeenTraffic | None = None
+    for _ in range(8):
+        seen = pooled_traffic(aged(seen), documents())
+    fresh = pooled_traffic(aged(seen), after)
+    assert fresh == window_traffic(after), moved
+
+
+def test_a_small_change_is_followed_within_a_few_windows() -> None:
+    """A 10% rise in the rate, inside one window's noise, is pooled: the figure follows it, not the old rate."""
+    seen: SeenTraffic | None = None
+    for _ in range(8):
+        seen = pooled_traffic(aged(seen), documents())
+    for _ in range(8):
+        seen = pooled_traffic(aged(seen), documents(rate=4.4))
+    assert seen is not None and 4.3 < seen.rate_per_pod <= 4.4
+
+
+@pytest.mark.parametrize("before", [
+    None,
+    SeenTraffic(4.0, 2000.0, 280.0, age_s=None, requests=500.0),  # when it was read is unknown
+    SeenTraffic(4.0, 2000.0, 280.0, age_s=60.0, requests=500.0),  # stale: four windows old
+    SeenTraffic(4.0, 2000.0, 280.0, age_s=15.0, requests=0.0),  # a record without its count (an older operator)
+])
+def test_an_unusable_record_gives_the_window_alone(before: SeenTraffic | None) -> None:
+    w = documents(rate=4.2, prompt=2100.0)
+    assert pooled_traffic(before, w) == window_traffic(w)
+
+
+def test_an_overlapping_pass_keeps_the_record_instead_of_counting_the_same_requests_twice() -> None:
+    before = SeenTraffic(4.0, 2000.0, 280.0, age_s=3.0, requests=480.0)
+    assert pooled_traffic(before, documents(rate=4.2)) == replace(before, age_s=0.0)
+    # unless the window disagrees: then it is a new traffic, read alone
+    chat = documents(prompt=150.0, output=600.0)
+    assert pooled_traffic(before, chat) == window_traffic(chat)
+
+
+def test_bursty_arrivals_widen_the_rate_test() -> None:
+    before = SeenTraffic(4.0, 2000.0, 280.0, age_s=15.0, requests=480.0)
+    jump = documents(rate=5.6)
+    assert pooled_traffic(before, jump) == window_traffic(jump)  # Poisson: 1.4x is a step
+    bursty = documents(rate=5.6, cv=3.0)
+    pooled = pooled_traffic(before, bursty)
+    assert pooled is not None and 4.0 < pooled.rate_per_pod < 5.6  # cv 3: within the noise
+
+
+def test_the_what_if_reads_the_pooled_traffic_and_the_rest_of_the_window_as_measured() -> None:
+    before = SeenTraffic(4.0, 2000.0, 280.0, age_s=15.0, requests=480.0)
+    w = documents(rate=4.4, prompt=2208.0, output=246.0)
+    r = replayed(before, w)
+    assert 4.0 < r.arrival_rate < 4.4 and 2000.0 < r.prompt_mean < 2208.0
+    assert replace(r, arrival_rate=w.arrival_rate, prompt_mean=w.prompt_mean, output_mean=w.output_mean) == w
+    empty = replace(w, arrival_rate=0.0)
+    assert replayed(before, empty) is empty
+
+
+@pytest.mark.parametrize(("count", "read"), [(480, 480.0), (MAX_POOLED + 1, 0.0), (-5, 0.0), ("many", 0.0),
+                                             (10**400, 0.0), (None, 0.0)])
+def test_the_count_is_read_from_status_and_anything_unusable_reads_as_unknown(count: object, read: float) -> None:
+    seen = SeenTraffic.from_status(240, 2000, 280, 15.0, count)
+    assert seen is not None and seen.requests == read
+
+
+def settled_at(limit: int, share: float) -> Memory:
+    """Eight settled windows at ``limit`` that served ``share`` of their requests in time."""
+    base = Baseline()
+    for k in range(8):
+        base = base.observe(figures(NOW.timestamp() - 15.0 * (8 - k), limit, share), limit)
+    return Memory(baseline=base)
+
+
+def tpot_swell() -> KvWindow:
+    """A window at 2048 where long prefills broke TPOT for 29% of the requests (p95 73 ms against 60 ms)."""
+    return replace(kv(active=60, tpot=73.0, tpot_misses=0.29), peak_active=60, mean_active=40.0)
+
+
+def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 8.00 staying at 1024"))
+    calibrated = WhatIfGate(model=MODEL, calibrated=True)
+    mild = settled_at(1024, 1.0 - MILD_BREAK / 2)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
+    assert d.action == "Hold" and d.reason == "NoPredictedGain" and "mild break" in d.message, d.message
+    # the datasheet never judges a break
+    d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and "cannot veto" in d.message, d.message
+    # nor does any model one that misses MILD_BREAK or more over the settled minutes
+    lasting = settled_at(1024, 1.0 - 2 * MILD_BREAK)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=lasting, what_if=calibrated, last_applied_at=None))
+    assert d.action == "Lower" and "cannot veto" in d.message, d.message
+
+
+def test_a_mild_break_the_model_can_fix_is_lowered_as_the_model_sizes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (300, "goodput 8.00 staying; 8.40 at 300"))
+    d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 0.95),
+                   what_if=WhatIfGate(model=MODEL, calibrated=True), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 300, d.message
