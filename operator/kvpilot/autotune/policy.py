@@ -32,10 +32,6 @@ from kvpilot.autotune.constants import (
     SEVERE_MISSES,
     TPOT_NEAR_MARGIN_FACTOR,
 )
-
-# A TPOT break that misses fewer than this share of the requests over the settled minutes is one the calibrated
-# model may judge (``_model_judges``); at this share or more the lower is made whatever any model says.
-MILD_BREAK = 0.10
 from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
@@ -54,6 +50,10 @@ from kvpilot.autotune.pooling import replayed
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
+
+# A TPOT break that misses fewer than this share of the requests over the settled minutes is one the calibrated
+# model may judge (``_model_judges``); at this share or more the lower is made whatever any model says.
+MILD_BREAK = 0.10
 
 
 def decide(inp: TunerInput) -> Decision:
