@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from kvpilot.autotune.gate import WhatIfGate
-from kvpilot.autotune.policy import MILD_BREAK, decide
+from kvpilot.autotune.gate import model_misses
+from kvpilot.autotune.policy import MILD_BREAK, REPRODUCED, decide
 from kvpilot.autotune.pooling import POOL_SECONDS, pooled_traffic, replayed, window_traffic
 from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
 from kvpilot.autotune.verification import Baseline, Memory
@@ -167,6 +168,7 @@ def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.Monk
     import kvpilot.autotune.policy as policy
 
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 8.00 staying at 1024"))
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.02)  # the model misses 2% staying put
     calibrated = WhatIfGate(model=MODEL, calibrated=True)
     mild = settled_at(1024, 1.0 - MILD_BREAK / 2)
     d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
@@ -178,6 +180,24 @@ def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.Monk
     lasting = settled_at(1024, 1.0 - 2 * MILD_BREAK)
     d = decide(inp(current=1024, w=tpot_swell(), mem=lasting, what_if=calibrated, last_applied_at=None))
     assert d.action == "Lower" and "cannot veto" in d.message, d.message
+    # nor a model blind to the break: it must miss within REPRODUCED of what the settled minutes missed
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.0)
+    seven = settled_at(1024, 0.93)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=seven, what_if=calibrated, last_applied_at=None))
+    assert d.action == "Lower" and "cannot veto" in d.message, d.message
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.07 - REPRODUCED + 0.005)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=seven, what_if=calibrated, last_applied_at=None))
+    assert d.action == "Hold" and "the model fitted to the pods misses 2.5% staying put" in d.message, d.message
+
+
+def test_the_model_s_misses_staying_put_are_simulated_on_the_traffic_it_replays() -> None:
+    """kvsim's A100 profile at 64 on 2 pods: light traffic is all served in time, an overload is not."""
+    light = documents(rate=5.0, prompt=500.0, output=200.0)
+    heavy = documents(rate=40.0, prompt=500.0, output=600.0)
+    seen_light, seen_heavy = model_misses(MODEL, light, 64), model_misses(MODEL, heavy, 64)
+    assert seen_light is not None and seen_light < 0.03  # the count of a few minutes: noise, not misses
+    assert seen_heavy is not None and seen_heavy > 0.3
+    assert model_misses(MODEL, replace(light, arrival_rate=0.0), 64) is None
 
 
 def test_a_mild_break_the_model_can_fix_is_lowered_as_the_model_sizes_it(monkeypatch: pytest.MonkeyPatch) -> None:

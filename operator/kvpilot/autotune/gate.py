@@ -110,6 +110,20 @@ def goodput_check(model: Engine, w: KvWindow, limit: int) -> float | None:
         return None
 
 
+def model_misses(model: Engine, w: KvWindow, limit: int) -> float | None:
+    """The share of the window's traffic the model fails to serve within the objectives at ``limit`` (one
+    memoized simulation); None without a traffic fit, or where the model cannot place the limit."""
+    fit = fit_traffic(w)
+    if fit is None or limit <= 0:
+        return None
+    fit = quantized(fit)
+    try:
+        served = steady_goodput(model, fit, min(limit, model.ceiling))
+    except ValueError:
+        return None
+    return max(0.0, 1.0 - served / fit.rate_per_s)
+
+
 def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_parallel: int = 1) -> str | None:
     """Why the model does not reproduce what the pods show (None: it does, or there is nothing to check).
 
