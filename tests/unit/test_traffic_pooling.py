@@ -14,7 +14,7 @@ import pytest
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.gate import model_misses
 from kvpilot.autotune.policy import MILD_BREAK, REPRODUCED, decide
-from kvpilot.autotune.pooling import POOL_SECONDS, pooled_traffic, replayed, window_traffic
+from kvpilot.autotune.pooling import POOL_SECONDS, filling, pooled_traffic, replayed, window_traffic
 from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
 from kvpilot.autotune.verification import Baseline, Memory
 from kvpilot.autotune.window import KvWindow
@@ -207,3 +207,21 @@ def test_a_mild_break_the_model_can_fix_is_lowered_as_the_model_sizes_it(monkeyp
     d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 0.95),
                    what_if=WhatIfGate(model=MODEL, calibrated=True), last_applied_at=None))
     assert d.action == "Lower" and d.target == 300, d.message
+
+
+def test_pods_that_fill_are_read_alone_and_start_no_pool() -> None:
+    """A cold start: the first requests to finish are the short ones (measured: outputs read 134, 170 and 227
+    tokens in the first windows where ~300 were offered)."""
+    cold = documents(rate=4.4, output=134.0, finished=1.8)  # 80 more in each pod than finished
+    assert filling(cold)
+    first = pooled_traffic(None, cold)
+    assert first == replace(window_traffic(cold), requests=0.0) and first is not None and first.requests == 0
+    later = documents(rate=4.2, output=227.0, finished=3.9)  # the pods no longer fill
+    assert not filling(later)
+    assert pooled_traffic(aged(first), later) == window_traffic(later)  # nothing pooled with the cold window
+    # a steady record is not pooled with a window whose queue grows either
+    seen: SeenTraffic | None = None
+    for _ in range(8):
+        seen = pooled_traffic(aged(seen), documents())
+    queueing = documents(rate=4.1, output=250.0, finished=2.5)
+    assert filling(queueing) and pooled_traffic(aged(seen), queueing) == replace(window_traffic(queueing), requests=0)
