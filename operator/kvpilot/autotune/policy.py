@@ -36,6 +36,7 @@ from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.gate import model_misses
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
+from kvpilot.autotune.pooling import replayed
 from kvpilot.autotune.guarantees import no_harm
 from kvpilot.autotune.verify import MIN_EVIDENCE_SECONDS
 from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, within_bars
@@ -47,7 +48,6 @@ from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import fit_traffic
-from kvpilot.autotune.pooling import replayed
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
@@ -177,7 +177,8 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
     smaller batch fixes it: prefill chunks of long prompts interleaved with the decode steps break TPOT at any
     batch size. Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from
     2048, docs/tuner-suite.md "Tenth pass"): 2048 missed 2.1% of the phase, single windows 19-29% and the settled
-    minutes 6%, and a lower to 60 fixed 19 requests of 7,200, then left the pods at 60 when chat arrived. The
+    minutes 6%; static 64 served 19 more of the phase's 7,200 requests than static 2048, and the lower to 60 the rules
+    made left the pods at 60 when chat arrived. The
     datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
     does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
     staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
@@ -234,7 +235,8 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes)."""
     protective = called_for(decision, w, inp.spec.slo)
-    judged = _model_judges(inp, replayed(inp.history.last_traffic, w), decision, model) if protective else None
+    traffic = replayed(inp.history.last_traffic, w)  # the window with the pooled traffic (autotune/pooling.py)
+    judged = _model_judges(inp, traffic, decision, model) if protective else None
     if judged is not None:
         protective = False
         decision = replace(decision, message=f"{decision.message}; {judged}")
@@ -247,8 +249,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
-    best, why = what_if_verdict(model, replayed(inp.history.last_traffic, w), inp.current,
-                                _options(inp, w, decision, lo, hi),
+    best, why = what_if_verdict(model, traffic, inp.current, _options(inp, w, decision, lo, hi),
                                 restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin)
     if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
         if protective:

@@ -57,7 +57,8 @@ def filling(w: KvWindow) -> bool:
     window alone read 227, and the lower it sized went to 24 instead of 32 (4,804 good requests in the phase at
     24, 5,236 at 32). Such a window is read alone and starts no pool. Steady traffic reads as filling now and
     then, by the batch's own swells: measured in the suite, 2 of 56 windows of document Q&A at 8 req/s over two
-    pods (served at 2048), 1 of 52 at 64, none of 60 of chat at 30 req/s; each then costs the pooling of two
+    pods (an engine 20% faster than its profile, at 2048), 1 of 52 on the nominal engine at 64, none of 60 of chat
+    at 30 req/s; each then costs the pooling of two
     passes. A queue that grows (the suite's ramp and chat at 64) reads as filling window after window, and those
     lengths go unpooled too: the requests stuck in the queue are the long ones."""
     growth = (w.arrival_rate - w.completion_rate) * max(0.0, w.window_seconds)
@@ -76,7 +77,7 @@ def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | Non
             or before.age_s > STALE_WINDOWS * w.window_seconds or not agrees(before, now, w):
         return now
     if before.age_s < OVERLAP_SHARE * w.window_seconds:
-        return SeenTraffic(before.rate_per_pod, before.prompt_mean, before.output_mean, 0.0, before.requests)
+        return replace(before, age_s=0.0)
     pods = max(1, w.pods)
     past_s = min(POOL_SECONDS, before.requests / (before.rate_per_pod * pods))
     past = before.rate_per_pod * pods * past_s  # the requests the capped past stands for

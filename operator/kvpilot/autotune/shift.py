@@ -60,8 +60,8 @@ class SeenTraffic:
     def from_status(cls, requests_per_minute: object, prompt_tokens: object, output_tokens: object,
                     age_s: float | None = None, requests: object = None) -> SeenTraffic | None:
         """From status fields (user-writable: anything that is not a finite positive number reads as unknown);
-        None when no figure is usable. A count of requests beyond MAX_POOLED reads as unknown too: a forged
-        one would make the record outweigh every window to come."""
+        None when no figure is usable. A count of requests beyond MAX_POOLED reads as unknown too: no
+        fleet finishes that many in the minute a record stands for, so it is forged."""
         figures = [_positive(v) for v in (requests_per_minute, prompt_tokens, output_tokens)]
         if not all(figures):
             return None
