@@ -28,6 +28,10 @@ from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verify import Outcome, same_load
 from kvpilot.autotune.window import KvWindow
 
+# How old the last pass's traffic record may be to witness a load that moved (``load_moved``): the length of a
+# rolling restart with a spare GPU (90 s to Ready) and a window or two.
+MOVED_RECORD_SECONDS = 120.0
+
 
 def rolled_back(inp: TunerInput) -> Decision | None:
     """Back to the value that served well, when verification says the change in force serves worse; None
@@ -54,14 +58,33 @@ def window_load(w: KvWindow | None) -> tuple[float, float] | None:
 
 def load_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float] | None) -> bool:
     """The traffic changed since ``reference`` (offered requests per second, mean prompt) beyond verification's
-    tolerances, and stayed changed: this window, and the baseline at the limit in force, which restarts when the
-    load moves and so holds only windows at the new load, from at least two of them (one noisy window is no phase
-    shift). False when any is unknown."""
-    now, base = window_load(w), inp.history.verification.baseline.side
-    if reference is None or now is None or base.windows < 2 or base.seconds <= 0:
+    tolerances, and stayed changed: this window, and an earlier witness (one noisy window is no phase shift).
+    False when any is unknown."""
+    now = window_load(w)
+    if reference is None or now is None or same_load(now, reference, w.window_seconds):
         return False
-    return not same_load(now, reference, w.window_seconds) and \
+    return _baseline_moved(inp, reference) or _record_moved(inp, w, reference)
+
+
+def _baseline_moved(inp: TunerInput, reference: tuple[float, float]) -> bool:
+    """The baseline at the limit in force, which restarts when the load moves and so holds only windows at the
+    new load, moved from ``reference`` on at least two of them."""
+    base = inp.history.verification.baseline.side
+    return base.windows >= 2 and base.seconds > 0 and \
         not same_load((base.offered_per_s, base.prompt_mean), reference, base.seconds)
+
+
+def _record_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float]) -> bool:
+    """The traffic the last pass recorded (status.kvCache.traffic), at most MOVED_RECORD_SECONDS old, moved from
+    ``reference`` too. Unlike the baseline it is kept across a rollout, whose mixed limits no baseline counts:
+    measured on the suite's document Q&A then chat case on an engine decoding 30% slow (docs/tuner-suite.md,
+    "Eleventh pass"), a raise for the Q&A rolled out as chat arrived, and the raise chat called for then waited
+    45 s after it for two settled windows at the new limit, with four windows at chat's load seen while it rolled.
+    Read with the pods of this window and its length: a shorter window has the wider tolerance."""
+    seen = inp.history.last_traffic
+    if seen is None or seen.age_s is None or not 0 < seen.age_s <= MOVED_RECORD_SECONDS:
+        return False
+    return not same_load((seen.rate_per_pod * max(1, w.pods), seen.prompt_mean), reference, w.window_seconds)
 
 
 def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:
