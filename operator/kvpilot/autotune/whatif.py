@@ -26,6 +26,7 @@ from kvsim.config import Backend, CapacityPolicy
 from kvsim.memory import plan_for
 from kvsim.workload import Phase
 
+from kvpilot.autotune.capped import uncut_mean
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.robust import least_regret
 from kvpilot.autotune.window import KvWindow
@@ -121,6 +122,7 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
     out: list[Request] = []
     t = 0.0
     sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
+    output_mean = uncut_mean(fit.output_mean, fit.max_tokens, sigma)  # cut at max_tokens, the measured mean
     # kvsim's own arrival process (the benchmark's workloads use it): Poisson at cv 1, the very stream this
     # module drew before it fitted burstiness, else gamma gaps with the fitted cv, scaled so that exactly the
     # fitted rate arrives over the run (a few minutes of cv 3 gaps would otherwise offer +/-10% of it by chance).
@@ -138,7 +140,7 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
         if t >= duration_s or len(out) >= 2 * MAX_REQUESTS or (pinned and len(out) + 1 >= len(pinned)):
             return out
         prompt = max(1, round(rng.lognormvariate(math.log(fit.prompt_mean) - sigma * sigma / 2, sigma)))
-        output = max(1, round(rng.lognormvariate(math.log(fit.output_mean) - sigma * sigma / 2, sigma)))
+        output = max(1, round(rng.lognormvariate(math.log(output_mean) - sigma * sigma / 2, sigma)))
         out.append(Request(prompt_tokens=prompt, output_tokens=min(output, fit.max_tokens),
                            max_tokens=fit.max_tokens, arrival_s=t, request_id=len(out)))
 

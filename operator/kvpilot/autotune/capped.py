@@ -1,0 +1,58 @@
+"""Lengths the what-if draws so that, cut at ``max_tokens`` as the pods cut them, they average what was measured.
+Pure.
+
+The what-if replays each window's outputs as lognormal lengths around the measured mean, cut at the requests'
+``max_tokens`` (``whatif._requests``). The mean the pods report is of outputs already cut: drawn around it and then
+cut again, the replay's outputs average less than the pods' did, by as much as the cut bites. Measured on the
+suite's long-output case on an L40S (outputs 600 +/- 450 tokens, ``max_tokens`` 1024; docs/tuner-suite.md,
+"Eleventh pass"): the replay's outputs averaged ~10% short, so at 2048, where admission is bound by the KV blocks
+GUARANTEED_NO_EVICT reserves (a fixed prompt + 1024 per request), the model served every request of 36.6 req/s
+in time where the pods served 89% (32.7 good req/s; 35.6 at 512). The engine model itself was right: fed the
+pods' own requests, the fitted engine served 32.5 at 2048 and 35.4 at 512.
+
+So the replay draws around the mean that, once cut, averages the measured one (``uncut_mean``).
+"""
+
+from __future__ import annotations
+
+import math
+
+# The uncut mean is sought up to this multiple of the cap: beyond it the cut outputs are the cap within 0.1%,
+# so a measured mean that close to the cap (nearly every output hit it) is drawn as that.
+MAX_UNCUT_FACTOR = 64.0
+BISECTIONS = 60
+
+
+def cut_mean(mean: float, cap: float, sigma: float) -> float:
+    """The mean of min(X, cap), X lognormal with mean ``mean`` and log-spread ``sigma``."""
+    if cap <= 0 or mean <= 0:
+        return 0.0
+    if sigma <= 0:
+        return min(mean, cap)
+    mu = math.log(mean) - sigma * sigma / 2.0
+    z = (math.log(cap) - mu) / sigma
+    below = mean * _phi(z - sigma)  # E[X; X < cap]
+    return below + cap * (1.0 - _phi(z))
+
+
+def uncut_mean(measured: float, cap: float, sigma: float) -> float:
+    """The lognormal mean whose outputs, cut at ``cap``, average ``measured`` (``measured`` itself when nothing
+    is cut: no cap, or no spread); the cap's reach when ``measured`` is at or above it."""
+    if cap <= 0 or measured <= 0 or sigma <= 0:
+        return measured
+    if measured >= cap:
+        return cap * MAX_UNCUT_FACTOR
+    lo, hi = measured, cap * MAX_UNCUT_FACTOR
+    if cut_mean(hi, cap, sigma) <= measured:
+        return hi
+    for _ in range(BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if cut_mean(mid, cap, sigma) < measured:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _phi(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
