@@ -170,7 +170,8 @@ def test_a_rollback_verdict_the_policy_did_not_act_on_is_reached_again_next_pass
     """The verdict says RollBack in a pass where the policy held first (a rollout under way, a thin window): the
     watch stays, so the next pass rolls back; once rolled back, the watch ends and the direction is barred."""
     mem = memory(after_share=0.2, now_s=10_000.0)
-    assert mem.verdict(10_000.0) is not None and mem.verdict(10_000.0).outcome == "RollBack"
+    verdict = mem.verdict(10_000.0)
+    assert verdict is not None and verdict.outcome == "RollBack"
     held = mem.decided(from_value=512, to_value=512, applied=False, rollback=False, now_s=10_000.0, horizon_s=1800.0)
     assert held.watch is not None and held.last is not None and held.last.outcome == "RollBack"
     done = held.decided(from_value=512, to_value=64, applied=True, rollback=True, now_s=10_015.0, horizon_s=1800.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -51,3 +52,18 @@ def test_the_replay_averages_the_measured_output() -> None:
     assert len(replay) > 5000
     assert statistics.fmean(r.output_tokens for r in replay) == pytest.approx(531.0, rel=0.03)
     assert max(r.output_tokens for r in replay) == 1024 and all(r.max_tokens == 1024 for r in replay)
+
+
+def test_an_unknown_cap_replays_uncut_outputs_that_reserve_what_they_use() -> None:
+    """Live pods export no max_tokens (fit.max_tokens 0): the outputs average the measured mean, uncut, and each
+    request reserves its own output. Before, the cap was taken as the mean plus one token and the outputs cut
+    there averaged ~0.7x the measured mean."""
+    from kvpilot.autotune.whatif import fit_traffic
+    from tests.unit.test_autotune_whatif import window
+
+    fit = fit_traffic(replace(window(15.0, output=531.0), max_tokens_mean=0.0))
+    assert fit is not None and fit.max_tokens == 0
+    replay = _requests(fit, 300.0)
+    assert statistics.fmean(r.output_tokens for r in replay) == pytest.approx(531.0, rel=0.03)
+    assert all(r.max_tokens == r.output_tokens for r in replay)
+    assert max(r.output_tokens for r in replay) > 2 * 531  # uncut: the spread is kept

@@ -48,11 +48,16 @@ def test_a_recent_record_at_the_new_load_witnesses_the_move(age: float) -> None:
 
 
 @pytest.mark.parametrize("record", [None, chat_record(None), chat_record(MOVED_RECORD_SECONDS + 15.0),
-                                    chat_record(0.0), chat_record(15.0, rate_per_pod=4.0, prompt=2000.0)],
-                         ids=["none", "age-unknown", "stale", "same-pass", "record-at-the-old-load"])
+                                    chat_record(0.0), chat_record(5.0),
+                                    chat_record(15.0, rate_per_pod=4.0, prompt=2000.0),
+                                    chat_record(15.0, rate_per_pod=7.5), chat_record(15.0, rate_per_pod=1.0,
+                                                                                      prompt=100.0)],
+                         ids=["none", "age-unknown", "stale", "same-pass", "overlapping", "record-at-the-old-load",
+                              "record-at-another-pod-count", "record-moved-the-other-way"])
 def test_one_window_alone_is_no_move(record: SeenTraffic | None) -> None:
-    """Without a second witness (no record, an unusable one, or one at the load of the change), one window at a
-    new load may be noise."""
+    """Without a second witness (no record, an unusable one, one that shares this window's samples, one at the
+    load of the change, or one that disagrees with this window: written at another pod count, where its rate per
+    pod reads as half the load, or moved the other way), one window at a new load may be noise."""
     assert not load_moved(seen(record), CHAT, DOCUMENTS)
 
 

@@ -10,12 +10,19 @@ GUARANTEED_NO_EVICT reserves (a fixed prompt + 1024 per request), the model serv
 in time where the pods served 89% (32.7 good req/s; 35.6 at 512). The engine model itself was right: fed the
 pods' own requests, the fitted engine served 32.5 at 2048 and 35.4 at 512.
 
-So the replay draws around the mean that, once cut, averages the measured one (``uncut_mean``).
+So the replay draws around the mean that, once cut, averages the measured one (``uncut_mean``). That needs the
+cap: the benchmark's pods know each request's ``max_tokens``, but no TensorRT-LLM release exports it
+(autotune/summarize.traffic_fit), so on live pods it is unknown. Each replayed request then reserves what it will
+use (its ``max_tokens`` is its own output, the least a request can reserve under GUARANTEED_NO_EVICT) and the
+outputs are drawn around the measured mean, uncut. Before, an unknown cap was taken as the measured mean plus one
+token, and the outputs cut there averaged ~0.7x what the pods measured.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from dataclasses import dataclass
 
 # The uncut mean is sought up to this multiple of the cap: beyond it the cut outputs are the cap within 0.1%,
 # so a measured mean that close to the cap (nearly every output hit it) is drawn as that.
@@ -52,6 +59,27 @@ def uncut_mean(measured: float, cap: float, sigma: float) -> float:
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class OutputLengths:
+    """How the what-if draws one request's output and its ``max_tokens``: lognormal around ``mean`` with
+    log-spread ``sigma``, cut at ``cap`` (0: the cap is unknown, and a request reserves its own output)."""
+
+    mean: float
+    cap: int
+    sigma: float
+
+    def draw(self, rng: random.Random) -> tuple[int, int]:
+        """(output tokens, max_tokens) of one request."""
+        spread = self.sigma
+        output = max(1, round(rng.lognormvariate(math.log(self.mean) - spread * spread / 2, spread)))
+        return (min(output, self.cap), self.cap) if self.cap > 0 else (output, output)
+
+
+def output_lengths(measured: float, cap: int, sigma: float) -> OutputLengths:
+    """The outputs to replay for a measured mean (of outputs the pods cut at ``cap``; 0: unknown)."""
+    return OutputLengths(uncut_mean(measured, cap, sigma) if cap > 0 else measured, max(0, cap), sigma)
 
 
 def _phi(z: float) -> float:

@@ -25,6 +25,7 @@ from kvpilot.autotune.constants import MIN_RELATIVE_STEP, SEVERE_MISSES
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.shift import OVERLAP_SHARE
 from kvpilot.autotune.verify import Outcome, same_load
 from kvpilot.autotune.window import KvWindow
 
@@ -80,11 +81,18 @@ def _record_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float]) 
     measured on the suite's document Q&A then chat case on an engine decoding 30% slow (docs/tuner-suite.md,
     "Eleventh pass"), a raise for the Q&A rolled out as chat arrived, and the raise chat called for then waited
     45 s after it for two settled windows at the new limit, with four windows at chat's load seen while it rolled.
-    Read with the pods of this window and its length: a shorter window has the wider tolerance."""
+    The record must also agree with this window: it keeps a rate per pod, read here with this window's pods, so
+    a record written while a rollout changed the pod count reads as another load and witnesses nothing; so does
+    one that moved the other way. A record younger than OVERLAP_SHARE of a window shares its samples (a pass that
+    came early) and is no second witness."""
     seen = inp.history.last_traffic
-    if seen is None or seen.age_s is None or not 0 < seen.age_s <= MOVED_RECORD_SECONDS:
+    now = window_load(w)
+    if seen is None or seen.age_s is None or now is None:
         return False
-    return not same_load((seen.rate_per_pod * max(1, w.pods), seen.prompt_mean), reference, w.window_seconds)
+    if not OVERLAP_SHARE * w.window_seconds <= seen.age_s <= MOVED_RECORD_SECONDS:
+        return False
+    recorded = (seen.rate_per_pod * max(1, w.pods), seen.prompt_mean)
+    return same_load(recorded, now, w.window_seconds) and not same_load(recorded, reference, w.window_seconds)
 
 
 def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision:

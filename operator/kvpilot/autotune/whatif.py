@@ -26,7 +26,7 @@ from kvsim.config import Backend, CapacityPolicy
 from kvsim.memory import plan_for
 from kvsim.workload import Phase
 
-from kvpilot.autotune.capped import uncut_mean
+from kvpilot.autotune.capped import output_lengths
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.robust import least_regret
 from kvpilot.autotune.window import KvWindow
@@ -54,8 +54,9 @@ SLOWER_RATE = 0.8
 
 @dataclass(frozen=True)
 class TrafficFit:
-    """What the window says about the traffic of the whole fleet (lognormal lengths around the means).
-    ``arrival_cv``: the inter-arrival gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
+    """What the window says about the traffic of the whole fleet (lognormal lengths, outputs as cut at
+    ``max_tokens``: autotune/capped.py). ``max_tokens``: the requests' mean cap, 0 where unknown (no release
+    exports it). ``arrival_cv``: the inter-arrival gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
 
     rate_per_s: float
     prompt_mean: float
@@ -98,7 +99,8 @@ def fit_traffic(w: KvWindow) -> TrafficFit | None:
     if rate <= 0 or w.prompt_mean <= 0 or w.output_mean <= 0:
         return None
     cv = w.arrival_cv if w.arrival_cv is not None and math.isfinite(w.arrival_cv) and w.arrival_cv > 0 else 1.0
-    return TrafficFit(rate, w.prompt_mean, w.output_mean, max(int(w.max_tokens_mean), int(w.output_mean) + 1), cv)
+    cap = max(int(w.max_tokens_mean), int(w.output_mean) + 1) if w.max_tokens_mean > 0 else 0
+    return TrafficFit(rate, w.prompt_mean, w.output_mean, cap, cv)
 
 
 def candidates(current: int, target: int, lo: int, hi: int) -> list[int]:
@@ -122,7 +124,7 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
     out: list[Request] = []
     t = 0.0
     sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
-    output_mean = uncut_mean(fit.output_mean, fit.max_tokens, sigma)  # cut at max_tokens, the measured mean
+    outputs = output_lengths(fit.output_mean, fit.max_tokens, sigma)  # once cut, the measured mean (capped.py)
     # kvsim's own arrival process (the benchmark's workloads use it): Poisson at cv 1, the very stream this
     # module drew before it fitted burstiness, else gamma gaps with the fitted cv, scaled so that exactly the
     # fitted rate arrives over the run (a few minutes of cv 3 gaps would otherwise offer +/-10% of it by chance).
@@ -140,9 +142,9 @@ def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
         if t >= duration_s or len(out) >= 2 * MAX_REQUESTS or (pinned and len(out) + 1 >= len(pinned)):
             return out
         prompt = max(1, round(rng.lognormvariate(math.log(fit.prompt_mean) - sigma * sigma / 2, sigma)))
-        output = max(1, round(rng.lognormvariate(math.log(output_mean) - sigma * sigma / 2, sigma)))
-        out.append(Request(prompt_tokens=prompt, output_tokens=min(output, fit.max_tokens),
-                           max_tokens=fit.max_tokens, arrival_s=t, request_id=len(out)))
+        output, max_tokens = outputs.draw(rng)
+        out.append(Request(prompt_tokens=prompt, output_tokens=output, max_tokens=max_tokens, arrival_s=t,
+                           request_id=len(out)))
 
 
 def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str,
