@@ -28,7 +28,7 @@ from kvsim.workload import Phase
 
 from kvpilot.autotune.capped import output_lengths
 from kvpilot.autotune.fleet import Fleet
-from kvpilot.autotune.robust import least_regret
+from kvpilot.autotune.robust import least_regret, paid_back
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
@@ -283,7 +283,8 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     still in flight; verdict replays raises only). Issue 18: on an engine slower than its model, 104, 128,
     256 and 512 scored alike and the model alone took 512, where the pods broke TPOT; replayed slower, 104
     queued and 512 fell off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4%
-    that serves a tenth on the slower engine, where staying put holds, is no robust gain.
+    that serves a tenth on the slower engine, where staying put holds, is no robust gain (nor one whose restart
+    never pays back there: ``robust.paid_back``).
 
     Without the replay (none was given, or its memory plan refused an option), among the candidates within that
     error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
@@ -293,13 +294,14 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
         return None
     tolerance = max(NOISE, max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0)
     if slower is not None and all(c in slower for c in [current, *ok]):
-        # Staying put is one of the options: a change that the model wants by a few percent but that falls off
-        # a cliff on the slower engine, where staying put holds, is no robust gain.
+        # Staying put is one of the options (a raise must also pay its restart back on the slower engine).
+        ok = paid_back(ok, gains, lost, stay.goodput, {c: results[c].goodput for c in ok},
+                       {c: slower[c].goodput for c in [current, *ok]}, current)
         options = [current, *ok]
         model = {**results, current: stay}
         kept = least_regret(options, [{c: model[c].goodput for c in options}, {c: slower[c].goodput for c in options}],
                             tolerance)
-        return None if current in kept else max(kept)
+        return None if current in kept or not ok else max(kept)
     near = least_regret(ok, [{c: results[c].goodput for c in ok}], tolerance)
     widest = max(results[c].margin(e) for c in near)
     return max(c for c in near if results[c].margin(e) >= widest - tolerance)
@@ -364,8 +366,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     fit = fit_traffic(w)
     if fit is None:
         return None, "no traffic fit"
-    # Deterministic in its inputs, so memoizing it keeps the policy a pure function; a steady traffic then
-    # costs one simulation per candidate, not one per window.
+    # Deterministic in its inputs, so memoizing keeps the policy pure (a steady traffic: one simulation per candidate).
     fit = quantized(fit)
     started = time.process_time()
     others = [c for c in candidates if c != current]
