@@ -32,8 +32,10 @@ def test_the_uncut_mean_once_cut_is_the_measured_one(measured: float) -> None:
 
 
 def test_drawn_around_the_measured_mean_and_cut_the_outputs_fall_short() -> None:
-    """What the replay did before: the long-output case's 531 tokens measured, drawn around 531 and cut at 1024."""
-    assert drawn_and_cut(531.0, 1024) < 0.93 * 531.0
+    """What the replay did before: the long-output case's 531 tokens measured, drawn around 531 and cut at 1024
+    (the closed form, and the draws it stands for)."""
+    assert cut_mean(531.0, 1024, SIGMA) < 0.93 * 531.0
+    assert drawn_and_cut(531.0, 1024) == pytest.approx(cut_mean(531.0, 1024, SIGMA), rel=0.02)
 
 
 @pytest.mark.parametrize(("measured", "cap", "sigma", "expected"), [

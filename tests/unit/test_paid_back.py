@@ -1,6 +1,6 @@
 """A raise must pay its restart back on the slower engine too (autotune/robust.paid_back): minimax regret weighs
 goodput rates alone, and on the suite's ramp without a spare GPU a raise the model saw paying back over 96% of
-the horizon, made 2 minutes before the run ended, cost 4.5% of the run."""
+the horizon, made 2 minutes before the run ended, ended the run 4.5% below its start."""
 
 from __future__ import annotations
 

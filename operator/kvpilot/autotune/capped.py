@@ -79,7 +79,7 @@ class OutputLengths:
 
 def output_lengths(measured: float, cap: int, sigma: float) -> OutputLengths:
     """The outputs to replay for a measured mean (of outputs the pods cut at ``cap``; 0: unknown)."""
-    return OutputLengths(uncut_mean(measured, cap, sigma) if cap > 0 else measured, max(0, cap), sigma)
+    return OutputLengths(uncut_mean(measured, cap, sigma), max(0, cap), sigma)
 
 
 def _phi(z: float) -> float:

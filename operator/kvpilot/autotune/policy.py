@@ -177,9 +177,8 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
     smaller batch fixes it: prefill chunks of long prompts interleaved with the decode steps break TPOT at any
     batch size. Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from
     2048, docs/tuner-suite.md "Tenth pass"): 2048 missed 2.1% of the phase, single windows 19-29% and the settled
-    minutes 6%; static 64 served 19 more of the phase's 7,200 requests than static 2048, and the lower to 60 the rules
-    made left the pods at 60 when chat arrived. The
-    datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
+    minutes 6%; static 64 served 19 more of the phase's 7,200 requests than static 2048, and the lower to 60 the
+    rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
     does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
     staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
     missed. Within, not as much: the settled minutes are a swell-prone sample (on the document Q&A they read

@@ -64,7 +64,7 @@ def load_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float] | No
     now = window_load(w)
     if reference is None or now is None or same_load(now, reference, w.window_seconds):
         return False
-    return _baseline_moved(inp, reference) or _record_moved(inp, w, reference)
+    return _baseline_moved(inp, reference) or _record_moved(inp, w, now, reference)
 
 
 def _baseline_moved(inp: TunerInput, reference: tuple[float, float]) -> bool:
@@ -75,9 +75,9 @@ def _baseline_moved(inp: TunerInput, reference: tuple[float, float]) -> bool:
         not same_load((base.offered_per_s, base.prompt_mean), reference, base.seconds)
 
 
-def _record_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float]) -> bool:
+def _record_moved(inp: TunerInput, w: KvWindow, now: tuple[float, float], reference: tuple[float, float]) -> bool:
     """The traffic the last pass recorded (status.kvCache.traffic), at most MOVED_RECORD_SECONDS old, moved from
-    ``reference`` too. Unlike the baseline it is kept across a rollout, whose mixed limits no baseline counts:
+    ``reference`` too (``now``: this window's load). Unlike the baseline it is kept across a rollout, whose mixed limits no baseline counts:
     measured on the suite's document Q&A then chat case on an engine decoding 30% slow (docs/tuner-suite.md,
     "Eleventh pass"), a raise for the Q&A rolled out as chat arrived, and the raise chat called for then waited
     45 s after it for two settled windows at the new limit, with four windows at chat's load seen while it rolled.
@@ -86,8 +86,7 @@ def _record_moved(inp: TunerInput, w: KvWindow, reference: tuple[float, float]) 
     one that moved the other way. A record younger than OVERLAP_SHARE of a window shares its samples (a pass that
     came early) and is no second witness."""
     seen = inp.history.last_traffic
-    now = window_load(w)
-    if seen is None or seen.age_s is None or now is None:
+    if seen is None or seen.age_s is None:
         return False
     if not OVERLAP_SHARE * w.window_seconds <= seen.age_s <= MOVED_RECORD_SECONDS:
         return False

@@ -9,8 +9,8 @@ the what-if (``engine_model.calibrated_profile``), and the model's error against
 * **shown, not judged, goodput**: kvsim fed the window's traffic fit at the limit in force, against the good
   requests the pods served, in percent of the offered traffic (``goodput_error``, smoothed like the latency).
   It also carries the traffic fit's own error (lognormal lengths of an assumed spread around the window's
-  means; near the engine's capacity a few percent of decode work moves it by tens of percent): on the suite's nominal long-output-a100 case, where the engine model is exact,
-  it reads 30-50% at limit 64 while the what-if still ranks 512 over 64 correctly (it gained 1.27x). So it is
+  means; near the engine's capacity a few percent of decode work moves it by tens of percent): on the suite's
+  nominal long-output-a100 case, where the engine model is exact, it reads 30-50% at limit 64 while the what-if still ranks 512 over 64 correctly (it gained 1.27x). So it is
   reported, and it does not decide trust.
 
 **The bound: 10% on the latency figure** (``MODEL_ERROR_BOUND``), stated and why:

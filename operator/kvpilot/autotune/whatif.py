@@ -301,7 +301,7 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
         model = {**results, current: stay}
         kept = least_regret(options, [{c: model[c].goodput for c in options}, {c: slower[c].goodput for c in options}],
                             tolerance)
-        return None if current in kept or not ok else max(kept)
+        return None if current in kept else max(kept)
     near = least_regret(ok, [{c: results[c].goodput for c in ok}], tolerance)
     widest = max(results[c].margin(e) for c in near)
     return max(c for c in near if results[c].margin(e) >= widest - tolerance)
