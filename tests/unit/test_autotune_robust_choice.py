@@ -9,7 +9,8 @@ from dataclasses import replace
 from kvsim import get_profile
 
 from kvpilot.autotune.robust import least_regret
-from kvpilot.autotune.whatif import SLOWER_RATE, Engine, Outcome, TrafficFit, choose, slower_engine, steady_goodput
+from kvpilot.autotune.replay import TrafficFit
+from kvpilot.autotune.whatif import SLOWER_RATE, Engine, Outcome, choose, slower_engine, steady_goodput
 
 A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
               restart_seconds=90.0, surge=False, ttft_ms=3000.0, tpot_ms=60.0)
@@ -104,12 +105,12 @@ def test_only_a_raise_is_replayed_on_the_slower_engine() -> None:
     w = KvWindow(samples=10, pods=2, peak_utilization=0.3, mean_utilization=0.3, peak_used_blocks=100,
                  max_blocks=14000, tokens_per_block=32, peak_active=90, mean_active=85, peak_queued=0,
                  mean_queued=0, paused=0, runtime_batch_size=2048, arrival_rate=28.5, prompt_mean=330,
-                 output_mean=264, max_tokens_mean=512)
+                 output_mean=264, length_share=0.157)
     _, why = verdict(tight, w, 2048, [42, 59, 84, 1024], 18.0, 1800.0)
     assert "slower" not in why
     # A raise from a full batch of 64 (the window of test_autotune_whatif's budget test): every candidate scores
     # alike in the model; replayed slower, 128 queues, so the largest of the least regrets is 256, not 1024.
     full = replace(w, peak_active=64, mean_active=64, peak_queued=10, mean_queued=5, runtime_batch_size=64,
-                   arrival_rate=11.5, prompt_mean=150, output_mean=600, max_tokens_mean=1024)
+                   arrival_rate=11.5, prompt_mean=150, output_mean=600, length_share=0.2227)
     best, why = verdict(A100, full, 64, [128, 256, 512, 1024], 200.0, 1800.0)
     assert "on an engine 20% slower" in why and best == 256

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvpilot.autotune.whatif import Engine, TrafficFit, fit_traffic, goodput_after, steady_goodput, verdict
+from kvpilot.autotune.replay import TrafficFit, fit_traffic
+from kvpilot.autotune.whatif import Engine, goodput_after, steady_goodput, verdict
 from kvpilot.autotune.window import KvWindow
 
 A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
@@ -18,7 +19,7 @@ def window(rate: float, prompt: float = 150, output: float = 600) -> KvWindow:
     return KvWindow(samples=10, pods=2, peak_utilization=0.3, mean_utilization=0.3, peak_used_blocks=100,
                     max_blocks=14000, tokens_per_block=32, peak_active=64, mean_active=64, peak_queued=10,
                     mean_queued=5, paused=0, runtime_batch_size=64, arrival_rate=rate, prompt_mean=prompt,
-                    output_mean=output, max_tokens_mean=1024)
+                    output_mean=output, length_share=0.2227)
 
 
 def test_no_traffic_data_means_no_verdict() -> None:
@@ -28,7 +29,7 @@ def test_no_traffic_data_means_no_verdict() -> None:
 
 def test_fit_is_the_fleet_rate() -> None:
     fit = fit_traffic(window(5.0))
-    assert fit is not None and fit.rate_per_s == 10.0 and fit.max_tokens == 1024
+    assert fit is not None and fit.rate_per_s == 10.0 and fit.max_tokens == pytest.approx(1024, abs=2)
 
 
 def test_light_traffic_gains_nothing_from_a_raise() -> None:
@@ -74,7 +75,7 @@ def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
 
 
 def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
-    from kvpilot.autotune.whatif import quantized
+    from kvpilot.autotune.replay import quantized
 
     from kvpilot.autotune.whatif import steady_run
 
@@ -90,7 +91,8 @@ def test_a_steady_traffic_is_simulated_once_per_candidate() -> None:
 
 
 def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
-    from kvpilot.autotune.whatif import DECISION_BUDGET_REQUESTS, MAX_REQUESTS, requests_per_run
+    from kvpilot.autotune.replay import MAX_REQUESTS
+    from kvpilot.autotune.whatif import DECISION_BUDGET_REQUESTS, requests_per_run
 
     assert requests_per_run(2) == MAX_REQUESTS
     assert requests_per_run(5) * 5 <= DECISION_BUDGET_REQUESTS
@@ -149,7 +151,8 @@ def test_margin_on_the_objectives() -> None:
 def test_bursty_arrivals_keep_the_fitted_rate_when_the_request_cap_binds() -> None:
     """At 200 req/s the 12,000-request cap covers 60 s, not the 180 s asked: the gaps are pinned over those
     60 s (stretching them over 180 s would simulate a third of the load)."""
-    from kvpilot.autotune.whatif import TrafficFit, _requests
+    from kvpilot.autotune.replay import TrafficFit
+    from kvpilot.autotune.replay import replayed_requests as _requests
 
     for cv in (1.0, 3.0):
         reqs = _requests(TrafficFit(200.0, 500.0, 200.0, 1024, cv), 180.0)

@@ -13,7 +13,9 @@ from datetime import datetime, timezone
 import pytest
 from kvsim.workload import Phase
 
-from kvpilot.autotune.whatif import Engine, TrafficFit, _requests, fit_traffic, quantized, steady_goodput
+from kvpilot.autotune.replay import TrafficFit, fit_traffic, quantized
+from kvpilot.autotune.replay import replayed_requests as _requests
+from kvpilot.autotune.whatif import Engine, steady_goodput
 from kvpilot.autotune.window import KvWindow
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import plan
@@ -182,7 +184,7 @@ def window(cv: float | None) -> KvWindow:
     return KvWindow(samples=10, pods=2, peak_utilization=0.3, mean_utilization=0.3, peak_used_blocks=100,
                     max_blocks=14000, tokens_per_block=32, peak_active=64, mean_active=64, peak_queued=10,
                     mean_queued=5, paused=0, runtime_batch_size=64, arrival_rate=5.0, prompt_mean=150,
-                    output_mean=600, max_tokens_mean=1024, arrival_cv=cv)
+                    output_mean=600, length_share=0.2227, arrival_cv=cv)
 
 
 def gap_cv(fit: TrafficFit) -> float:

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from kvpilot.autotune.capped import MAX_UNCUT_FACTOR, cut_mean, uncut_mean
-from kvpilot.autotune.whatif import TrafficFit, _requests
+from kvpilot.autotune.replay import TrafficFit
+from kvpilot.autotune.replay import replayed_requests as _requests
 
 SIGMA = 0.8
 
@@ -57,13 +58,13 @@ def test_the_replay_averages_the_measured_output() -> None:
 
 
 def test_an_unknown_cap_replays_uncut_outputs_that_reserve_what_they_use() -> None:
-    """Live pods export no max_tokens (fit.max_tokens 0): the outputs average the measured mean, uncut, and each
+    """No share of outputs cut at their cap known (fit.max_tokens 0): the outputs average the measured mean, uncut, and each
     request reserves its own output. Before, the cap was taken as the mean plus one token and the outputs cut
     there averaged ~0.7x the measured mean."""
-    from kvpilot.autotune.whatif import fit_traffic
+    from kvpilot.autotune.replay import fit_traffic
     from tests.unit.test_autotune_whatif import window
 
-    fit = fit_traffic(replace(window(15.0, output=531.0), max_tokens_mean=0.0))
+    fit = fit_traffic(replace(window(15.0, output=531.0), length_share=None))
     assert fit is not None and fit.max_tokens == 0
     replay = _requests(fit, 300.0)
     assert statistics.fmean(r.output_tokens for r in replay) == pytest.approx(531.0, rel=0.03)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from kvsim import Engine, EngineConfig, Request
 
-from kvpilot.autotune.whatif import fit_traffic
+from kvpilot.autotune.replay import fit_traffic
 from kvpilot.autotune.summarize import MIN_TRAFFIC_REQUESTS, summarize, traffic_fit
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, parse_iteration_stats, parse_prometheus
 

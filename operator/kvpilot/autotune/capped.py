@@ -2,7 +2,7 @@
 Pure.
 
 The what-if replays each window's outputs as lognormal lengths around the measured mean, cut at the requests'
-``max_tokens`` (``whatif._requests``). The mean the pods report is of outputs already cut: drawn around it and then
+``max_tokens`` (``replay.replayed_requests``). The mean the pods report is of outputs already cut: drawn around it and then
 cut again, the replay's outputs average less than the pods' did, by as much as the cut bites. Measured on the
 suite's long-output case on an L40S (outputs 600 +/- 450 tokens, ``max_tokens`` 1024; docs/tuner-suite.md,
 "Eleventh pass"): the replay's outputs averaged ~10% short, so at 2048, where admission is bound by the KV blocks
@@ -11,11 +11,18 @@ in time where the pods served 89% (32.7 good req/s; 35.6 at 512). The engine mod
 pods' own requests, the fitted engine served 32.5 at 2048 and 35.4 at 512.
 
 So the replay draws around the mean that, once cut, averages the measured one (``uncut_mean``). That needs the
-cap: the benchmark's pods know each request's ``max_tokens``, but no TensorRT-LLM release exports it
-(autotune/summarize.traffic_fit), so on live pods it is unknown. Each replayed request then reserves what it will
-use (its ``max_tokens`` is its own output, the least a request can reserve under GUARANTEED_NO_EVICT) and the
-outputs are drawn around the measured mean, uncut. Before, an unknown cap was taken as the measured mean plus one
-token, and the outputs cut there averaged ~0.7x what the pods measured.
+cap, and no TensorRT-LLM release exports ``max_tokens``. The pods do count the requests that stopped at it: their
+``request_success_total`` has a ``finished_reason="length"`` series (tensorrt_llm/executor/result.py sets
+"length" for FinishReason.LENGTH; metrics/collector.py labels the counter with it, in the 1.1 collector and the
+1.3 one). The share cut there and the measured mean place both the cap and the uncut mean, for the spread the
+what-if draws with (``cap_from_length_share``, closed form). Measured on the suite's outputs (lognormal, spread
+0.76-0.90 where the what-if assumes 0.8, every case's cap 1024): the placed cap is within ~10% of the true one
+when a tenth of the outputs are cut, and within ~30% when one in two hundred are (the tail then says little).
+
+Where the share is unknown (no Prometheus page: 1.2's TensorRT backend; or no request in the window hit its cap),
+each replayed request reserves what it will use (its ``max_tokens`` is its own output, the least a request can
+reserve under GUARANTEED_NO_EVICT) and the outputs are drawn around the measured mean, uncut. Before, an unknown
+cap was taken as the measured mean plus one token, and the outputs cut there averaged ~0.7x what the pods measured.
 """
 
 from __future__ import annotations
@@ -23,11 +30,17 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from statistics import NormalDist
 
 # The uncut mean is sought up to this multiple of the cap: beyond it the cut outputs are the cap within 0.1%,
 # so a measured mean that close to the cap (nearly every output hit it) is drawn as that.
 MAX_UNCUT_FACTOR = 64.0
 BISECTIONS = 60
+# A cap placed from the share cut at it is kept within this multiple of the measured mean: a share of a request
+# in thousands puts it deep in a tail the lognormal guess does not know, and past the engine's max_seq_len the
+# replayed requests would all be refused.
+MAX_CAP_FACTOR = 8.0
+OUTPUT_SIGMA = 0.8  # the log-spread the what-if draws outputs with: a typical chat/completion (median ~0.7x mean)
 
 
 def cut_mean(mean: float, cap: float, sigma: float) -> float:
@@ -75,6 +88,21 @@ class OutputLengths:
         spread = self.sigma
         output = max(1, round(rng.lognormvariate(math.log(self.mean) - spread * spread / 2, spread)))
         return (min(output, self.cap), self.cap) if self.cap > 0 else (output, output)
+
+
+def cap_from_length_share(measured: float, share: float | None, sigma: float) -> int:
+    """The max_tokens at which a share ``share`` of lognormal outputs (log-spread ``sigma``) is cut when, cut
+    there, they average ``measured``; 0 (unknown) when the share is unknown or nothing was cut. The uncut mean M
+    and the cap c solve P(X > c) = share and E[min(X, c)] = measured: with z the standard normal quantile of
+    1 - share, c = M exp(sigma z - sigma^2 / 2), and E[min(X, c)] = M (Phi(z - sigma) + share c / M)."""
+    if share is None or not math.isfinite(share) or share <= 0 or measured <= 0 or sigma <= 0:
+        return 0
+    if share >= 1.0:
+        return max(1, round(measured))  # every output stopped at the cap: the mean is the cap
+    z = NormalDist().inv_cdf(1.0 - share)
+    ratio = math.exp(sigma * z - sigma * sigma / 2.0)  # cap / uncut mean
+    uncut = measured / (_phi(z - sigma) + share * ratio)
+    return max(round(measured) + 1, min(round(uncut * ratio), round(MAX_CAP_FACTOR * measured)))
 
 
 def output_lengths(measured: float, cap: int, sigma: float) -> OutputLengths:

@@ -6,7 +6,7 @@ Everything that decides it lives here:
   for any engine once fitted, or the profile the simulated backend names; without one the rules decide alone;
 * the **model's trust** (``WhatIfGate.measured_only``): where the calibrated model still disagrees with the pods
   by more than the stated bound, nothing is simulated and the rules step conservatively;
-* the **traffic** (``may_simulate``): the window must carry a traffic fit (autotune/whatif.fit_traffic);
+* the **traffic** (``may_simulate``): the window must carry a traffic fit (autotune/replay.fit_traffic);
 * the **CPU budget** (``WhatIfBudget``): each engine may spend ``CPU_SECONDS_PER_HOUR`` on simulations; once
   spent, the changes the simulation would have had to confirm wait (``WhatIfBudgetSpent``), protective lowers
   excepted;
@@ -37,7 +37,8 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.signals import limit_in_force, waiting_beside_full_batch
 from kvpilot.autotune.trust import ModelView, goodput_error
-from kvpilot.autotune.whatif import SHED_SHARE, Engine, unplaceable, fit_traffic, quantized, steady_goodput
+from kvpilot.autotune.replay import fit_traffic, quantized
+from kvpilot.autotune.whatif import SHED_SHARE, Engine, unplaceable, steady_goodput
 from kvpilot.autotune.window import KvWindow
 
 # Once the simulation has declined a change the rules proposed, it reruns only this long after (or at once when
@@ -89,7 +90,7 @@ def at_runtime_cap(model: Engine) -> Engine:
 def may_simulate(spec: InferenceEngineSpec, w: KvWindow | None, model: ModelView | None = None) -> bool:
     """Whether this pass's autotune decision may run the what-if: tuning on, a model to simulate (the simulated
     backend names a kvsim profile, or the engine's fit gives one, ``engine_model``), and a window with the
-    traffic fitted (autotune/whatif.fit_traffic)."""
+    traffic fitted (autotune/replay.fit_traffic)."""
     sim = spec.runtime.simulation
     named = spec.runtime.backend == "simulated" and sim is not None and bool(sim.profile)
     fitted = model is not None and (model.fit is not None or model.base.known)

@@ -43,11 +43,11 @@ from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, w
 from kvpilot.autotune.rules import decide_from_signals, settled_misses
 from kvpilot.autotune.shift import mix_wait
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
+from kvpilot.autotune.replay import fit_traffic
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
-from kvpilot.autotune.whatif import fit_traffic
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason

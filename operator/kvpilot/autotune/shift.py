@@ -1,6 +1,6 @@
 """A traffic mix in motion: the what-if waits for the request lengths to settle before it sizes a change. Pure.
 
-The what-if replays the window's traffic (``whatif.fit_traffic``): its arrival rate, counted from arrivals, is
+The what-if replays the window's traffic (``replay.fit_traffic``): its arrival rate, counted from arrivals, is
 right from the first window of a new load, but its mean prompt and output come from the requests that finished
 in the window. Right after the mix shifts, those are still mostly the old traffic's, and a change sized on them
 fits neither. Measured on the suite's document Q&A then chat case without a spare GPU (docs/tuner-suite.md,

@@ -52,6 +52,7 @@ def summarize(
         arrival_rate=traffic.arrival_rate,
         prompt_mean=traffic.prompt_mean,
         output_mean=traffic.output_mean,
+        length_share=traffic.length_share,
         arrival_cv=arrival_cv(arrival_counts) if arrival_counts else None,
     )
 
@@ -117,16 +118,18 @@ MAX_RATE_PER_POD = 10_000.0
 
 @dataclass(frozen=True)
 class Traffic:
-    """Requests received per second per pod and the mean prompt and output of the window; 0: unknown."""
+    """Requests received per second per pod, the mean prompt and output of the window (0: unknown), and the share
+    of the finished requests that stopped at their max_tokens (None: unknown)."""
 
     arrival_rate: float = 0.0
     prompt_mean: float = 0.0
     output_mean: float = 0.0
+    length_share: float | None = None
 
 
 def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: Mapping[str, Sequence[LatencySnapshot]],
                 span: float) -> Traffic:
-    """The traffic the pods saw, for the tuner's what-if (autotune/whatif.py fit_traffic), from what every
+    """The traffic the pods saw, for the tuner's what-if (autotune/replay.py fit_traffic), from what every
     release exposes, the exact counters first:
 
     * finished requests: ``request_success_total`` where the pod serves /prometheus/metrics, else the
@@ -144,8 +147,10 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
     requests, or a figure that is not finite and positive, is unknown (0), and the tuner's what-if holds off.
     The iteration-stats estimates assume the stats queue was not overflowed between two scrapes (at most
     iter_stats_max_iterations iterations per scrape interval); a loss shrinks numerator and denominator alike.
-    max_tokens is not exported by any release, so it stays unknown."""
-    arrived = finished = prompt_tokens = admitted = output_tokens = outputs = 0.0
+    * share stopped at max_tokens: the ``finished_reason="length"`` series of ``request_success_total`` per
+      finished request, over the pods that export the counter (no release exports max_tokens itself).
+    """
+    arrived = finished = prompt_tokens = admitted = output_tokens = outputs = cut = counted = 0.0
     for pod, samples in pods.items():
         if not samples:
             continue
@@ -156,6 +161,8 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
         admitted += one.admitted
         output_tokens += one.output_tokens
         outputs += one.outputs
+        if one.cut is not None:
+            cut, counted = cut + one.cut, counted + one.finished
     if finished < MIN_TRAFFIC_REQUESTS or not pods or span <= 0:
         return Traffic()
 
@@ -165,7 +172,8 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
 
     rate = arrived / span / len(pods)
     return Traffic(arrival_rate=rate if math.isfinite(rate) and rate <= MAX_RATE_PER_POD else 0.0,
-                   prompt_mean=ratio(prompt_tokens, admitted), output_mean=ratio(output_tokens, outputs))
+                   prompt_mean=ratio(prompt_tokens, admitted), output_mean=ratio(output_tokens, outputs),
+                   length_share=min(1.0, cut / counted) if counted >= MIN_TRAFFIC_REQUESTS else None)
 
 
 @dataclass(frozen=True)
@@ -178,6 +186,7 @@ class _PodTraffic:
     admitted: float  # the requests ``prompt_tokens`` were computed for
     output_tokens: float
     outputs: float  # the requests ``output_tokens`` were made for
+    cut: float | None = None  # of ``finished``, those stopped at their max_tokens; None: not counted
 
 
 def _pod_traffic(samples: Sequence[IterationSample], snaps: list[LatencySnapshot]) -> _PodTraffic:
@@ -198,7 +207,17 @@ def _pod_traffic(samples: Sequence[IterationSample], snaps: list[LatencySnapshot
     else:
         steps = sum(s.completed_requests for s in samples)
         output_tokens, outputs = _generation_steps(samples) + steps, steps
-    return _PodTraffic(max(0.0, done + in_pod), done, prompt_tokens, admitted, output_tokens, outputs)
+    return _PodTraffic(max(0.0, done + in_pod), done, prompt_tokens, admitted, output_tokens, outputs,
+                       _cut(snaps) if counted else None)
+
+
+def _cut(snaps: list[LatencySnapshot]) -> float | None:
+    """Requests the pod finished at their max_tokens over the window; None when it does not say, or its counter
+    went back (a restarted pod)."""
+    before, after = snaps[0].length_finished, snaps[-1].length_finished
+    if before is None or after is None or after < before:
+        return None
+    return after - before
 
 
 MIN_FIT_SPREAD = 3  # requests of generation-batch spread needed before a slope means anything

@@ -21,27 +21,24 @@ import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from kvsim import EngineConfig, Profile, Request, RequestRecord, get_profile
+from kvsim import EngineConfig, Profile, RequestRecord, get_profile
 from kvsim.config import Backend, CapacityPolicy
 from kvsim.memory import plan_for
-from kvsim.workload import Phase
 
-from kvpilot.autotune.capped import output_lengths
 from kvpilot.autotune.fleet import Fleet
+from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, fit_traffic, quantized, replayed_requests
 from kvpilot.autotune.robust import least_regret, paid_back
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
 WARMUP_SECONDS = 120.0  # simulated at the current limit first, so the candidate starts from a loaded fleet
 SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
-MAX_REQUESTS = 6000  # per simulated run
 # Per decision: staying put and every candidate share this many simulated requests (each run gets at most
 # MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (its measured
 # cost: docs/tuner-suite.md, "How the tuner decides now"). The robust choice's replays on a slower engine get
 # the same share per candidate, so a decision simulates at most twice this many.
 DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
-SEED = 8
 NOISE = 0.01  # the simulation's own noise: candidates within 1% of each other are equal even to an exact model
 # The engine the robust choice also replays candidates on (``slower_engine``): every calibrated rate at this
 # share of the model's (decode's HBM efficiency and prefill's MFU x0.8, the step and per-sequence overheads
@@ -50,19 +47,6 @@ NOISE = 0.01  # the simulation's own noise: candidates within 1% of each other a
 # limit the pods never ran may well be served this much slower. Memory is not changed: the fitted model takes
 # the pool from the pods' own maxNumBlocks.
 SLOWER_RATE = 0.8
-
-
-@dataclass(frozen=True)
-class TrafficFit:
-    """What the window says about the traffic of the whole fleet (lognormal lengths, outputs as cut at
-    ``max_tokens``: autotune/capped.py). ``max_tokens``: the requests' mean cap, 0 where unknown (no release
-    exports it). ``arrival_cv``: the inter-arrival gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
-
-    rate_per_s: float
-    prompt_mean: float
-    output_mean: float
-    max_tokens: int
-    arrival_cv: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,16 +77,6 @@ class Engine:
     in_engine_tuner: bool = False
 
 
-def fit_traffic(w: KvWindow) -> TrafficFit | None:
-    """The fleet's arrival rate and length means from the window; None when the window has no such data."""
-    rate = w.arrival_rate * max(1, w.pods)
-    if rate <= 0 or w.prompt_mean <= 0 or w.output_mean <= 0:
-        return None
-    cv = w.arrival_cv if w.arrival_cv is not None and math.isfinite(w.arrival_cv) and w.arrival_cv > 0 else 1.0
-    cap = max(int(w.max_tokens_mean), int(w.output_mean) + 1) if w.max_tokens_mean > 0 else 0
-    return TrafficFit(rate, w.prompt_mean, w.output_mean, cap, cv)
-
-
 def candidates(current: int, target: int, lo: int, hi: int) -> list[int]:
     """The rules' target and the steps a doubling ladder offers in the same direction, within the bounds (a
     lower also halves the target: protective lowers are sized from the batch that runs, which may still be
@@ -115,36 +89,6 @@ def candidates(current: int, target: int, lo: int, hi: int) -> list[int]:
         half, between = current // 2, round(target / math.sqrt(2))
         ladder = [half, target // 2] + ([between] if abs(between - half) > 0.1 * half else [])
     return sorted({max(lo, min(hi, c)) for c in [target, *ladder]} - {current})
-
-
-def _requests(fit: TrafficFit, duration_s: float) -> list[Request]:
-    import random
-
-    rng = random.Random(SEED)
-    out: list[Request] = []
-    t = 0.0
-    sigma = 0.8  # a typical chat/completion spread (median ~ 0.7 x mean)
-    outputs = output_lengths(fit.output_mean, fit.max_tokens, sigma)  # once cut, the measured mean (capped.py)
-    # kvsim's own arrival process (the benchmark's workloads use it): Poisson at cv 1, the very stream this
-    # module drew before it fitted burstiness, else gamma gaps with the fitted cv, scaled so that exactly the
-    # fitted rate arrives over the run (a few minutes of cv 3 gaps would otherwise offer +/-10% of it by chance).
-    phase = Phase(duration_s, "poisson" if fit.arrival_cv == 1.0 else "gamma", fit.rate_per_s, fit.arrival_cv)
-    pinned: list[float] = []
-    if fit.arrival_cv != 1.0:
-        n = min(2 * MAX_REQUESTS, round(fit.rate_per_s * duration_s))
-        gaps = [phase.next_gap(rng, fit.rate_per_s) for _ in range(n + 1)]
-        # When the request cap binds, the run is shorter than asked: pin the rate over the span n requests
-        # take, not over the whole duration (which would stretch the gaps and simulate a lighter load).
-        scale = min(duration_s, n / fit.rate_per_s) / sum(gaps)
-        pinned = [g * scale for g in gaps]
-    while True:
-        t += pinned[len(out)] if pinned else phase.next_gap(rng, fit.rate_per_s)
-        if t >= duration_s or len(out) >= 2 * MAX_REQUESTS or (pinned and len(out) + 1 >= len(pinned)):
-            return out
-        prompt = max(1, round(rng.lognormvariate(math.log(fit.prompt_mean) - sigma * sigma / 2, sigma)))
-        output, max_tokens = outputs.draw(rng)
-        out.append(Request(prompt_tokens=prompt, output_tokens=output, max_tokens=max_tokens, arrival_s=t,
-                           request_id=len(out)))
 
 
 def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str,
@@ -172,7 +116,7 @@ def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, hori
     # Warm-up and horizon share the 2 x MAX_REQUESTS a run may draw: at a high rate a full warm-up alone would
     # use them all, and the candidate would never be rolled.
     warmup = min(WARMUP_SECONDS, MAX_REQUESTS / fit.rate_per_s)
-    requests = _requests(fit, warmup + horizon_s)
+    requests = replayed_requests(fit, warmup + horizon_s)
     fleet = Fleet(_config(e, current), e.replicas, e.restart_seconds, surge=e.surge,
                   queue_timeout_s=e.queue_timeout_s, max_surge=e.max_surge)
     rolled = candidate == current
@@ -194,19 +138,6 @@ def _advance(fleet: Fleet, t: float) -> None:
     while fleet.next_transition() < t:
         fleet.advance(fleet.next_transition())
     fleet.advance(t)
-
-
-GRID = 0.025  # the fit is rounded to a 2.5% log grid, so a steady traffic hits the cache window after window
-CV_GRID = 0.25  # the arrival cv to the nearest quarter: its estimate scatters by ~+/-0.5 at cv 3 anyway
-
-
-def quantized(fit: TrafficFit) -> TrafficFit:
-    """The fit on a 2.5% grid: traffic that barely moved replays the same simulation (from the cache)."""
-    def q(x: float) -> float:
-        return round(math.exp(round(math.log(x) / GRID) * GRID), 3)
-
-    cv = max(CV_GRID, round(fit.arrival_cv / CV_GRID) * CV_GRID)
-    return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), fit.max_tokens, cv)
 
 
 def requests_per_run(runs: int) -> int:
@@ -239,7 +170,7 @@ def steady_run(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_R
     high rates: ``max_requests`` bounds the CPU), counted after the first fifth. Memoized (pure: seeded
     traffic, the same engine model)."""
     duration = min(STEADY_SECONDS, max_requests / fit.rate_per_s)
-    requests = _requests(fit, duration)
+    requests = replayed_requests(fit, duration)
     fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s)
     for req in requests:
         fleet.advance(req.arrival_s)

@@ -52,12 +52,13 @@ class KvWindow:
     rejected_samples: int = 0
     rejection: str | None = None
     # The traffic, for the tuner's what-if simulation (autotune/whatif.py): requests received per second per
-    # pod and the mean prompt, output and max_tokens of the requests finished in the window (the request
-    # counters and token histograms of /prometheus/metrics). 0: unknown.
+    # pod and the mean prompt and output of the requests finished in the window (the request counters and token
+    # histograms of /prometheus/metrics; 0: unknown), and the share of them that stopped at their max_tokens
+    # (finished_reason "length"; None: unknown), from which the what-if places the cap (autotune/capped.py).
     arrival_rate: float = 0.0
     prompt_mean: float = 0.0
     output_mean: float = 0.0
-    max_tokens_mean: float = 0.0
+    length_share: float | None = None
     # The inter-arrival gaps' coefficient of variation (1: Poisson; > 1: bursty), from the scatter of the arrivals
     # counted per sample (autotune/burst.py). None: too little evidence; the what-if then draws Poisson arrivals.
     arrival_cv: float | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvpilot.autotune.calibrate import PromptWork
+from kvpilot.autotune.summarize import MIN_TRAFFIC_REQUESTS
 from kvpilot.autotune.summarize import summarize as summarize_window
 from kvpilot.autotune.window import KvWindow
 from kvpilot.trtllm.metrics import IterationSample, parse_iteration_stats
@@ -101,7 +102,7 @@ def window_of(pods: dict[str, Drained], interval_s: float, slo: Slo, arrivals_n:
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
                    arrival_rate=arrivals, prompt_mean=_mean([x.prompt_tokens for x in finished]),
                    output_mean=_mean([x.output_tokens for x in finished]),
-                   max_tokens_mean=_mean([x.max_tokens for x in finished]),
+                   length_share=_length_share(finished),
                    ttft_miss_fraction=_miss_share(ttfts, slo.ttft_ms, gave_up),
                    tpot_miss_fraction=_share_over(tpots, slo.tpot_ms))
 
@@ -115,6 +116,15 @@ def per_period(arrivals: list[float], start: float, end: float, period: float) -
 
 def _mean(values: list[int]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _length_share(finished: list[RequestRecord]) -> float | None:
+    """The share of the finished requests that stopped at their max_tokens: what the pods' request counter's
+    ``finished_reason="length"`` series says (kvsim cuts an output at its request's max_tokens); the cap itself
+    is not exported, so the tuner sees only this, as on live pods."""
+    if len(finished) < MIN_TRAFFIC_REQUESTS:
+        return None
+    return sum(1 for x in finished if x.max_tokens and x.output_tokens >= x.max_tokens) / len(finished)
 
 
 def _p95(values: list[float]) -> float | None:

@@ -80,6 +80,11 @@ class LatencySnapshot:
     # The finished-requests counter (request_success_total, all finish reasons); None when the pod does not
     # export it, so the completion rate falls back to the iteration stats instead of reading 0.
     completed: float | None = None
+    # Of those, the ones that stopped at their max_tokens (the counter's ``finished_reason="length"`` series: the
+    # reason tensorrt_llm/executor/result.py sets for FinishReason.LENGTH, and collector.py's label, 1.1 and 1.3
+    # collectors). No release exports max_tokens itself; the share cut there tells the tuner where the cap is
+    # (autotune/capped.py cap_from_length_share). None when the counter is absent; 0 when no request hit its cap.
+    length_finished: float | None = None
     # Prompt and generated tokens of finished requests (counters of the 1.3 collector: trtllm_prompt_tokens_total,
     # trtllm_generation_tokens_total); None when the release does not export them (1.2): the iteration stats
     # then give the traffic's lengths (autotune/summarize.py).
@@ -185,11 +190,16 @@ def parse_iteration_stats(payload: Any, now_s: float) -> list[IterationSample]:
     return samples
 
 
-def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """Gauges/counters (summed over labels) and histograms of a Prometheus text page, bounded and finite."""
+LENGTH_REASON = "length"  # finished_reason of a request stopped by its max_tokens (executor/result.py)
+
+
+def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]], dict[str, float]]:
+    """Gauges/counters (summed over labels), histograms, and the counters' ``finished_reason="length"`` series
+    alone, of a Prometheus text page, bounded and finite."""
     if not isinstance(text, str):
         raise MetricsRejected("shape", "/prometheus/metrics must be text")
     gauges: dict[str, float] = {}
+    lengths: dict[str, float] = {}
     hist: dict[str, dict[str, Any]] = {}
     seen = 0
     try:
@@ -216,11 +226,15 @@ def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
                     if family.type == "counter" and value < 0:
                         raise MetricsRejected("value", f"/prometheus/metrics counter {s.name:.80} is negative")
                     gauges[s.name] = gauges.get(s.name, 0.0) + value
+                    if s.labels.get("finished_reason") == LENGTH_REASON:  # a counter, however the page types it
+                        if value < 0:
+                            raise MetricsRejected("value", f"/prometheus/metrics counter {s.name:.80} is negative")
+                        lengths[s.name] = lengths.get(s.name, 0.0) + value
     except MetricsRejected:
         raise
     except Exception as exc:  # noqa: BLE001 — the text parser raises many types on hostile input
         raise MetricsRejected("syntax", f"/prometheus/metrics is not Prometheus text: {str(exc)[:200]}") from None
-    return gauges, hist
+    return gauges, hist, lengths
 
 
 def _first(table: dict[str, Any], logical: str) -> Any:
@@ -234,11 +248,13 @@ def _first(table: dict[str, Any], logical: str) -> Any:
 
 def parse_prometheus(text: str, now_s: float) -> tuple[IterationSample | None, LatencySnapshot]:
     """``/prometheus/metrics``: the iteration gauges and the latency histograms, under either spelling."""
-    gauges, hist = _families(text)
+    gauges, hist, lengths = _families(text)
+    completed = _first(gauges, "completed")
     latency = LatencySnapshot(
         ttft=_histogram(_first(hist, "ttft")),
         tpot=_histogram(_first(hist, "tpot")),
-        completed=_first(gauges, "completed"),
+        completed=completed,
+        length_finished=None if completed is None else min(completed, _first(lengths, "completed") or 0.0),
         prompt_tokens=_first(gauges, "prompt_tokens"),
         generation_tokens=_first(gauges, "generation_tokens"),
     )
