@@ -1,6 +1,6 @@
-"""The live tuner's window carries the traffic the pods served (arrival rate, mean prompt and output), read
-from kvsim's trtllm-serve metrics by the operator's sampler: the what-if simulation has its input in the live
-operator, not only in the benchmark. Shown in status.kvCache.traffic."""
+"""The live tuner's window carries the traffic the pods served (arrival rate, mean prompt and output, the share
+stopped at max_tokens), read from kvsim's trtllm-serve metrics by the operator's sampler: the what-if simulation
+has its input in the live operator, not only in the benchmark. Shown in status.kvCache.traffic."""
 
 from __future__ import annotations
 
@@ -39,3 +39,6 @@ def test_the_live_window_gets_the_traffic_the_pods_served(ns: str) -> None:
     assert 0.5 * RATE * 60 / SPEEDUP <= seen["requestsPerMinute"] <= 1.5 * RATE * 60 / SPEEDUP, seen
     assert seen["promptTokens"] >= 100, seen  # 300 words of prompt
     assert 1 <= seen["outputTokens"] <= MAX_TOKENS + 1, seen
+    # kvsim's server generates each request's max_tokens and counts it under finished_reason="length": every
+    # request stopped at its cap, so the what-if places the cap at the mean output (autotune/capped.py).
+    assert seen["stoppedAtMaxTokens"] == "1.0000" and seen["maxTokens"] == seen["outputTokens"], seen

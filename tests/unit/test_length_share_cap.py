@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
 from kvpilot.autotune.capped import MAX_CAP_FACTOR, OUTPUT_SIGMA, cap_from_length_share
 from kvpilot.autotune.replay import TrafficFit, fit_traffic, quantized
+from kvpilot.autotune.shift import SeenTraffic
 from kvpilot.autotune.summarize import MIN_TRAFFIC_REQUESTS, traffic_fit
 from kvpilot.trtllm.metrics import IterationSample, LatencySnapshot, MetricsRejected, parse_prometheus
 from tests.unit.test_autotune_whatif import window
@@ -122,3 +124,35 @@ def test_the_window_share_is_over_the_pods_that_count() -> None:
 ])
 def test_unknown_share_is_none_never_a_guess(latency: list[LatencySnapshot]) -> None:
     assert traffic_fit({"a": [sample(0), sample(60)]}, {"a": latency}, 60.0).length_share is None
+
+
+def test_the_share_is_pooled_with_the_traffic_and_carried_in_status() -> None:
+    """The share cut at max_tokens is pooled over the windows that agree, like the lengths, and carried from pass to
+    pass in status.kvCache.traffic (a window of chat at 8 req/s over two pods counts ~3 requests cut at 1024 of
+    ~120: alone, its share scatters by half)."""
+    from kvpilot.autotune.pooling import pooled_traffic, replayed
+    from kvpilot.desired.tuning import traffic_record
+    from tests.unit.test_traffic_pooling import aged, documents
+
+    first = replace(documents(), length_share=0.02)
+    seen = pooled_traffic(None, first)
+    assert seen is not None and seen.length_share == pytest.approx(0.02)
+    record = traffic_record(seen, None)
+    assert record is not None and record.stopped_at_max_tokens == "0.0200"
+    assert record.max_tokens == cap_from_length_share(280.0, 0.02, OUTPUT_SIGMA)
+    back = SeenTraffic.from_status(record.requests_per_minute, record.prompt_tokens, record.output_tokens, 15.0,
+                                   record.requests, record.stopped_at_max_tokens)
+    assert back is not None and back.length_share == pytest.approx(0.02)
+    second = replace(documents(), length_share=0.04)  # as many requests: the pooled share is halfway
+    pooled = pooled_traffic(aged(back), second)
+    assert pooled is not None and pooled.length_share == pytest.approx(0.03, rel=0.01)
+    assert replayed(aged(back), second).length_share == pytest.approx(0.03, rel=0.01)
+    unknown = replace(documents(), length_share=None)  # a pass whose pods did not count it keeps the record's
+    assert pooled_traffic(aged(back), unknown).length_share == pytest.approx(0.02)  # type: ignore[union-attr]
+    assert traffic_record(pooled_traffic(None, unknown), None).stopped_at_max_tokens is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("written", ["1.5", "-0.1", "nan", "inf", "0x1p-3", 0.3, True, "9" * 40, ""])
+def test_a_forged_share_in_status_reads_as_none(written: object) -> None:
+    seen = SeenTraffic.from_status(600, 150, 600, 15.0, 100, written)
+    assert seen is not None and seen.length_share is None

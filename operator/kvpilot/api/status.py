@@ -125,6 +125,8 @@ class TrafficStatus:
     output_tokens: int | None = None
     arrival_cv: str | None = None
     requests: int | None = None  # the finished requests the figures stand for
+    stopped_at_max_tokens: str | None = None  # the share of them that stopped at their max_tokens, a decimal
+    max_tokens: int | None = None  # the requests' max_tokens as the what-if places it from that share
 
 
 @dataclasses.dataclass(frozen=True)

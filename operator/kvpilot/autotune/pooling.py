@@ -45,7 +45,8 @@ def window_traffic(w: KvWindow) -> SeenTraffic | None:
     if not (w.arrival_rate > 0 and w.prompt_mean > 0 and w.output_mean > 0):
         return None
     finished = w.completion_rate * max(0.0, w.window_seconds) * max(1, w.pods)
-    return SeenTraffic(w.arrival_rate, w.prompt_mean, w.output_mean, 0.0, 0.0 if filling(w) else max(1.0, finished))
+    return SeenTraffic(w.arrival_rate, w.prompt_mean, w.output_mean, 0.0, 0.0 if filling(w) else max(1.0, finished),
+                       w.length_share)
 
 
 def filling(w: KvWindow) -> bool:
@@ -86,8 +87,10 @@ def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | Non
     def mean(old: float, new: float) -> float:
         return (old * past + new * now.requests) / (past + now.requests)
 
+    old_share, new_share = before.length_share, now.length_share
+    share = new_share if old_share is None else old_share if new_share is None else mean(old_share, new_share)
     return SeenTraffic(rate, mean(before.prompt_mean, now.prompt_mean), mean(before.output_mean, now.output_mean),
-                       0.0, past + now.requests)
+                       0.0, past + now.requests, share)
 
 
 def agrees(before: SeenTraffic, now: SeenTraffic, w: KvWindow) -> bool:
@@ -108,4 +111,4 @@ def replayed(before: SeenTraffic | None, w: KvWindow) -> KvWindow:
     if traffic is None:
         return w
     return replace(w, arrival_rate=traffic.rate_per_pod, prompt_mean=traffic.prompt_mean,
-                   output_mean=traffic.output_mean)
+                   output_mean=traffic.output_mean, length_share=traffic.length_share)

@@ -55,18 +55,35 @@ class SeenTraffic:
     output_mean: float = 0.0
     age_s: float | None = None  # how long before this decision it was observed (status.kvCache.observedAt)
     requests: float = 0.0
+    # The share of the finished requests that stopped at their max_tokens (None: unknown), from which the what-if
+    # places the cap (autotune/capped.py); pooled like the lengths (autotune/pooling.py).
+    length_share: float | None = None
 
     @classmethod
     def from_status(cls, requests_per_minute: object, prompt_tokens: object, output_tokens: object,
-                    age_s: float | None = None, requests: object = None) -> SeenTraffic | None:
-        """From status fields (user-writable: anything that is not a finite positive number reads as unknown);
-        None when no figure is usable. A count of requests beyond MAX_POOLED reads as unknown too: no
-        fleet finishes that many in the minute a record stands for, so it is forged."""
+                    age_s: float | None = None, requests: object = None,
+                    stopped_at_max_tokens: object = None) -> SeenTraffic | None:
+        """From status fields (user-writable: anything that is not a finite positive number reads as unknown,
+        and a share that is not a decimal from 0 to 1 as no share); None when no figure is usable. A count of
+        requests beyond MAX_POOLED reads as unknown too: no fleet finishes that many in the minute a record
+        stands for, so it is forged."""
         figures = [_positive(v) for v in (requests_per_minute, prompt_tokens, output_tokens)]
         if not all(figures):
             return None
         count = _positive(requests)
-        return cls(figures[0] / 60.0, figures[1], figures[2], age_s, count if count <= MAX_POOLED else 0.0)
+        return cls(figures[0] / 60.0, figures[1], figures[2], age_s, count if count <= MAX_POOLED else 0.0,
+                   _share(stopped_at_max_tokens))
+
+
+def _share(value: object) -> float | None:
+    """A share written as a decimal string (status.kvCache.traffic.stoppedAtMaxTokens); None unless 0 to 1."""
+    if not isinstance(value, str) or len(value) > 16:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and 0.0 <= number <= 1.0 else None
 
 
 def _positive(value: object) -> float:

@@ -22,7 +22,6 @@ from kvpilot.api.status import (
     EngineStatus,
     KvCacheStatus,
     ModelStatus,
-    TrafficStatus,
     VerificationStatus,
     to_wire,
 )
@@ -34,7 +33,7 @@ from kvpilot.autotune.trust import MODEL_TRUSTED, model_condition, model_status
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verification import Memory
 from kvpilot.desired.rollout import rolling_update
-from kvpilot.desired.tuning import last_traffic, tune
+from kvpilot.desired.tuning import last_traffic, traffic_record, tune
 from kvpilot.desired import labels as L
 from kvpilot.desired import multinode, serving
 from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
@@ -152,11 +151,7 @@ def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.kv_cache
     seen = pooled_traffic(last_traffic(observed.status, now), w)  # what the what-if replays (tuning.tune)
-    traffic = (TrafficStatus(requests_per_minute=round(seen.rate_per_pod * 60), prompt_tokens=round(seen.prompt_mean),
-                             output_tokens=round(seen.output_mean),
-                             arrival_cv=f"{w.arrival_cv:.2f}" if w.arrival_cv is not None else None,
-                             requests=round(seen.requests))
-               if seen is not None else None)
+    traffic = traffic_record(seen, w.arrival_cv)
     return KvCacheStatus(
         utilization_percent=round(w.peak_utilization * 100),
         used_blocks=w.peak_used_blocks,

@@ -11,8 +11,9 @@ from dataclasses import replace
 from datetime import datetime
 
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.api.status import Action, AutotuneStatus, BuildState, EngineStatus
+from kvpilot.api.status import Action, AutotuneStatus, BuildState, EngineStatus, TrafficStatus
 from kvpilot.api.timestamps import parse_rfc3339
+from kvpilot.autotune.capped import OUTPUT_SIGMA, cap_from_length_share
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate, engine_model
 from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
@@ -114,7 +115,22 @@ def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
     seen = when(kv.observed_at, now)
     age = (now - seen).total_seconds() if seen is not None and seen <= now else None
     t = kv.traffic
-    return SeenTraffic.from_status(t.requests_per_minute, t.prompt_tokens, t.output_tokens, age, t.requests)
+    return SeenTraffic.from_status(t.requests_per_minute, t.prompt_tokens, t.output_tokens, age, t.requests,
+                                   t.stopped_at_max_tokens)
+
+
+def traffic_record(seen: SeenTraffic | None, arrival_cv: float | None) -> TrafficStatus | None:
+    """status.kvCache.traffic for the next pass (``last_traffic`` reads it back): the traffic the what-if replays
+    at this one, and the cap it places from the share of requests that stopped at their max_tokens."""
+    if seen is None:
+        return None
+    share = seen.length_share
+    cap = cap_from_length_share(seen.output_mean, share, OUTPUT_SIGMA) if share is not None else 0
+    return TrafficStatus(requests_per_minute=round(seen.rate_per_pod * 60), prompt_tokens=round(seen.prompt_mean),
+                         output_tokens=round(seen.output_mean),
+                         arrival_cv=f"{arrival_cv:.2f}" if arrival_cv is not None else None,
+                         requests=round(seen.requests),
+                         stopped_at_max_tokens=f"{share:.4f}" if share is not None else None, max_tokens=cap or None)
 
 
 def shifting_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
