@@ -18,7 +18,10 @@ RATE, SPEEDUP, MAX_TOKENS = 3.0, 10, 48
 
 
 def test_the_live_window_gets_the_traffic_the_pods_served(ns: str) -> None:
+    # Release 1.3: its server mounts /prometheus/metrics (return_perf_metrics), whose request counter carries
+    # the finish reasons; 1.2's TensorRT backend serves no such page (tests/e2e/test_releases.py).
     apply(sim_engine(ns, runtime__simulation={"profile": "llama-3.1-8b-fp8-h100", "speedupRatio": SPEEDUP},
+                     runtime__env=[{"name": "KVSIM_TRTLLM_RELEASE", "value": "1.3"}],
                      autotune={"mode": "Advisory", "intervalSeconds": 20, "warmupSeconds": 0}))
     kubectl("wait", "--for=condition=Available", "ie/sim", "-n", ns, "--timeout=180s")
     stats = closedloop.LoadStats()
