@@ -44,4 +44,4 @@ def test_the_live_window_gets_the_traffic_the_pods_served(ns: str) -> None:
     assert 1 <= seen["outputTokens"] <= MAX_TOKENS + 1, seen
     # kvsim's server generates each request's max_tokens and counts it under finished_reason="length": every
     # request stopped at its cap, so the what-if places the cap at the mean output (autotune/capped.py).
-    assert seen["stoppedAtMaxTokens"] == "1.0000" and seen["maxTokens"] == seen["outputTokens"], seen
+    assert seen["stoppedAtMaxTokens"] == "1.000000" and seen["maxTokens"] == seen["outputTokens"], seen

@@ -58,8 +58,8 @@ def test_the_replay_averages_the_measured_output() -> None:
 
 
 def test_an_unknown_cap_replays_uncut_outputs_that_reserve_what_they_use() -> None:
-    """No share of outputs cut at their cap known (fit.max_tokens 0): the outputs average the measured mean, uncut, and each
-    request reserves its own output. Before, the cap was taken as the mean plus one token and the outputs cut
+    """No share of outputs cut at their cap known (fit.max_tokens 0): the outputs average the measured mean, uncut,
+    and each request reserves its own output. Before, the cap was taken as the mean plus one token and the outputs cut
     there averaged ~0.7x the measured mean."""
     from kvpilot.autotune.replay import fit_traffic
     from tests.unit.test_autotune_whatif import window

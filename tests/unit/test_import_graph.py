@@ -20,7 +20,8 @@ PACKAGES = {"kvsim": ROOT / "simulator" / "kvsim", "kvpilot": ROOT / "operator" 
 # check, its engine model calibrated to the pods (calibrate, iterations, engine_model, trust) and its fleet of
 # simulated engines (which the benchmark shares), and the benchmark itself. Everything else in the operator,
 # in particular what talks to the API server or renders objects, must not depend on the simulator.
-KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.autotune.replay", "kvpilot.autotune.fleet", "kvpilot.autotune.calibrate",
+KVSIM_IMPORTERS = ("kvpilot.autotune.whatif", "kvpilot.autotune.replay",
+                   "kvpilot.autotune.fleet", "kvpilot.autotune.calibrate",
                    "kvpilot.autotune.iterations", "kvpilot.autotune.engine_model", "kvpilot.autotune.trust",
                    "kvpilot.bench")
 

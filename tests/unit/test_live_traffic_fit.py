@@ -1,6 +1,6 @@
 """The live window's traffic fields (arrival rate, mean prompt and output) from what trtllm-serve exposes:
 the iteration stats of every release (played by kvsim, the same engine model the what-if uses) and the 1.3
-token counters. autotune/summarize.traffic_fit; the what-if (autotune/whatif.fit_traffic) reads them."""
+token counters. autotune/summarize.traffic_fit; the what-if (autotune/replay.fit_traffic) reads them."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def _kv_cache() -> Schema:
                     "stoppedAtMaxTokens": string("Share of the finished requests that stopped at their max_tokens "
                                                  "(the request counter's finished_reason=\"length\" series), a "
                                                  "decimal from 0 to 1 (absent: the pods do not count it).", 8,
-                                                 pattern=r"^(0(\.[0-9]+)?|1(\.0+)?)$"),
+                                                 pattern=r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$"),
                     "maxTokens": integer("The requests' max_tokens as the what-if places it from that share and "
                                          "the mean output (no release exports it; absent: unknown, and each "
                                          "replayed request reserves its own output).", 1, fmt="int64"),

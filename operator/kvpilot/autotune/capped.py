@@ -2,8 +2,8 @@
 Pure.
 
 The what-if replays each window's outputs as lognormal lengths around the measured mean, cut at the requests'
-``max_tokens`` (``replay.replayed_requests``). The mean the pods report is of outputs already cut: drawn around it and then
-cut again, the replay's outputs average less than the pods' did, by as much as the cut bites. Measured on the
+``max_tokens`` (``replay.replayed_requests``). The mean the pods report is of outputs already cut: drawn around
+it and then cut again, the replay's outputs average less than the pods' did, by as much as the cut bites. Measured on the
 suite's long-output case on an L40S (outputs 600 +/- 450 tokens, ``max_tokens`` 1024; docs/tuner-suite.md,
 "Eleventh pass"): the replay's outputs averaged ~10% short, so at 2048, where admission is bound by the KV blocks
 GUARANTEED_NO_EVICT reserves (a fixed prompt + 1024 per request), the model served every request of 36.6 req/s
@@ -13,16 +13,18 @@ pods' own requests, the fitted engine served 32.5 at 2048 and 35.4 at 512.
 So the replay draws around the mean that, once cut, averages the measured one (``uncut_mean``). That needs the
 cap, and no TensorRT-LLM release exports ``max_tokens``. The pods do count the requests that stopped at it: their
 ``request_success_total`` has a ``finished_reason="length"`` series (tensorrt_llm/executor/result.py sets
-"length" for FinishReason.LENGTH; metrics/collector.py labels the counter with it, in the 1.1 collector and the
-1.3 one). The share cut there and the measured mean place both the cap and the uncut mean, for the spread the
-what-if draws with (``cap_from_length_share``, closed form). Measured on the suite's outputs (lognormal, spread
-0.76-0.90 where the what-if assumes 0.8, every case's cap 1024): the placed cap is within ~10% of the true one
-when a tenth of the outputs are cut, and within ~30% when one in two hundred are (the tail then says little).
+"length" for FinishReason.LENGTH; metrics/collector.py labels the counter with it, unprefixed up to 1.2 and
+``trtllm_``-prefixed in 1.3). The share cut there and the measured mean place both the cap and the uncut mean,
+for the spread the what-if draws with (``cap_from_length_share``, closed form). On the suite's five output
+distributions (lognormal, spread 0.76-0.90 where the what-if assumes 0.8, every case's cap 1024) the placed cap
+is 906-1,068 from 20,000 requests each (1.6-14% cut; tests/unit/test_length_share_cap.py). It assumes one cap
+for every request: clients with different caps are read as one cap between theirs.
 
-Where the share is unknown (no Prometheus page: 1.2's TensorRT backend; or no request in the window hit its cap),
-each replayed request reserves what it will use (its ``max_tokens`` is its own output, the least a request can
-reserve under GUARANTEED_NO_EVICT) and the outputs are drawn around the measured mean, uncut. Before, an unknown
-cap was taken as the measured mean plus one token, and the outputs cut there averaged ~0.7x what the pods measured.
+Where the share is unknown (no Prometheus page: 1.2's TensorRT backend), or nothing was cut (the cap is then
+somewhere above every output, and a share of 0 places it nowhere), each replayed request reserves what it will
+use (its ``max_tokens`` is its own output, the least a request can reserve under GUARANTEED_NO_EVICT) and the
+outputs are drawn around the measured mean, uncut. Before, an unknown cap was taken as the measured mean plus one
+token, and the outputs cut there averaged ~0.7x what the pods measured.
 """
 
 from __future__ import annotations
@@ -95,10 +97,13 @@ def cap_from_length_share(measured: float, share: float | None, sigma: float) ->
     there, they average ``measured``; 0 (unknown) when the share is unknown or nothing was cut. The uncut mean M
     and the cap c solve P(X > c) = share and E[min(X, c)] = measured: with z the standard normal quantile of
     1 - share, c = M exp(sigma z - sigma^2 / 2), and E[min(X, c)] = M (Phi(z - sigma) + share c / M)."""
-    if share is None or not math.isfinite(share) or share <= 0 or measured <= 0 or sigma <= 0:
+    if share is None or not math.isfinite(share) or share <= 0 or not math.isfinite(measured) or measured <= 0 \
+            or sigma <= 0:
         return 0
     if share >= 1.0:
         return max(1, round(measured))  # every output stopped at the cap: the mean is the cap
+    if 1.0 - share >= 1.0:  # a share below the float's resolution: as deep in the tail as the hold allows
+        return round(MAX_CAP_FACTOR * measured)
     z = NormalDist().inv_cdf(1.0 - share)
     ratio = math.exp(sigma * z - sigma * sigma / 2.0)  # cap / uncut mean
     uncut = measured / (_phi(z - sigma) + share * ratio)

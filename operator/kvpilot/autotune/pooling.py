@@ -87,6 +87,8 @@ def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | Non
     def mean(old: float, new: float) -> float:
         return (old * past + new * now.requests) / (past + now.requests)
 
+    # The share is weighted like the lengths. Where one side did not count it, the other's stands alone with the
+    # pooled requests' weight: it is the best figure there is, and POOL_SECONDS bounds how long it carries.
     old_share, new_share = before.length_share, now.length_share
     share = new_share if old_share is None else old_share if new_share is None else mean(old_share, new_share)
     return SeenTraffic(rate, mean(before.prompt_mean, now.prompt_mean), mean(before.output_mean, now.output_mean),

@@ -26,7 +26,8 @@ MAX_REQUESTS = 6000  # per simulated run (warm-up and horizon together draw at m
 class TrafficFit:
     """What the window says about the traffic of the whole fleet (lognormal lengths, outputs as cut at
     ``max_tokens``: autotune/capped.py). ``max_tokens``: the requests' cap, placed from the share of outputs
-    that stopped at it (no release exports the cap itself); 0 where unknown. ``arrival_cv``: the inter-arrival gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
+    that stopped at it (no release exports the cap itself); 0 where unknown. ``arrival_cv``: the inter-arrival
+    gaps' coefficient of variation (autotune/burst.py); 1 is Poisson."""
 
     rate_per_s: float
     prompt_mean: float
@@ -82,10 +83,13 @@ CAP_GRID = 0.1
 
 
 def quantized(fit: TrafficFit) -> TrafficFit:
-    """The fit on a 2.5% grid: traffic that barely moved replays the same simulation (from the cache)."""
+    """The fit on a grid (2.5% for the rate and lengths; the cap 10%, as its ratio to the output mean): traffic
+    that barely moved replays the same simulation (from the cache). The cap stays at or above the rounded mean,
+    where outputs that all stopped at it (a share of 1) put it."""
     def q(x: float, grid: float = GRID) -> float:
         return round(math.exp(round(math.log(x) / grid) * grid), 3)
 
     cv = max(CV_GRID, round(fit.arrival_cv / CV_GRID) * CV_GRID)
-    cap = round(q(fit.max_tokens, CAP_GRID)) if fit.max_tokens > 0 else 0
-    return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), q(fit.output_mean), cap, cv)
+    output = q(fit.output_mean)
+    cap = max(round(output), round(output * q(fit.max_tokens / fit.output_mean, CAP_GRID))) if fit.max_tokens > 0 else 0
+    return TrafficFit(q(fit.rate_per_s), q(fit.prompt_mean), output, cap, cv)

@@ -17,6 +17,7 @@ nor does a rollback; the rules alone (no model) do not read lengths.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from kvpilot.autotune.constants import SEVERE_MISSES
@@ -75,15 +76,13 @@ class SeenTraffic:
                    _share(stopped_at_max_tokens))
 
 
+SHARE = re.compile(r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$")  # as the CRD's pattern has it, at most 6 decimals
+
+
 def _share(value: object) -> float | None:
-    """A share written as a decimal string (status.kvCache.traffic.stoppedAtMaxTokens); None unless 0 to 1."""
-    if not isinstance(value, str) or len(value) > 16:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and 0.0 <= number <= 1.0 else None
+    """A share written as a decimal string (status.kvCache.traffic.stoppedAtMaxTokens); None unless a decimal
+    from 0 to 1 written as the operator writes it."""
+    return float(value) if isinstance(value, str) and SHARE.match(value) else None
 
 
 def _positive(value: object) -> float:

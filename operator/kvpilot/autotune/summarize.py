@@ -150,7 +150,7 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
     * share stopped at max_tokens: the ``finished_reason="length"`` series of ``request_success_total`` per
       finished request, over the pods that export the counter (no release exports max_tokens itself).
     """
-    arrived = finished = prompt_tokens = admitted = output_tokens = outputs = cut = counted = 0.0
+    arrived = finished = prompt_tokens = admitted = output_tokens = outputs = cut = cut_of = 0.0
     for pod, samples in pods.items():
         if not samples:
             continue
@@ -162,7 +162,7 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
         output_tokens += one.output_tokens
         outputs += one.outputs
         if one.cut is not None:
-            cut, counted = cut + one.cut, counted + one.finished
+            cut, cut_of = cut + one.cut, cut_of + one.finished
     if finished < MIN_TRAFFIC_REQUESTS or not pods or span <= 0:
         return Traffic()
 
@@ -173,7 +173,7 @@ def traffic_fit(pods: Mapping[str, Sequence[IterationSample]], latency_by_pod: M
     rate = arrived / span / len(pods)
     return Traffic(arrival_rate=rate if math.isfinite(rate) and rate <= MAX_RATE_PER_POD else 0.0,
                    prompt_mean=ratio(prompt_tokens, admitted), output_mean=ratio(output_tokens, outputs),
-                   length_share=min(1.0, cut / counted) if counted >= MIN_TRAFFIC_REQUESTS else None)
+                   length_share=min(1.0, cut / cut_of) if cut_of >= MIN_TRAFFIC_REQUESTS else None)
 
 
 @dataclass(frozen=True)
@@ -208,16 +208,17 @@ def _pod_traffic(samples: Sequence[IterationSample], snaps: list[LatencySnapshot
         steps = sum(s.completed_requests for s in samples)
         output_tokens, outputs = _generation_steps(samples) + steps, steps
     return _PodTraffic(max(0.0, done + in_pod), done, prompt_tokens, admitted, output_tokens, outputs,
-                       _cut(snaps) if counted else None)
+                       _cut(snaps, done) if counted else None)
 
 
-def _cut(snaps: list[LatencySnapshot]) -> float | None:
-    """Requests the pod finished at their max_tokens over the window; None when it does not say, or its counter
-    went back (a restarted pod)."""
+def _cut(snaps: list[LatencySnapshot], done: float) -> float | None:
+    """Requests the pod finished at their max_tokens over the window, at most the ``done`` it finished; None when
+    it does not say, or either counter went back (a restarted pod: its requests are not counted, so nor are its
+    cut ones)."""
     before, after = snaps[0].length_finished, snaps[-1].length_finished
-    if before is None or after is None or after < before:
+    if before is None or after is None or after < before or (snaps[-1].completed or 0.0) < (snaps[0].completed or 0.0):
         return None
-    return after - before
+    return min(after - before, done)
 
 
 MIN_FIT_SPREAD = 3  # requests of generation-batch spread needed before a slope means anything

@@ -125,12 +125,12 @@ def traffic_record(seen: SeenTraffic | None, arrival_cv: float | None) -> Traffi
     if seen is None:
         return None
     share = seen.length_share
-    cap = cap_from_length_share(seen.output_mean, share, OUTPUT_SIGMA) if share is not None else 0
+    cap = cap_from_length_share(seen.output_mean, share, OUTPUT_SIGMA)
     return TrafficStatus(requests_per_minute=round(seen.rate_per_pod * 60), prompt_tokens=round(seen.prompt_mean),
                          output_tokens=round(seen.output_mean),
                          arrival_cv=f"{arrival_cv:.2f}" if arrival_cv is not None else None,
                          requests=round(seen.requests),
-                         stopped_at_max_tokens=f"{share:.4f}" if share is not None else None, max_tokens=cap or None)
+                         stopped_at_max_tokens=f"{share:.6f}" if share is not None else None, max_tokens=cap or None)
 
 
 def shifting_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:

@@ -81,9 +81,10 @@ class LatencySnapshot:
     # export it, so the completion rate falls back to the iteration stats instead of reading 0.
     completed: float | None = None
     # Of those, the ones that stopped at their max_tokens (the counter's ``finished_reason="length"`` series: the
-    # reason tensorrt_llm/executor/result.py sets for FinishReason.LENGTH, and collector.py's label, 1.1 and 1.3
-    # collectors). No release exports max_tokens itself; the share cut there tells the tuner where the cap is
-    # (autotune/capped.py cap_from_length_share). None when the counter is absent; 0 when no request hit its cap.
+    # reason tensorrt_llm/executor/result.py sets for FinishReason.LENGTH; collector.py labels the counter with
+    # it). No release exports max_tokens itself; the share cut there tells the tuner where the cap is
+    # (autotune/capped.py cap_from_length_share). None when the counter is absent or carries no finish reason;
+    # 0 when no request hit its cap.
     length_finished: float | None = None
     # Prompt and generated tokens of finished requests (counters of the 1.3 collector: trtllm_prompt_tokens_total,
     # trtllm_generation_tokens_total); None when the release does not export them (1.2): the iteration stats
@@ -194,10 +195,12 @@ LENGTH_REASON = "length"  # finished_reason of a request stopped by its max_toke
 
 
 def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]], dict[str, float]]:
-    """Gauges/counters (summed over labels), histograms, and the counters' ``finished_reason="length"`` series
-    alone, of a Prometheus text page, bounded and finite."""
+    """Gauges/counters (summed over labels), histograms, and, of the counters labelled by ``finished_reason``,
+    the ``"length"`` series alone (0 where the label is there but no request hit its cap yet; a counter without
+    the label is absent, so it reads as unknown, not as none cut), of a Prometheus text page, bounded and finite."""
     if not isinstance(text, str):
         raise MetricsRejected("shape", "/prometheus/metrics must be text")
+    completed_names = set(metric_spellings().get("completed", ()))
     gauges: dict[str, float] = {}
     lengths: dict[str, float] = {}
     hist: dict[str, dict[str, Any]] = {}
@@ -226,10 +229,11 @@ def _families(text: str) -> tuple[dict[str, float], dict[str, dict[str, Any]], d
                     if family.type == "counter" and value < 0:
                         raise MetricsRejected("value", f"/prometheus/metrics counter {s.name:.80} is negative")
                     gauges[s.name] = gauges.get(s.name, 0.0) + value
-                    if s.labels.get("finished_reason") == LENGTH_REASON:  # a counter, however the page types it
+                    reason = s.labels.get("finished_reason")
+                    if reason is not None and s.name in completed_names:  # however the page types the family
                         if value < 0:
                             raise MetricsRejected("value", f"/prometheus/metrics counter {s.name:.80} is negative")
-                        lengths[s.name] = lengths.get(s.name, 0.0) + value
+                        lengths[s.name] = lengths.get(s.name, 0.0) + (value if reason == LENGTH_REASON else 0.0)
     except MetricsRejected:
         raise
     except Exception as exc:  # noqa: BLE001 — the text parser raises many types on hostile input
@@ -249,12 +253,12 @@ def _first(table: dict[str, Any], logical: str) -> Any:
 def parse_prometheus(text: str, now_s: float) -> tuple[IterationSample | None, LatencySnapshot]:
     """``/prometheus/metrics``: the iteration gauges and the latency histograms, under either spelling."""
     gauges, hist, lengths = _families(text)
-    completed = _first(gauges, "completed")
+    completed, cut = _first(gauges, "completed"), _first(lengths, "completed")
     latency = LatencySnapshot(
         ttft=_histogram(_first(hist, "ttft")),
         tpot=_histogram(_first(hist, "tpot")),
         completed=completed,
-        length_finished=None if completed is None else min(completed, _first(lengths, "completed") or 0.0),
+        length_finished=None if completed is None or cut is None else min(completed, cut),
         prompt_tokens=_first(gauges, "prompt_tokens"),
         generation_tokens=_first(gauges, "generation_tokens"),
     )
