@@ -99,11 +99,13 @@ def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
     from kvpilot.autotune.whatif import steady_run
 
     steady_run.cache_clear()
-    _, why = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    best, why = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
     # Staying put and four candidates, each within the share; then the robust choice's replays on the slower
-    # engine: staying put and each candidate that beats it, each within the same share.
+    # engine: staying put and each candidate that beats it, each within the same share; then, for the change
+    # chosen, staying put and it with the placed max_tokens one step lower and one higher.
     replayed = why.split("on an engine 20% slower: ")[1].split(";")[0].count(" at ") if "slower" in why else 0
-    assert steady_run.cache_info().currsize == 5 + replayed
+    assert best is not None and "max_tokens placed at" in why
+    assert steady_run.cache_info().currsize == 5 + replayed + 4
     assert replayed <= 5
 
 

@@ -249,7 +249,8 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
     best, why = what_if_verdict(model, traffic, inp.current, _options(inp, w, decision, lo, hi),
-                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin)
+                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
+                                for_gain=not protective)
     if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
         if protective:
             return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvsim import Request
 from kvsim.workload import Phase
@@ -80,6 +80,18 @@ GRID = 0.025  # the fit is rounded to a 2.5% log grid, so a steady traffic hits 
 CV_GRID = 0.25  # the arrival cv to the nearest quarter: its estimate scatters by ~+/-0.5 at cv 3 anyway
 # The cap to a 10% log grid: placed from a few dozen cut requests a window, it scatters by more than 2.5%.
 CAP_GRID = 0.1
+
+
+def cap_bounds(fit: TrafficFit) -> list[TrafficFit]:
+    """The fit with its placed cap one CAP_GRID step lower and one higher (about -10% and +10.5%), kept at or above
+    the mean output: the cap is placed, not known (capped.cap_from_length_share is within -12% / +4% of the true
+    one on the suite's output spreads, and a window's share scatters), so a change the model prefers at the placed
+    cap alone is no gain the pods will see (``whatif.verdict``). None where the cap is unknown."""
+    if fit.max_tokens <= 0:
+        return []
+    floor = math.ceil(fit.output_mean)
+    caps = {max(floor, round(fit.max_tokens * math.exp(step * CAP_GRID))) for step in (-1, 1)} - {fit.max_tokens}
+    return [replace(fit, max_tokens=cap) for cap in sorted(caps)]
 
 
 def quantized(fit: TrafficFit) -> TrafficFit:

@@ -26,7 +26,7 @@ from kvsim.config import Backend, CapacityPolicy
 from kvsim.memory import plan_for
 
 from kvpilot.autotune.fleet import Fleet
-from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, fit_traffic, quantized, replayed_requests
+from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, cap_bounds, fit_traffic, quantized, replayed_requests
 from kvpilot.autotune.robust import least_regret, paid_back
 from kvpilot.autotune.window import KvWindow
 
@@ -36,7 +36,8 @@ SHED_SHARE = 0.5  # of the TTFT objective: see Engine.queue_timeout_s
 # Per decision: staying put and every candidate share this many simulated requests (each run gets at most
 # MAX_REQUESTS), so one decision's cost is bounded whatever the rate or the number of candidates (its measured
 # cost: docs/tuner-suite.md, "How the tuner decides now"). The robust choice's replays on a slower engine get
-# the same share per candidate, so a decision simulates at most twice this many.
+# the same share per candidate, and a change chosen with a placed max_tokens is replayed four more times (staying
+# put and it, the cap one step lower and higher: ``_cap_shaky``), so a decision simulates at most 2.8x this many.
 DECISION_BUDGET_REQUESTS = 30000
 STEADY_SECONDS = 240.0  # simulated traffic per candidate
 NOISE = 0.01  # the simulation's own noise: candidates within 1% of each other are equal even to an exact model
@@ -287,13 +288,15 @@ def _slower_runs(e: Engine, fit: TrafficFit, candidates: list[int], budget: int)
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
-            horizon_s: float, margin: float = MARGIN) -> tuple[int | None, str]:
+            horizon_s: float, margin: float = MARGIN, for_gain: bool = True) -> tuple[int | None, str]:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
     model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
     None when no candidate does. Also the figures and the CPU it took. Without a traffic fit:
     None with the reason "no traffic fit". The choice among equals reads the margin on the objectives from each
-    candidate's own simulated p95s (``choose``)."""
+    candidate's own simulated p95s (``choose``). A change ``for_gain`` (not one the measurements call for, which
+    the model may resize but not veto) must also hold where the placed max_tokens is off by its error
+    (``_cap_shaky``)."""
     fit = fit_traffic(w)
     if fit is None:
         return None, "no traffic fit"
@@ -316,15 +319,36 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     # 20.7 req/s over the run where 59 serves 24.7 (tight-tpot-overload.pytorch from 2048).
     moving = [c for c in movers(results, stay, e, margin) if c > current]
     slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
-    cpu = time.process_time() - started
     best = choose(results, stay, gains, lost, current, e, margin, slow)
+    shaky = _cap_shaky(e, fit, current, best, horizon_s - rollout_s, restart_cost_s, budget) \
+        if best is not None and for_gain else None
+    best = None if shaky else best
     tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
     if slow:
         tried += "; on an engine 20% slower: " + ", ".join(
             f"{slow[c].goodput:.2f} {'staying at' if c == current else 'at'} {c}" for c in sorted(slow))
     burst = f", arrival cv {fit.arrival_cv:.2f}" if fit.arrival_cv != 1.0 else ""
     error = f"; model error {e.model_error:.0%}" if e.model_error > NOISE else ""
-    why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens): "
-           f"goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good requests"
-           f"{error} ({cpu:.1f} CPU-s)")
+    cap = f", max_tokens placed at {fit.max_tokens}" if fit.max_tokens else ""
+    why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens"
+           f"{cap}): goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good "
+           f"requests{error}{'; ' + shaky if shaky else ''} ({time.process_time() - started:.1f} CPU-s)")
     return best, why
+
+
+def _cap_shaky(e: Engine, fit: TrafficFit, current: int, best: int, seconds: float, restart_cost_s: float,
+               budget: int) -> str | None:
+    """Why the change to ``best`` does not hold where the placed cap is off by its error (``replay.cap_bounds``):
+    at either bound its gain over ``seconds`` must still pay back the restart; None when it holds. Measured on
+    the suite's long-output case on an engine decoding 30% slower, from 2048 (docs/tuner-suite.md, "Twelfth
+    pass"): with the cap placed ~4% high, the model admitted fewer requests at 1024 than the pods would and put
+    its p95 TPOT 1% inside the objective; the lower went, the pods broke TPOT at 1024, and the protective lower
+    that followed cost 6% of the run."""
+    for bound in cap_bounds(fit):
+        stay, moved = _placed(e, bound, current, budget), _placed(e, bound, best, budget)
+        if isinstance(stay, str) or isinstance(moved, str):
+            return f"the model cannot place it with max_tokens {bound.max_tokens}"
+        if (moved.goodput - stay.goodput) * max(0.0, seconds) <= restart_cost_s * stay.goodput:
+            return (f"with max_tokens at {bound.max_tokens} (the placed cap's error) {best} serves "
+                    f"{moved.goodput:.2f} where staying serves {stay.goodput:.2f}: no change")
+    return None
