@@ -299,7 +299,7 @@ def test_when_the_tuner_moves_the_deployment_is_rendered_once_for_the_new_value(
     from tests.unit.test_planning import window
 
     monkeypatch.setattr(policy, "decide_from_signals", lambda *a: Decision("Raise", 128, "QueueWithHeadroom", "q"))
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *a: (128, "confirmed"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: (128, "confirmed"))
     rendered: list[int] = []
     real = serving.deployment
     monkeypatch.setattr(serving, "deployment", lambda *a, **k: rendered.append(k["max_batch_size"]) or real(*a, **k))
