@@ -65,6 +65,16 @@ wait_for() {  # wait_for NAME URL [uptools args...]
   fi
   testenv_log "  $name healthy after ${waited}s"
 }
+# kubectl wait fails at once, instead of waiting, on an object whose status has no conditions yet
+# ("<nil> is of the type <nil>, expected []interface{}": a CRD or a node read just after its create, which CI's
+# cold machine hit on the LeaderWorkerSet CRD). Retry it in short waits until WAIT_S has passed.
+wait_condition() {  # wait_condition CONDITION KUBECTL-GET-ARGS...
+  local cond=$1 deadline=$((SECONDS + WAIT_S)) err; shift
+  until err=$(kubectl wait --for=condition="$cond" "$@" --timeout=10s 2>&1 >/dev/null); do
+    if ((SECONDS >= deadline)); then testenv_log "kubectl wait --for=condition=$cond $*: $err"; return 1; fi
+    sleep 1
+  done
+}
 start_local_kubelet() {
   testenv_log "starting the local kubelet (runs serving.kvpilot.io/backend=simulated pods: images under podman, else local processes; LOCALKUBELET_RUNNER)"
   rm -f "$T/run/localkubelet.ready"
@@ -88,7 +98,8 @@ start_lws() {
   testenv_log "starting the LeaderWorkerSet controller v$LWS_VERSION (webhooks on 127.0.0.1:${ports[0]})"
   "$PY" "$HERE/lwsctl.py" manifests --source "$LWS_SRC" --webhook-port "${ports[0]}" >"$d/manifests.yaml"
   kubectl apply --server-side --force-conflicts --field-manager=testenv -f "$d/manifests.yaml" >/dev/null
-  kubectl wait --for=condition=Established crd/leaderworkersets.leaderworkerset.x-k8s.io --timeout="${WAIT_S}s" >/dev/null
+  wait_condition Established crd/leaderworkersets.leaderworkerset.x-k8s.io \
+    || testenv_die "the LeaderWorkerSet CRD was not Established within ${WAIT_S}s"
   token=$(kubectl create token lws-controller-manager -n lws-system --duration=8760h)
   (umask 077; sed -e '/^users:/,$d' "$KC" >"$d/kubeconfig"
    printf 'users:\n- name: kvpilot-testenv-admin\n  user:\n    token: %s\n' "$token" >>"$d/kubeconfig"
@@ -234,7 +245,7 @@ spawn kwok "$B/kwok" --kubeconfig="$KC" --config="$HERE/kwok/stages.yaml" \
 
 testenv_log "registering fake GPU nodes"
 kubectl apply -f "$HERE/nodes.yaml" >/dev/null
-if ! kubectl wait --for=condition=Ready node -l type=kwok --timeout="${WAIT_S}s" >/dev/null; then
+if ! wait_condition Ready node -l type=kwok; then
   tail -n 25 "$LOGS/kwok.log" >&2 || true
   testenv_die "fake nodes did not become Ready (is kwok running? see $LOGS/kwok.log)"
 fi
