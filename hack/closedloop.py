@@ -47,8 +47,7 @@ def free_port() -> int:
 def install_chart() -> None:
     cluster.helm("upgrade", "--install", "kvpilot", str(ROOT / "charts/kvpilot"), "-n", OPERATOR_NS,
                  "--create-namespace", "--set", f"kvsimImage.tag={IMAGE_TAG}", "--set", f"image.tag={IMAGE_TAG}")
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceengines.serving.kvpilot.io",
-                    "--timeout=60s")
+    cluster.wait_condition("crd/inferenceengines.serving.kvpilot.io", "Established", timeout_s=60)
     deadline = time.monotonic() + 60
     while cluster.kubectl("explain", "inferenceengine.spec", check=False).strip() == "":
         if time.monotonic() > deadline:

@@ -117,6 +117,27 @@ def kubectl(
     return _run([os.fspath(bin_dir() / "kubectl"), f"--kubeconfig={config}", *args], stdin, timeout_s, check, None)
 
 
+# What kubectl wait says, and exits 1 at once, when the object's status.conditions is there but null (a CRD read
+# just after its create): it would have waited had the field been absent. CI's cold machine hit it (cluster-up.sh).
+NO_CONDITIONS_YET = ".status.conditions accessor error"
+
+
+def wait_condition(resource: str, condition: str, namespace: str | None = None, timeout_s: float = 120) -> None:
+    """`kubectl wait --for=condition=CONDITION RESOURCE`, retried while the object has no conditions yet, until
+    ``timeout_s``; CommandError (naming the resource and condition) when it does not hold by then."""
+    scope = ["-n", namespace] if namespace else []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = max(1, int(deadline - time.monotonic()))
+        try:
+            kubectl("wait", f"--for=condition={condition}", resource, *scope, f"--timeout={left}s", timeout_s=left + 30)
+            return
+        except CommandError as err:
+            if NO_CONDITIONS_YET not in err.stderr or time.monotonic() >= deadline:
+                raise
+        time.sleep(1)
+
+
 def helm(*args: str, stdin: str | None = None, timeout_s: float = 300, check: bool = True) -> str:
     """`helm --kubeconfig=<admin> ARGS...` with Helm's state under .testenv/helm; stdout as text."""
     argv = [os.fspath(bin_dir() / "helm"), f"--kubeconfig={kubeconfig_path()}", *args]
@@ -135,14 +156,18 @@ def _pid_alive(name: str) -> bool:
 
 
 def is_live() -> bool:
-    """True when the API server answers /readyz with our kubeconfig and the local kubelet runs."""
+    """True when the API server answers /readyz with our kubeconfig, the local kubelet runs, and so does the
+    LeaderWorkerSet controller unless TESTENV_LWS=0: its webhooks are registered before it starts, so a cluster-up
+    that died between the two leaves every LeaderWorkerSet create refused, and the next caller must rerun
+    cluster-up.sh (which starts only what is missing) rather than take that cluster as up."""
     if not kubeconfig_path().exists() or not (bin_dir() / "kubectl").exists():
         return False
     try:
         ok = kubectl("get", "--raw=/readyz", timeout_s=10, check=False).strip() == "ok"
     except subprocess.TimeoutExpired:
         return False
-    return ok and _pid_alive("localkubelet")
+    lws_wanted = os.environ.get("TESTENV_LWS", "1") != "0"
+    return ok and _pid_alive("localkubelet") and (not lws_wanted or _pid_alive("lws-controller"))
 
 
 def _stream(argv: Sequence[str], what: str) -> None:
