@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_localcluster_e2e import KVSIM_BUILD, SIM, apply, engine_volume, get, job, terminated_of, wait_until
+from tests.testenv.test_kvsim_pods_e2e import KVSIM_BUILD
+from tests.testenv.test_localcluster_e2e import SIM, apply, engine_volume, get, job, terminated_of, wait_until
 
 import kvpilot
 
