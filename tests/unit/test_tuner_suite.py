@@ -162,6 +162,27 @@ def test_a_failed_oracle_criterion_is_marked_only_where_the_instant_reference_mi
     assert missed_by_instant(passing) == [] and verdict(passing) == "pass"
 
 
+def test_a_near_oracle_failure_says_when_even_the_reactive_bound_misses_it() -> None:
+    """long-output-l40s.decode0.8-perseq1.5 (2026-12-04): the tuner raised at its first window, as the reactive bound
+    does (1.000x it), and both end at 0.966x the oracle where the instant reference, acting at second 0, reaches
+    0.971x. The row still fails; the verdict says no tuner that must first see the need could pass it."""
+    from kvpilot.bench.report import missed_by_reactive, verdict
+
+    failing = row(2.38, 0.966, 1.0, [512])
+    failing["criteria"] = criteria(failing, STEADY)
+    failing["ratios"].update(instantOverOracle=0.971, overReactive=1.0)
+    failing.update(oracle={"goodput": 35.55}, reactive={"goodput": 34.34})
+    assert missed_by_reactive(failing)
+    assert verdict(failing) == ("FAIL: nearOracle (the reactive bound misses it too: 0.966x oracle, autotuned "
+                                "1.000x it)")
+    failing["reactive"] = {"goodput": 35.0}  # 0.985x: a tuner seeing the need in one interval could pass
+    assert not missed_by_reactive(failing) and verdict(failing) == "FAIL: nearOracle"
+    passing = row(1.0, 1.0, 1.0, [])
+    passing["criteria"] = criteria(passing, STEADY)
+    passing.update(oracle={"goodput": 10.0}, reactive={"goodput": 5.0})
+    assert not missed_by_reactive(passing) and verdict(passing) == "pass"
+
+
 def test_the_perturbed_set_covers_each_parameter_both_ways_within_the_model_error_and_combined() -> None:
     """Issue 18: each calibrated parameter and the GPU memory, in both directions, within +/-30%, alone and at
     least two combined, and the issue's own example (decode x0.8, per_seq x1.5)."""
