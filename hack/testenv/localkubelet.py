@@ -36,7 +36,7 @@ from hack.testenv.podagent.agent import Agent
 from hack.testenv.podagent.dns import HostsTable, getent_shim
 from hack.testenv.podagent.kube import Kube
 from hack.testenv.podagent.podman import podman_binary
-from hack.testenv.podagent.worker import AgentConfig
+from hack.testenv.podagent.config import AgentConfig
 
 log = logging.getLogger("localkubelet")
 

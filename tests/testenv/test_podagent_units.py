@@ -263,7 +263,7 @@ def test_agent_relists_after_410_and_stops_pods_that_vanished(tmp_path) -> None:
     import threading
 
     from hack.testenv.podagent.agent import Agent
-    from hack.testenv.podagent.worker import AgentConfig
+    from hack.testenv.podagent.config import AgentConfig
 
     stop = threading.Event()
     first = [_bound_pod("a", "uid-a"), _bound_pod("b", "uid-b", ip="127.2.0.77")]

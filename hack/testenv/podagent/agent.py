@@ -15,7 +15,8 @@ import time
 from . import SIMULATED_SELECTOR
 from .dns import HostsTable
 from .kube import Kube, WatchExpired
-from .worker import AgentConfig, PodWorker
+from .config import AgentConfig
+from .worker import PodWorker
 
 log = logging.getLogger("localkubelet.agent")
 

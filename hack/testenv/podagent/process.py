@@ -113,3 +113,22 @@ class ContainerRun:
         except OSError:
             return ""
         return b"\n".join(tail)[-MESSAGE_MAX_BYTES:].decode("utf-8", "replace")
+
+
+def stop_all(runs: dict[str, ContainerRun], grace_s: float) -> dict[str, int]:
+    """SIGTERM every run, SIGKILL what is left after ``grace_s``; empties ``runs`` and returns name -> exit code."""
+    codes: dict[str, int] = {}
+    for run in runs.values():
+        run.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while runs and time.monotonic() < deadline:
+        for name, run in list(runs.items()):
+            code = run.poll()
+            if code is not None:
+                codes[name] = code
+                del runs[name]
+        time.sleep(0.1)
+    for name, run in runs.items():
+        codes[name] = run.stop(0)
+    runs.clear()
+    return codes

@@ -10,27 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import status as st
+from .config import MULTINODE_LABEL, AgentConfig, ImageMissing
 from .kube import Kube
 from .lifecycle import run_pre_stop_hooks
 from .podspec import ConfigError, path_rewriter, plan_launch
-from .probes import (
-    LIVENESS,
-    READINESS,
-    STARTUP,
-    ProbeContext,
-    ProbeTracker,
-    run_probe,
-    trackers_for,
-)
+from .probes import LIVENESS, READINESS, STARTUP, ProbeContext, ProbeTracker, run_probe, trackers_for
 from .podman import PodmanRun, apply_fs_group, image_present, mount_modes, plan_podman
-from .process import ContainerRun, rfc3339_now
+from .process import ContainerRun, rfc3339_now, stop_all
 from .volumes import container_mounts, materialize
 
 log = logging.getLogger("localkubelet.worker")
@@ -41,30 +32,6 @@ EXEC_PROBE_OVERHEAD_S = 10.0
 # How often the worker compares the status in the API server with what it published (the kubelet's status
 # manager syncs every 10 s); between checks the watch's lag behind our own patch is not mistaken for a change.
 RECONCILE_EVERY_S = 10.0
-
-
-class ImageMissing(Exception):
-    """The image is not in the local store (the kubelet's ErrImageNeverPull under pullPolicy Never)."""
-
-
-# Pods of a LeaderWorkerSet (multi-node engines) always run as local processes.
-MULTINODE_LABEL = "leaderworkerset.sigs.k8s.io/name"
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Settings shared by every worker."""
-
-    state_dir: Path  # .testenv
-    base_env: dict[str, str]  # PATH (shims, venv), HOME, LANG, ...
-    shims: dict[str, str]  # program name -> shim executable
-    backoff_initial_s: float = 2.0
-    backoff_max_s: float = 40.0
-    tick_s: float = 0.25
-    # The podman executable when containers run from their images (runner "podman" or "auto"); None runs
-    # every container as a local process. require_image: a missing image is ErrImageNeverPull, not a fallback.
-    podman: str | None = None
-    require_image: bool = False
 
 
 class PodWorker(threading.Thread):
@@ -155,7 +122,7 @@ class PodWorker(threading.Thread):
                 self._wake.wait(self.cfg.tick_s)
                 self._wake.clear()
         finally:
-            self._terminate(0 if self._shutdown.is_set() else 2)
+            stop_all(self.runs, 0 if self._shutdown.is_set() else 2)
 
     def _delete_after_stop(self, meta: dict) -> None:
         """Complete a graceful deletion once the processes are gone; retried while the API is unreachable."""
@@ -169,24 +136,6 @@ class PodWorker(threading.Thread):
                 if self._shutdown.wait(1):
                     return
 
-    def _terminate(self, grace_s: float) -> dict[str, int]:
-        """SIGTERM every container, SIGKILL what is left after `grace_s`; returns name -> exit code."""
-        codes: dict[str, int] = {}
-        for run in self.runs.values():
-            run.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.runs and time.monotonic() < deadline:
-            for name, run in list(self.runs.items()):
-                code = run.poll()
-                if code is not None:
-                    codes[name] = code
-                    del self.runs[name]
-            time.sleep(0.1)
-        for name, run in self.runs.items():
-            codes[name] = run.stop(0)
-        self.runs.clear()
-        return codes
-
     def _finish_deletion(self, meta: dict) -> None:
         """Graceful deletion as the kubelet does it: stop the containers, move the pod to a terminal phase
         (so a Job controller accounts it), then delete it with grace period 0."""
@@ -194,7 +143,7 @@ class PodWorker(threading.Thread):
         running = [c for c in self.pod["spec"].get("containers", []) if c.get("name") in self.runs]
         prefixes = {name: ctx.exec_prefix for name, ctx in self.probe_ctx.items()}
         grace = run_pre_stop_hooks(running, grace, exec_prefixes=prefixes)  # e.g. a serving pod's drain delay
-        codes = self._terminate(grace)
+        codes = stop_all(self.runs, grace)
         now = rfc3339_now()
         for name, code in codes.items():
             cs = self.statuses.get(name)
