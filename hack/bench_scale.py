@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ os.environ.setdefault("TESTENV_KCM_CONTROLLERS",
                       "*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller")
 from hack import closedloop  # noqa: E402 — after the environment above, which the testenv reads
 from hack.testenv import cluster  # noqa: E402
+from hack.bench_operator import Operator  # noqa: E402
 
 GPUS_PER_NODE = 64
 PODS_PER_NODE = 250
@@ -114,71 +114,6 @@ def per_minute(before: dict[tuple[str, str], float], after: dict[tuple[str, str]
     keys = set(before) | set(after)
     rates = {f"{v} {r}": (after.get((v, r), 0) - before.get((v, r), 0)) * 60 / seconds for v, r in keys}
     return {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.05}
-
-
-class Operator:
-    """The operator as a local process under the chart's ServiceAccount, with its metrics port open."""
-
-    def __init__(self, logdir: Path, resync: float):
-        self.logdir, self.resync = logdir, resync
-        self.kubeconfig = cluster.serviceaccount_kubeconfig(closedloop.OPERATOR_NS, "kvpilot", logdir / "sa.kubeconfig")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        self.metrics, health = closedloop.free_port(), closedloop.free_port()
-        # MALLOC_ARENA_MAX as the chart's Deployment sets it.
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", MALLOC_ARENA_MAX="2")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvpilot.cli", "run", "--all-namespaces", "--metrics-port", str(self.metrics),
-             "--health-port", str(health), "--resync-seconds", str(self.resync)],
-            env=env, stdout=(self.logdir / f"operator-{self.starts}.log").open("wb"), stderr=subprocess.STDOUT,
-            cwd=ROOT)
-        self.started = time.monotonic()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def proc_stats(self) -> tuple[float, float]:
-        """(peak RSS in MB, CPU seconds so far) of the operator process."""
-        assert self.proc is not None
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return round(hwm, 1), round(cpu, 1)
-
-    def metric_values(self) -> dict[str, float]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=10) as r:
-                text = r.read().decode()
-        except OSError:
-            return {}
-        out = {}
-        for line in text.splitlines():
-            if line.startswith("kvpilot_") and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
-
-    def api_calls(self) -> dict[str, float]:
-        """The operator's own count of its API requests, by 'verb resource'."""
-        out = {}
-        for name, value in self.metric_values().items():
-            m = re.match(r'kvpilot_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\}', name)
-            if m:
-                out[f"{m[2]} {m[1]}"] = value
-        return out
-
-    def reconciles(self) -> float:
-        return sum(v for k, v in self.metric_values().items() if k.startswith("kvpilot_reconcile_total{"))
 
 
 def engines_available() -> tuple[int, int]:
@@ -280,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus = n + min(args.fingerprints, n)
         count = max(gpus // GPUS_PER_NODE + 1, n // PODS_PER_NODE + 1) + 1
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(nodes(count)), timeout_s=300)
-        cluster.kubectl("wait", "--for=condition=Ready", "node", "-l", "type=kwok", "--timeout=180s", timeout_s=200)
+        cluster.wait_condition("node", "Ready", selector="type=kwok", timeout_s=180)
         log(f"{count} fake GPU nodes ({GPUS_PER_NODE} GPUs each) are Ready; installing the chart")
         closedloop.install_chart()
         for i in range(args.namespaces):

@@ -122,10 +122,11 @@ def kubectl(
 NO_CONDITIONS_YET = ".status.conditions accessor error"
 
 
-def wait_condition(resource: str, condition: str, namespace: str | None = None, timeout_s: float = 120) -> None:
-    """`kubectl wait --for=condition=CONDITION RESOURCE`, retried while the object has no conditions yet, until
-    ``timeout_s``; CommandError (naming the resource and condition) when it does not hold by then."""
-    scope = ["-n", namespace] if namespace else []
+def wait_condition(resource: str, condition: str, namespace: str | None = None, timeout_s: float = 120,
+                   selector: str | None = None) -> None:
+    """`kubectl wait --for=condition=CONDITION RESOURCE [-l SELECTOR]`, retried while the object has no conditions
+    yet, until ``timeout_s``; CommandError (naming the resource and condition) when it does not hold by then."""
+    scope = (["-n", namespace] if namespace else []) + (["-l", selector] if selector else [])
     deadline = time.monotonic() + timeout_s
     while True:
         left = max(1, int(deadline - time.monotonic()))
