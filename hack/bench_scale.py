@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                               "resyncSeconds": args.resync_seconds, "cpus": os.cpu_count(),
                               "loadAverageAtStart": round(os.getloadavg()[0], 2)}
     logdir = ROOT / ".testenv-bench" / "bench"
-    if cluster.is_live():  # a leftover from an earlier run: start from an empty etcd
+    if (cluster.testenv_dir() / "pids").is_dir():  # a leftover of an earlier run, whole or not: start from an empty etcd
         cluster.cluster_down()
     log(f"starting a control plane in {cluster.testenv_dir()}")
     cluster.ensure_cluster_up()

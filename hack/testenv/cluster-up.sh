@@ -67,10 +67,15 @@ wait_for() {  # wait_for NAME URL [uptools args...]
 }
 # kubectl wait fails at once, instead of waiting, on an object whose status has no conditions yet
 # ("<nil> is of the type <nil>, expected []interface{}": a CRD or a node read just after its create, which CI's
-# cold machine hit on the LeaderWorkerSet CRD). Retry it in short waits until WAIT_S has passed.
+# cold machine hit on the LeaderWorkerSet CRD), and on a selector that matches nothing yet. Waited on in 10 s
+# slices, retried on those and on a slice's own timeout until WAIT_S has passed; any other error fails at once.
 wait_condition() {  # wait_condition CONDITION KUBECTL-GET-ARGS...
   local cond=$1 deadline=$((SECONDS + WAIT_S)) err; shift
   until err=$(kubectl wait --for=condition="$cond" "$@" --timeout=10s 2>&1 >/dev/null); do
+    case $err in
+      *"accessor error"* | *"no matching resources found"* | *"timed out waiting for the condition"*) ;;
+      *) testenv_log "kubectl wait --for=condition=$cond $*: $err"; return 1 ;;
+    esac
     if ((SECONDS >= deadline)); then testenv_log "kubectl wait --for=condition=$cond $*: $err"; return 1; fi
     sleep 1
   done

@@ -130,9 +130,12 @@ def wait_condition(resource: str, condition: str, namespace: str | None = None, 
     deadline = time.monotonic() + timeout_s
     while True:
         left = max(1, int(deadline - time.monotonic()))
+        argv = ("wait", f"--for=condition={condition}", resource, *scope, f"--timeout={left}s")
         try:
-            kubectl("wait", f"--for=condition={condition}", resource, *scope, f"--timeout={left}s", timeout_s=left + 30)
+            kubectl(*argv, timeout_s=left + 30)
             return
+        except subprocess.TimeoutExpired as hung:
+            raise CommandError(["kubectl", *argv], -1, "", f"kubectl did not return within {left + 30}s") from hung
         except CommandError as err:
             if NO_CONDITIONS_YET not in err.stderr or time.monotonic() >= deadline:
                 raise

@@ -74,3 +74,13 @@ def test_a_cluster_whose_lws_controller_died_is_not_live(monkeypatch: pytest.Mon
     running.discard("lws-controller")
     monkeypatch.setenv("TESTENV_LWS", "0")
     assert cluster.is_live(), "a cluster started without LWS needs no controller"
+
+
+def test_a_hung_kubectl_is_a_command_error_naming_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    def hung(*args: str, **_kw: object) -> str:
+        raise cluster.subprocess.TimeoutExpired(["kubectl", *args], 90)
+
+    monkeypatch.setattr(cluster, "kubectl", hung)
+    with pytest.raises(cluster.CommandError, match="did not return") as err:
+        cluster.wait_condition("ie/sim", "Available", namespace="ns1", timeout_s=60)
+    assert "ie/sim" in " ".join(err.value.argv) and "--for=condition=Available" in err.value.argv

@@ -26,6 +26,11 @@ def test_the_bounds_are_one_grid_step_either_way_never_below_the_mean() -> None:
     # Every output at its cap (kvsim's server: a share of 1): the cap is the mean, and no lower bound is below it.
     at_cap = TrafficFit(rate_per_s=3.0, prompt_mean=300.0, output_mean=48.0, max_tokens=48)
     assert [b.max_tokens for b in cap_bounds(at_cap)] == [53]
+    # A mean that is not whole, with the cap at its rounding (quantized's floor): nothing above the cap counts as
+    # the lower bound (ceil(48.3) = 49 would have been "lower" and checked nothing below the cap).
+    at_cap = TrafficFit(rate_per_s=3.0, prompt_mean=300.0, output_mean=48.3, max_tokens=48)
+    assert [b.max_tokens for b in cap_bounds(at_cap)] == [53]
+    assert all(b.max_tokens > 48 for b in cap_bounds(at_cap))
     assert cap_bounds(replace(fit, max_tokens=0)) == []  # unknown: nothing to bound
 
 
@@ -56,4 +61,4 @@ def test_a_lower_the_model_wants_only_at_the_placed_cap_is_not_made() -> None:
     assert best == 1024 and "placed cap's error" not in why
     # With the cap unknown (no Prometheus page), there is nothing to bound and the model's choice stands.
     best, why = verdict(MODEL, replace(WINDOW, length_share=None), 2048, [367, 519, 734, 1024], 18.0, 1800.0)
-    assert "placed" not in why
+    assert "placed" not in why and best is not None, why

@@ -177,6 +177,9 @@ def test_a_near_oracle_failure_says_when_even_the_reactive_bound_misses_it() -> 
                                 "1.000x it)")
     failing["reactive"] = {"goodput": 35.0}  # 0.985x: a tuner seeing the need in one interval could pass
     assert not missed_by_reactive(failing) and verdict(failing) == "FAIL: nearOracle"
+    for unknown in ({}, {"goodput": None}, {"goodput": float("nan")}):  # an older file, or a bound not measured
+        failing["reactive"] = unknown
+        assert not missed_by_reactive(failing) and verdict(failing) == "FAIL: nearOracle"
     passing = row(1.0, 1.0, 1.0, [])
     passing["criteria"] = criteria(passing, STEADY)
     passing.update(oracle={"goodput": 10.0}, reactive={"goodput": 5.0})

@@ -90,8 +90,11 @@ def cap_bounds(fit: TrafficFit) -> list[TrafficFit]:
     if fit.max_tokens <= 0:
         return []
     floor = math.ceil(fit.output_mean)
-    caps = {max(floor, round(fit.max_tokens * math.exp(step * CAP_GRID))) for step in (-1, 1)} - {fit.max_tokens}
-    return [replace(fit, max_tokens=cap) for cap in sorted(caps)]
+    lower = max(floor, round(fit.max_tokens * math.exp(-CAP_GRID)))
+    upper = round(fit.max_tokens * math.exp(CAP_GRID))
+    # A cap at the rounded mean (every output at it) has no room below; the floor would put "lower" above it.
+    caps = [cap for cap, side in ((lower, -1), (upper, 1)) if (cap - fit.max_tokens) * side > 0]
+    return [replace(fit, max_tokens=cap) for cap in caps]
 
 
 def quantized(fit: TrafficFit) -> TrafficFit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvpilot.bench.cases import Case
@@ -84,9 +85,19 @@ def missed_by_reactive(row: dict[str, Any]) -> bool:
     rolled one tuning interval after its phase begins, the least any tuner that must first see a need can wait
     (docs/tuner-suite.md). The instant reference acts at the phase's first second, which no such tuner can; a
     row the reactive bound misses is out of reach without foresight. It still counts as failed; the table says so."""
-    oracle = float(row.get("oracle", {}).get("goodput") or 0.0)
-    reactive = float(row.get("reactive", {}).get("goodput") or 0.0)
-    return not row["criteria"].get("nearOracle", True) and oracle > 0 and reactive / oracle < 0.97
+    share = _reactive_over_oracle(row)
+    return not row["criteria"].get("nearOracle", True) and share is not None and share < 0.97
+
+
+def _reactive_over_oracle(row: dict[str, Any]) -> float | None:
+    """The reactive bound's goodput over the oracle's; None where either is missing or not a positive number (a row
+    from a file written before the bound was kept)."""
+    oracle, reactive = (_finite((row.get(k) or {}).get("goodput")) for k in ("oracle", "reactive"))
+    return reactive / oracle if oracle and oracle > 0 and reactive is not None and reactive >= 0 else None
+
+
+def _finite(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def verdict(row: dict[str, Any]) -> str:
@@ -102,9 +113,9 @@ def _why(row: dict[str, Any], criterion: str) -> str:
     notes = []
     if criterion in row.get("missedByInstant", ()):
         notes.append(f"the instant reference misses it too: {row['ratios']['instantOverOracle']:.3f}x oracle")
-    if criterion == "nearOracle" and missed_by_reactive(row):
-        oracle, reactive = row["oracle"]["goodput"], row["reactive"]["goodput"]
-        notes.append(f"the reactive bound misses it too: {reactive / oracle:.3f}x oracle, autotuned "
+    share = _reactive_over_oracle(row)
+    if criterion == "nearOracle" and missed_by_reactive(row) and share is not None:
+        notes.append(f"the reactive bound misses it too: {share:.3f}x oracle, autotuned "
                      f"{row['ratios'].get('overReactive', float('nan')):.3f}x it")
     return f"{criterion} ({'; '.join(notes)})" if notes else criterion
 
