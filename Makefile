@@ -54,7 +54,7 @@ test: venv ## Run every test: unit, chart, simulator, end-to-end on the local co
 	@# The set-up steps run side by side (on a new machine: mypy, the control plane's Go build, aiperf's
 	@# virtualenv, Debian's tools and then the images), the two that use apt-get one after the other.
 	@$(MAKE) --no-print-directory -j3 lint $(AIPERF_STAMP) cluster-build test-apt-steps
-	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q tests
+	KVSIM_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(BIN)/pytest -q --durations=30 tests
 
 .PHONY: test-apt-steps
 test-apt-steps: e2e-tools
