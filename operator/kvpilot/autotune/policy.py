@@ -33,6 +33,7 @@ from kvpilot.autotune.constants import (
     TPOT_NEAR_MARGIN_FACTOR,
 )
 from kvpilot.autotune.costs import restart_cost_seconds
+from kvpilot.autotune.ahead import traffic_ahead
 from kvpilot.autotune.gate import model_misses
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
@@ -239,6 +240,11 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if judged is not None:
         protective = False
         decision = replace(decision, message=f"{decision.message}; {judged}")
+    if protective and decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN:
+        ahead = traffic_ahead(model, inp.history.last_traffic, w, traffic, inp.current)
+        if ahead is not None:
+            traffic = ahead[0]
+            decision = replace(decision, message=f"{decision.message}; {ahead[1]}")
     recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
     if recheck is not None:
         if protective:
