@@ -165,5 +165,5 @@ def ns(operator: Operator) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     closedloop.create_namespace(name)
     yield name
-    closedloop.delete_namespace(name)
+    closedloop.discard_namespace(name)
     shutil.rmtree(cluster.testenv_dir() / "volumes" / name, ignore_errors=True)

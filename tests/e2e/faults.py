@@ -46,7 +46,7 @@ class Team:
                 "-n", self.namespace)
 
     def delete(self) -> None:
-        closedloop.delete_namespace(self.namespace)
+        closedloop.discard_namespace(self.namespace)
 
     def submit(self, doc: dict[str, Any]) -> None:
         """Create an InferenceEngine as the tenant (kvpilot-edit grants create, not get: no apply)."""
