@@ -240,17 +240,17 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if judged is not None:
         protective = False
         decision = replace(decision, message=f"{decision.message}; {judged}")
-    if protective and decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN:
-        ahead = traffic_ahead(model, inp.history.last_traffic, w, traffic, inp.current)
-        if ahead is not None:
-            traffic = ahead[0]
-            decision = replace(decision, message=f"{decision.message}; {ahead[1]}")
     recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
     if recheck is not None:
         if protective:
             return replace(decision, message=f"{decision.message}; the simulation, which declined it recently, "
                            f"cannot veto a change the measurements call for")
         return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
+    if protective and decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN:
+        ahead = traffic_ahead(model, inp.history.last_traffic, w, traffic, inp.current)
+        if ahead is not None:
+            traffic = ahead[0]
+            decision = replace(decision, message=f"{decision.message}; {ahead[1]}")
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
