@@ -67,6 +67,9 @@ def test_candidates_follow_the_rules_direction_within_bounds() -> None:
     assert candidates(64, 48, 8, 1024) == [24, 32, 48]  # a lower also halves its target
     # and offers the step between (target / sqrt 2) where the halving ladder has none near it
     assert candidates(2048, 89, 8, 1024) == [44, 63, 89, 1024]
+    # a lower for traffic still arriving (autotune/ahead.py) goes deeper: the target over 2 sqrt 2 and over 4
+    assert candidates(256, 164, 8, 1024, deeper=True) == [41, 58, 82, 128, 164]
+    assert candidates(256, 164, 48, 1024, deeper=True) == [48, 58, 82, 128, 164]  # within the bounds
 
 
 def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:

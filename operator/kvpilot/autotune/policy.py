@@ -212,7 +212,7 @@ def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | Non
     return hold(inp, TunerReason.TRAFFIC_SHIFTING, f"{decision.message}; waiting a window: {moving}")
 
 
-def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int) -> list[int]:
+def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int, deeper: bool = False) -> list[int]:
     """The candidates the simulation may choose from, each as the guarantees leave it (moved past a value left
     recently, or dropped), so it can only choose among changes no_harm allows as they are.
 
@@ -220,7 +220,7 @@ def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int)
     its other checks do not depend on the target), so an option needs no second check once chosen, and the
     rules' own target (``decision``, vetted already) none at all."""
     options = {decision.target}
-    for c in what_if_candidates(inp.current, decision.target, lo, hi):
+    for c in what_if_candidates(inp.current, decision.target, lo, hi, deeper):
         if c == decision.target:
             continue
         d = within_bars(inp, no_harm(inp, w, replace(decision, target=c)))
@@ -246,15 +246,15 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
             return replace(decision, message=f"{decision.message}; the simulation, which declined it recently, "
                            f"cannot veto a change the measurements call for")
         return hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; {recheck}")
-    if protective and decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN:
-        ahead = traffic_ahead(model, inp.history.last_traffic, w, traffic, inp.current)
-        if ahead is not None:
-            traffic = ahead[0]
-            decision = replace(decision, message=f"{decision.message}; {ahead[1]}")
+    ahead = traffic_ahead(model, inp.history.last_traffic, w, traffic, inp.current) \
+        if protective and decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN else None
+    if ahead is not None:
+        traffic = ahead[0]
+        decision = replace(decision, message=f"{decision.message}; {ahead[1]}")
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
-    best, why = what_if_verdict(model, traffic, inp.current, _options(inp, w, decision, lo, hi),
+    best, why = what_if_verdict(model, traffic, inp.current, _options(inp, w, decision, lo, hi, ahead is not None),
                                 restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
                                 for_gain=not protective)
     if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
