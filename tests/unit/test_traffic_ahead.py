@@ -36,7 +36,8 @@ def test_the_lengths_are_carried_on_until_the_model_shows_the_pods_break() -> No
     ahead = traffic_ahead(NO_SURGE, CHAT, w, w, 256)
     assert ahead is not None
     traffic, note = ahead
-    assert traffic.prompt_mean > w.prompt_mean and traffic.output_mean < w.output_mean  # the way they moved
+    assert traffic.prompt_mean > w.prompt_mean  # the way the prompts moved
+    assert traffic.output_mean == w.output_mean  # outputs of the finished requests read short while pods fill
     assert traffic.prompt_mean <= w.prompt_mean * (w.prompt_mean / CHAT.prompt_mean) ** 2  # at most twice the move
     shown = model_misses(NO_SURGE, traffic, 256)
     assert shown is not None and shown >= REPRODUCED * pods_misses(w)
