@@ -1,11 +1,11 @@
-"""The traffic ahead of a shift: where the window's lengths are heading, for a protective lower to be sized on.
+"""The traffic ahead of a shift: where the window's prompts are heading, for a protective lower to be sized on.
 Pure.
 
 The what-if reads the traffic's lengths from the requests that *finished* in the window (``replay.fit_traffic``).
 After the mix shifts, the old traffic's long-lived requests keep finishing for minutes, so those lengths lag the
 traffic that now arrives, and near a cliff the model is blind to the lag. Measured on the suite's chat then
 document Q&A case without a spare GPU (docs/tuner-suite.md, "Thirteenth pass"): documents (2,000-token prompts,
-8 req/s) arrive at 900 s; the window at 930 s read prompts of 699 tokens, at 945 s 812, and the finished mean
+8 req/s) arrive at 900 s; the window at 930 s read prompts of 703 tokens, at 945 s 812, and the finished mean
 reached 1,949 only at 1,245 s. kvsim's nominal profile, fed 8 req/s of 2,000-token prompts, serves 6.84 good req/s
 at 48 and 0.83 at 143; fed 1,556-token prompts, 7.93 at every limit from 48 up. On the window's lengths the
 what-if scored every candidate alike, the TPOT lower the pods called for stopped at 143 (0% in time there), and a
@@ -18,9 +18,10 @@ STEPS, up to twice the last window's move. The first k at which the model misses
 missed is the traffic the candidates are ranked on. The mean output is not carried: the outputs of the requests
 that finish while the pods fill read short (the short ones finish first, autotune/pooling.filling), and carried
 on they fell to 40 tokens on document Q&A (300 offered) on an engine decoding 30% slower than its profile, where
-the lower they sized went to 12 instead of 25 (from 64 with a spare GPU: 12.461 req/s against 13.010). Where no k reproduces the break (the cause is not
-the lengths), the window's own lengths stay and the rules' size holds, as before. Never for a change the model may
-veto, nor where the mix is not moving: a steady traffic's lengths are read as they are.
+the lower they sized went to 12 instead of 25 (from 64 with a spare GPU: 12.461 req/s against 13.010). Where no
+k reproduces the break (its cause is not the prompts), the candidates are ranked on the window's own lengths, as
+before. Never for a change the model may veto, nor where the mix is not moving: a steady traffic's lengths are
+read as they are.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kvpilot.autotune.whatif import Engine
 from kvpilot.autotune.window import KvWindow
 
 REPRODUCED = 0.5  # the model must miss at least this share of what the pods missed to be said to see the break
-STEPS = (0.5, 1.0, 1.5, 2.0)  # powers of the last window's move the lengths are carried on by, nearest first
+STEPS = (0.5, 1.0, 1.5, 2.0)  # powers of the last window's move the prompt is carried on by, nearest first
 
 
 def pods_misses(w: KvWindow) -> float:
