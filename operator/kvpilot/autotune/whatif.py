@@ -86,7 +86,7 @@ def candidates(current: int, target: int, lo: int, hi: int, deeper: bool = False
     between 89 (over the objective) and 44 (a third of the requests then missed TTFT), while 64 served best).
     ``deeper``: a lower ranked on the traffic still arriving (autotune/ahead.py) also offers the target over
     2 sqrt(2) and over 4: the batch that runs, which sized the target, is the old traffic's. On chat then document
-    Q&A without a spare GPU, on an engine decoding 30% faster than its profile, the ladder stopped at 82 where the
+    Q&A without a spare GPU, on an engine decoding 23% faster than its profile, the ladder stopped at 82 where the
     documents wanted 29-51, and a second rolling restart followed (from 64: 14.194 req/s; offered 41 and 58,
     the model chose 51 and the run served 15.129)."""
     if target > current:
