@@ -1,5 +1,5 @@
 """The traffic ahead of a shift (autotune/ahead.py): a TPOT lower the pods call for while the mix moves is ranked
-on the lengths carried on in the direction they moved, until the model shows the break the pods show.
+on the mean prompt carried on in the direction it moved, until the model shows the break the pods show.
 
 Measured on chat then document Q&A without a spare GPU (docs/tuner-suite.md, "Thirteenth pass"): the window 30 s
 after documents arrived read 703-token prompts where documents average 2,000, the model saw no break at 256 and
