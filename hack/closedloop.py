@@ -133,15 +133,9 @@ def create_namespace(ns: str) -> None:
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
 
-def delete_namespace(ns: str) -> None:
-    """Delete the namespace and wait until it is gone, so that its name can be created again (``make demo``)."""
-    cluster.kubectl("delete", "inferenceengines", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
-    cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)
-    cluster.kubectl("delete", "pv", f"{ns}-engines", "--wait=false", check=False)
-
-
-def discard_namespace(ns: str) -> None:
-    """Delete a namespace whose name is never used again (a test's), waiting for its pods only.
+def delete_namespace(ns: str, reuse_name: bool = True) -> None:
+    """Delete the namespace. ``reuse_name`` (``make demo``): wait until the namespace is gone, so that its name can
+    be created again. Otherwise (a test's namespace, whose name is never used again) wait for its pods only.
 
     The pods are what the next test shares with it (the fake nodes' GPUs, the machine's CPU); the namespace object
     goes later, on its own. kube-controller-manager's namespace controller takes a namespace up 5 s after each
@@ -149,9 +143,17 @@ def discard_namespace(ns: str) -> None:
     running (kubernetes v1.36, pkg/controller/namespace/namespace_controller.go), so the namespace outlives pods the
     local kubelet stopped in seconds: waiting for it cost each e2e teardown 15.6 s in CI (about twenty of them)."""
     cluster.kubectl("delete", "inferenceengines", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    cluster.kubectl("wait", "--for=delete", "pods", "--all", "-n", ns, "--timeout=90s", check=False)
+    if reuse_name:
+        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)
+    else:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.kubectl("wait", "--for=delete", "pods", "--all", "-n", ns, "--timeout=90s", check=False)
     cluster.kubectl("delete", "pv", f"{ns}-engines", "--wait=false", check=False)
+
+
+def discard_namespace(ns: str) -> None:
+    """Delete a test's namespace, waiting for its pods only (``delete_namespace`` with ``reuse_name=False``)."""
+    delete_namespace(ns, reuse_name=False)
 
 
 def get_engine(ns: str, name: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvpilot.autotune.ahead import REPRODUCED, pods_misses, traffic_ahead
+from kvpilot.autotune.ahead import REPRODUCED, traffic_ahead
 from kvpilot.autotune.gate import WhatIfGate, model_misses
 from kvpilot.autotune.inputs import TunerHistory
 from kvpilot.autotune.policy import decide
@@ -32,7 +32,7 @@ def mid_shift(prompt: float = 703.0, output: float = 453.0, tpot_misses: float =
 
 def test_the_lengths_are_carried_on_until_the_model_shows_the_pods_break() -> None:
     w = mid_shift()
-    assert (model_misses(NO_SURGE, w, 256) or 0.0) < REPRODUCED * pods_misses(w)  # blind on the window's lengths
+    assert (model_misses(NO_SURGE, w, 256) or 0.0) < REPRODUCED * w.miss_share  # blind on the window's lengths
     ahead = traffic_ahead(NO_SURGE, CHAT, w, w, 256)
     assert ahead is not None
     traffic, note = ahead
@@ -40,7 +40,7 @@ def test_the_lengths_are_carried_on_until_the_model_shows_the_pods_break() -> No
     assert traffic.output_mean == w.output_mean  # outputs of the finished requests read short while pods fill
     assert traffic.prompt_mean <= w.prompt_mean * (w.prompt_mean / CHAT.prompt_mean) ** 2  # at most twice the move
     shown = model_misses(NO_SURGE, traffic, 256)
-    assert shown is not None and shown >= REPRODUCED * pods_misses(w)
+    assert shown is not None and shown >= REPRODUCED * w.miss_share
     assert "the mix is moving (prompts 294 -> 703" in note and "the candidates are ranked there" in note
 
 

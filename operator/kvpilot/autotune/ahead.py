@@ -37,11 +37,6 @@ REPRODUCED = 0.5  # the model must miss at least this share of what the pods mis
 STEPS = (0.5, 1.0, 1.5, 2.0)  # powers of the last window's move the prompt is carried on by, nearest first
 
 
-def pods_misses(w: KvWindow) -> float:
-    """The share of the window's requests that missed an objective (the larger of the two shares)."""
-    return max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
-
-
 def traffic_ahead(model: Engine, before: SeenTraffic | None, w: KvWindow, traffic: KvWindow,
                   limit: int) -> tuple[KvWindow, str] | None:
     """``traffic`` (the window the what-if replays) with its lengths carried on to where the model shows the
@@ -49,7 +44,7 @@ def traffic_ahead(model: Engine, before: SeenTraffic | None, w: KvWindow, traffi
     the model sees the break already, or no step reproduces it."""
     if before is None or lengths_moving(before, w) is None:
         return None
-    missed = pods_misses(w)
+    missed = w.miss_share
     seen = model_misses(model, traffic, limit)
     if missed <= 0 or seen is None or seen >= REPRODUCED * missed:
         return None

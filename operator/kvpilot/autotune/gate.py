@@ -145,7 +145,7 @@ def model_check(model: Engine, w: KvWindow, *, rendered: int = 0, pipeline_paral
         # batch are the evidence the rules act on.
         misses = 1.0 if waiting_beside_full_batch(w, rendered, pipeline_parallel) else 0.0
     else:
-        misses = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
+        misses = w.miss_share
     if misses < MODEL_CHECK_MISSES or w.completion_rate <= 0 or limit <= 0:
         return None
     fit = fit_traffic(w)

@@ -108,7 +108,7 @@ def verified_first(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision
         return decision
     if (decision.target > inp.current) != (pending.to_value > pending.from_value):
         return decision
-    if max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0) >= SEVERE_MISSES or w.paused > 0:
+    if w.miss_share >= SEVERE_MISSES or w.paused > 0:
         return decision
     return hold(inp, TunerReason.AWAITING_VERIFICATION, f"{decision.message}; but the change {pending.from_value}->"
                 f"{pending.to_value} has no verdict yet: one step at a time")

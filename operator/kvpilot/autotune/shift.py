@@ -112,8 +112,7 @@ def _windows_to_wait(w: KvWindow) -> int:
     its traffic. Measured on document Q&A then chat without a spare GPU: the window after the one that caught the
     shift halfway already held the chat lengths (prompt 150-160 tokens), and a second window's wait cost the run
     1-2% (docs/tuner-suite.md, "Ninth pass")."""
-    worst = max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
-    return 1 if worst >= SEVERE_MISSES else MAX_SHIFT_WINDOWS
+    return 1 if w.miss_share >= SEVERE_MISSES else MAX_SHIFT_WINDOWS
 
 
 def mix_wait(before: SeenTraffic | None, w: KvWindow, holding_for_s: float | None, interval_s: float) -> str | None:

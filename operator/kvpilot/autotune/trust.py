@@ -85,7 +85,7 @@ def goodput_error(simulated_goodput: float, w: KvWindow) -> float | None:
     offered = w.arrival_rate * max(1, w.pods)
     if not (offered > 0 and math.isfinite(offered) and math.isfinite(simulated_goodput)):
         return None
-    good_share = 1.0 - max(w.ttft_miss_fraction or 0.0, w.tpot_miss_fraction or 0.0)
+    good_share = 1.0 - w.miss_share
     measured = w.completion_rate * max(1, w.pods) * min(1.0, max(0.0, good_share))
     return (simulated_goodput - measured) / offered
 

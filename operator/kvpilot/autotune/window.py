@@ -67,3 +67,9 @@ class KvWindow:
     # (the pods' histograms give misses per objective, not per request; verification then estimates from them).
     resolved_rate: float = 0.0
     good_rate: float = 0.0
+
+    @property
+    def miss_share(self) -> float:
+        """The share of the window's requests that missed an objective, as far as the pods say: the larger of
+        the two shares (the union of the two is not exported, so the true share may be larger)."""
+        return max(self.ttft_miss_fraction or 0.0, self.tpot_miss_fraction or 0.0)
