@@ -45,6 +45,7 @@ from kvpilot.autotune.rules import decide_from_signals, settled_misses
 from kvpilot.autotune.shift import mix_wait
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
 from kvpilot.autotune.replay import fit_traffic
+from kvpilot.autotune.whatif import ERROR_EATS_GAIN
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import UNPLACEABLE
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
@@ -262,7 +263,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
             return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
                            f"model, but the measurements call for it and the model cannot veto it", simulated=True)
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
-        return replace(held, simulated=True)
+        return replace(held, simulated=ERROR_EATS_GAIN not in why)  # simulated: rerun only RECHECK_SECONDS later
     if best is None:
         return decision if why == "no traffic fit" else replace(decision, message=f"{decision.message}; {why}")
     return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)

@@ -45,3 +45,28 @@ def paid_back(candidates: list[int], gains: Mapping[int, float], lost: float, st
         if (slow[c] - slow[current]) * seconds > spoiled:
             kept.append(c)
     return kept
+
+
+# A raise for gain without surge must pay its restart back this many times over (with surge the restart costs
+# little and the bar is 1, as before). The restart's cost is certain and at once (a pod's capacity gone for its
+# start); the gain is a forecast over the planning horizon that a phase shift may cut short. Measured without a
+# spare GPU on document Q&A then chat (the engine's per-sequence overhead 30% under its profile): a raise 23 -> 46
+# the model saw paying back 1.15 times (1,748 good requests against 1,515) was made 30 s before chat arrived, held
+# half the fleet through chat's first 195 s and ended the run from 2048 at 0.823x TensorRT-LLM's default; declined,
+# 0.952x (docs/tuner-suite.md, "Fourteenth pass"). Protective lowers ask for LOWER_MARGIN (2) in the rules.
+NO_SURGE_PAYBACK = 1.5
+
+
+def paying_gain(gain: float, goodput: float, stay: float, error: float, surge: bool, with_error: bool = True) -> float:
+    """The part of a candidate's gain (``gain`` good requests over the horizon, from ``goodput`` against ``stay``)
+    that may pay a restart, in units of what the restart spoils: all of it with surge. Without surge the
+    candidate's goodput is taken down by the model's ``error`` first (the model is fitted at the limit in force
+    and extrapolates to the candidate; young, its error is large: 14-15% in the first 30 s of chat on an engine
+    decoding 30% faster than its profile, where it saw 64 -> 256 gain 26% and the pods gained 10%, and the raise
+    left the run at 0.959x its start), then divided by NO_SURGE_PAYBACK. ``with_error=False``: the margin alone
+    (whether the error alone declined it, which waiting for the fit may undo)."""
+    if surge or goodput <= stay:
+        return gain
+    if with_error:
+        gain *= max(0.0, goodput * (1.0 - error) - stay) / (goodput - stay)
+    return gain / NO_SURGE_PAYBACK

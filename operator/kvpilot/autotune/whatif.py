@@ -27,7 +27,7 @@ from kvsim.memory import plan_for
 
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, cap_bounds, fit_traffic, quantized, replayed_requests
-from kvpilot.autotune.robust import least_regret, paid_back
+from kvpilot.autotune.robust import least_regret, paid_back, paying_gain
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
@@ -207,7 +207,8 @@ def _p95(values_s: list[float]) -> float | None:
 
 
 def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], lost: float, current: int,
-           e: Engine, margin: float = MARGIN, slower: dict[int, Outcome] | None = None) -> int | None:
+           e: Engine, margin: float = MARGIN, slower: dict[int, Outcome] | None = None,
+           with_error: bool = True) -> int | None:
     """The candidate to roll to, from its simulated outcome (``results``), staying put's (``stay``), its gain
     over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
 
@@ -222,15 +223,20 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     256 and 512 scored alike and the model alone took 512, where the pods broke TPOT; replayed slower, 104
     queued and 512 fell off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4%
     that serves a tenth on the slower engine, where staying put holds, is no robust gain (nor one whose restart
-    never pays back there: ``robust.paid_back``).
+    never pays back there: ``robust.paid_back``). Without surge the gain that pays the restart is the one left
+    once the model's error is taken off the candidate, and it must pay NO_SURGE_PAYBACK times (``robust.paying_gain``).
 
     Without the replay (none was given, or its memory plan refused an option), among the candidates within that
     error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
     objectives, margins within the same error counting as equal), and among equal margins the largest."""
-    ok = [c for c in movers(results, stay, e, margin) if gains[c] > lost]
+    error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
+    def pays(c: int) -> float:  # a lower keeps the whole gain: most are protective, sized by the model
+        return paying_gain(gains[c], results[c].goodput, stay.goodput, error, e.surge, with_error) \
+            if c > current else gains[c]
+    ok = [c for c in movers(results, stay, e, margin) if pays(c) > lost]
     if not ok:
         return None
-    tolerance = max(NOISE, max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0)
+    tolerance = max(NOISE, error)
     if slower is not None and all(c in slower for c in [current, *ok]):
         # Staying put is one of the options (a raise must also pay its restart back on the slower engine).
         ok = paid_back(ok, gains, lost, stay.goodput, {c: results[c].goodput for c in ok},
@@ -265,6 +271,10 @@ def movers(results: dict[int, Outcome], stay: Outcome, e: Engine, margin: float)
 # profile whose memory a capped or mislabelled pool sized wrongly, a template far from the engine): the model is
 # then unusable this pass and the rules decide alone, as for an engine without one.
 UNPLACEABLE = "the model cannot place the limit in force"
+# The note verdict adds when only the model's error kept a change from paying its restart (``robust.paying_gain``):
+# the fit is young and narrows within minutes, so the policy reruns the simulation at the next proposal rather
+# than RECHECK_SECONDS later.
+ERROR_EATS_GAIN = "the gain the model's error leaves does not pay a restart without surge; the fit narrows it"
 
 
 def unplaceable(e: Engine, limit: int) -> str | None:
@@ -326,6 +336,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     moving = [c for c in movers(results, stay, e, margin) if c > current]
     slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
     best = choose(results, stay, gains, lost, current, e, margin, slow)
+    young = best is None and choose(results, stay, gains, lost, current, e, margin, slow, with_error=False) is not None
     shaky = _cap_shaky(e, fit, current, best, horizon_s - rollout_s, restart_cost_s, budget) \
         if best is not None and for_gain else None
     best = None if shaky else best
@@ -338,7 +349,8 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     cap = f", max_tokens placed at {fit.max_tokens}" if fit.max_tokens else ""
     why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens"
            f"{cap}): goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good "
-           f"requests{error}{'; ' + shaky if shaky else ''} ({time.process_time() - started:.1f} CPU-s)")
+           f"requests{error}{'; ' + shaky if shaky else ''}{'; ' + ERROR_EATS_GAIN if young else ''} "
+           f"({time.process_time() - started:.1f} CPU-s)")
     return best, why
 
 
