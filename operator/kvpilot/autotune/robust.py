@@ -59,7 +59,8 @@ NO_SURGE_PAYBACK = 1.5
 
 def paying_gain(gain: float, goodput: float, stay: float, error: float, surge: bool, with_error: bool = True) -> float:
     """The part of a candidate's gain (``gain`` good requests over the horizon, from ``goodput`` against ``stay``)
-    that may pay a restart, in units of what the restart spoils: all of it with surge. Without surge the
+    that may pay a restart (the caller compares it with the good requests the restart spoils): all of it with
+    surge. Without surge the
     candidate's goodput is taken down by the model's ``error`` first (the model is fitted at the limit in force
     and extrapolates to the candidate; young, its error is large: 14-15% in the first 30 s of chat on an engine
     decoding 30% faster than its profile, where it saw 64 -> 256 gain 26% and the pods gained 10%, and the raise
