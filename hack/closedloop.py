@@ -137,7 +137,7 @@ def delete_namespace(ns: str, reuse_name: bool = True) -> None:
     """Delete the namespace. ``reuse_name`` (``make demo``): wait until the namespace is gone, so that its name can
     be created again. Otherwise (a test's namespace, whose name is never used again) wait for its pods only.
 
-    The pods are what the next test shares with it (the fake nodes' GPUs, the machine's CPU); the namespace object
+    Why a test's namespace waits for its pods only: the pods are what the next test shares with it (the fake nodes' GPUs, the machine's CPU); the namespace object
     goes later, on its own. kube-controller-manager's namespace controller takes a namespace up 5 s after each
     change to it and, while content remains, again only after half the longest grace period of its pods still
     running (kubernetes v1.36, pkg/controller/namespace/namespace_controller.go), so the namespace outlives pods the

@@ -51,8 +51,32 @@ def test_a_thin_payback_without_surge_is_declined() -> None:
     assert choose(results, stay, gains, 1515.0, 23, NO_SURGE) is None
 
 
-def test_the_note_names_the_wait_for_the_fit() -> None:
-    assert "fit" in ERROR_EATS_GAIN and "error" in ERROR_EATS_GAIN
+@pytest.mark.parametrize(("raised", "error", "surge", "best", "note"), [
+    (26.36, 0.15, False, None, True),  # the decision at 30 s of chat: a young model's error declines it
+    (26.36, 0.15, True, 256, False),  # with surge the whole gain pays
+    (26.36, 0.04, False, 256, False),  # a settled model: what its error leaves pays 1.5 times over
+    (24.80, 0.04, False, None, False),  # a settled model's error declines it: the decline stands
+])
+def test_verdict_notes_a_decline_by_a_young_models_error_alone(monkeypatch: pytest.MonkeyPatch, raised: float,
+                                                               error: float, surge: bool, best: int | None,
+                                                               note: bool) -> None:
+    """The simulated outcomes stubbed (20.85 good req/s staying at 64, ``raised`` at 256; 4,128 good requests the
+    restart spoils): the note that lets the next proposal rerun the simulation comes only without surge and from a
+    young model (error above robust.YOUNG_ERROR) whose error alone declined the raise."""
+    import kvpilot.autotune.whatif as whatif
+    from kvpilot.autotune.window import KvWindow
+
+    goodput = {64: 20.85, 256: raised}
+    monkeypatch.setattr(whatif, "_placed", lambda _e, _f, limit, _b: run(goodput[limit]))
+    monkeypatch.setattr(whatif, "_slower_runs", lambda *_a: None)
+    monkeypatch.setattr(whatif, "_cap_shaky", lambda *_a: None)
+    w = KvWindow(samples=60, pods=2, peak_utilization=0.1, mean_utilization=0.08, peak_used_blocks=900, max_blocks=12000,
+                 tokens_per_block=32, peak_active=64, mean_active=64.0, peak_queued=23, mean_queued=20.0, paused=0,
+                 runtime_batch_size=64, window_seconds=15.0, completion_rate=12.0, arrival_rate=16.15,
+                 prompt_mean=148.0, output_mean=518.0)
+    e = replace(NO_SURGE, model_error=error, surge=surge)
+    chosen, why = whatif.verdict(e, w, 64, [256], 198.0, 1800.0)
+    assert (chosen, ERROR_EATS_GAIN in why) == (best, note), why
 
 
 @pytest.mark.parametrize("young", [True, False])
@@ -63,7 +87,9 @@ def test_a_decline_the_fit_may_undo_leaves_the_simulation_free_to_rerun(monkeypa
     fit that has narrowed (its error fell from 15% to 3.7% in 90 s of chat)."""
     from kvpilot.api.status import status_dict
     from kvpilot.autotune import policy
+    from kvpilot.api.status import Action
     from kvpilot.autotune.decision import Decision
+    from kvpilot.autotune.reasons import TunerReason
     from kvpilot.desired.observed import Observed
     from kvpilot.desired.plan import plan
     from tests.unit.helpers import engine
@@ -71,7 +97,7 @@ def test_a_decline_the_fit_may_undo_leaves_the_simulation_free_to_rerun(monkeypa
     from tests.unit.test_planning import window
 
     why = "goodput 20.85 staying at 64; 26.36 at 256" + (f"; {ERROR_EATS_GAIN}" if young else "")
-    monkeypatch.setattr(policy, "decide_from_signals", lambda *a: Decision("Raise", 128, "QueueWithHeadroom", "q"))
+    monkeypatch.setattr(policy, "decide_from_signals", lambda *a: Decision(Action.RAISE, 128, TunerReason.QUEUE_WITH_HEADROOM, "q"))
     monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: (None, why))
     e = engine(autotune={"mode": "Auto", "minBatchSize": 8, "maxBatchSize": 512})
     first = plan(e, Observed(claim_phase="Bound"), S, NOW)

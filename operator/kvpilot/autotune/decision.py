@@ -15,7 +15,9 @@ class Decision:
     reason: TunerReason
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
-    simulated: bool = False  # the what-if simulation ran for this decision (status records when it declined)
+    # The what-if simulation ran for this decision and its verdict stands: status records when it declined, and
+    # it reruns only RECHECK_SECONDS later (False on a decline by a young model's error alone: rerun at once).
+    simulated: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise

@@ -27,7 +27,7 @@ from kvsim.memory import plan_for
 
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, cap_bounds, fit_traffic, quantized, replayed_requests
-from kvpilot.autotune.robust import least_regret, paid_back, paying_gain
+from kvpilot.autotune.robust import YOUNG_ERROR, least_regret, paid_back, paying_gain
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
@@ -230,6 +230,7 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
     objectives, margins within the same error counting as equal), and among equal margins the largest."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
+
     def pays(c: int) -> float:  # a lower keeps the whole gain: most are protective, sized by the model
         return paying_gain(gains[c], results[c].goodput, stay.goodput, error, e.surge, with_error) \
             if c > current else gains[c]
@@ -271,9 +272,10 @@ def movers(results: dict[int, Outcome], stay: Outcome, e: Engine, margin: float)
 # profile whose memory a capped or mislabelled pool sized wrongly, a template far from the engine): the model is
 # then unusable this pass and the rules decide alone, as for an engine without one.
 UNPLACEABLE = "the model cannot place the limit in force"
-# The note verdict adds when only the model's error kept a change from paying its restart (``robust.paying_gain``):
-# the fit is young and narrows within minutes, so the policy reruns the simulation at the next proposal rather
-# than RECHECK_SECONDS later.
+# The note verdict adds when only the error of a young model (above robust.YOUNG_ERROR) kept a raise from paying
+# its restart (``robust.paying_gain``): such a fit narrows within minutes, so the policy reruns the simulation at
+# the next proposal rather than RECHECK_SECONDS later (the cap check, ``_cap_shaky``, is not asked first: at worst
+# one more simulation).
 ERROR_EATS_GAIN = "the gain the model's error leaves does not pay a restart without surge; the fit narrows it"
 
 
@@ -312,7 +314,9 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     None with the reason "no traffic fit". The choice among equals reads the margin on the objectives from each
     candidate's own simulated p95s (``choose``). A change ``for_gain`` (not one the measurements call for, which
     the model may resize but not veto) must also hold where the placed max_tokens is off by its error
-    (``_cap_shaky``)."""
+    (``_cap_shaky``). Without surge a raise pays its restart only from what the model's error leaves of its gain,
+    1.5 times over (``robust.paying_gain``); the reason then ends with ERROR_EATS_GAIN where a young model's error
+    alone declined it."""
     fit = fit_traffic(w)
     if fit is None:
         return None, "no traffic fit"
@@ -336,7 +340,8 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     moving = [c for c in movers(results, stay, e, margin) if c > current]
     slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
     best = choose(results, stay, gains, lost, current, e, margin, slow)
-    young = best is None and choose(results, stay, gains, lost, current, e, margin, slow, with_error=False) is not None
+    young = best is None and e.model_error > YOUNG_ERROR \
+        and choose(results, stay, gains, lost, current, e, margin, slow, with_error=False) is not None
     shaky = _cap_shaky(e, fit, current, best, horizon_s - rollout_s, restart_cost_s, budget) \
         if best is not None and for_gain else None
     best = None if shaky else best
