@@ -137,11 +137,12 @@ def delete_namespace(ns: str, reuse_name: bool = True) -> None:
     """Delete the namespace. ``reuse_name`` (``make demo``): wait until the namespace is gone, so that its name can
     be created again. Otherwise (a test's namespace, whose name is never used again) wait for its pods only.
 
-    Why a test's namespace waits for its pods only: the pods are what the next test shares with it (the fake nodes' GPUs, the machine's CPU); the namespace object
-    goes later, on its own. kube-controller-manager's namespace controller takes a namespace up 5 s after each
-    change to it and, while content remains, again only after half the longest grace period of its pods still
-    running (kubernetes v1.36, pkg/controller/namespace/namespace_controller.go), so the namespace outlives pods the
-    local kubelet stopped in seconds: waiting for it cost each e2e teardown 15.6 s in CI (about twenty of them)."""
+    Why a test's namespace waits for its pods only: the pods are what the next test shares with it (the fake nodes'
+    GPUs, the machine's CPU); the namespace object goes later, on its own. kube-controller-manager's namespace
+    controller takes a namespace up 5 s after each change to it and, while content remains, again only after half the
+    longest grace period of its pods still running (kubernetes v1.36, pkg/controller/namespace/namespace_controller.go),
+    so the namespace outlives pods the local kubelet stopped in seconds: waiting for it cost each e2e teardown 15.6 s in
+    CI (about twenty of them)."""
     cluster.kubectl("delete", "inferenceengines", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
     if reuse_name:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)

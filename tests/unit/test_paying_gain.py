@@ -27,8 +27,10 @@ def test_without_surge_the_error_comes_off_the_candidate_then_the_margin() -> No
     # The first window of chat on an engine decoding 30% faster than its profile: 20.85 staying at 64, 26.36 at
     # 256 over 1,575 s, a 15% error; 26.36 x 0.85 = 22.41 leaves 1.56 req/s of the 5.51.
     gain = (26.36 - 20.85) * 1575.0
-    assert paying_gain(gain, 26.36, 20.85, 0.15, surge=False) == pytest.approx((26.36 * 0.85 - 20.85) * 1575.0 / NO_SURGE_PAYBACK)
-    assert paying_gain(gain, 26.36, 20.85, 0.15, surge=False, with_error=False) == pytest.approx(gain / NO_SURGE_PAYBACK)
+    left = (26.36 * 0.85 - 20.85) * 1575.0
+    assert paying_gain(gain, 26.36, 20.85, 0.15, surge=False) == pytest.approx(left / NO_SURGE_PAYBACK)
+    assert paying_gain(gain, 26.36, 20.85, 0.15, surge=False, with_error=False) == pytest.approx(
+        gain / NO_SURGE_PAYBACK)
     assert paying_gain(gain, 26.36, 20.85, 0.30, surge=False) == 0.0  # the error eats the whole gain
     assert paying_gain(-10.0, 20.0, 21.0, 0.1, surge=False) == -10.0  # no gain: left as it is
 
@@ -70,8 +72,9 @@ def test_verdict_notes_a_decline_by_a_young_models_error_alone(monkeypatch: pyte
     monkeypatch.setattr(whatif, "_placed", lambda _e, _f, limit, _b: run(goodput[limit]))
     monkeypatch.setattr(whatif, "_slower_runs", lambda *_a: None)
     monkeypatch.setattr(whatif, "_cap_shaky", lambda *_a: None)
-    w = KvWindow(samples=60, pods=2, peak_utilization=0.1, mean_utilization=0.08, peak_used_blocks=900, max_blocks=12000,
-                 tokens_per_block=32, peak_active=64, mean_active=64.0, peak_queued=23, mean_queued=20.0, paused=0,
+    w = KvWindow(samples=60, pods=2, peak_utilization=0.1, mean_utilization=0.08, peak_used_blocks=900,
+                 max_blocks=12000, tokens_per_block=32, peak_active=64, mean_active=64.0, peak_queued=23,
+                 mean_queued=20.0, paused=0,
                  runtime_batch_size=64, window_seconds=15.0, completion_rate=12.0, arrival_rate=16.15,
                  prompt_mean=148.0, output_mean=518.0)
     e = replace(NO_SURGE, model_error=error, surge=surge)
@@ -97,7 +100,8 @@ def test_a_decline_the_fit_may_undo_leaves_the_simulation_free_to_rerun(monkeypa
     from tests.unit.test_planning import window
 
     why = "goodput 20.85 staying at 64; 26.36 at 256" + (f"; {ERROR_EATS_GAIN}" if young else "")
-    monkeypatch.setattr(policy, "decide_from_signals", lambda *a: Decision(Action.RAISE, 128, TunerReason.QUEUE_WITH_HEADROOM, "q"))
+    raise_ = Decision(Action.RAISE, 128, TunerReason.QUEUE_WITH_HEADROOM, "q")
+    monkeypatch.setattr(policy, "decide_from_signals", lambda *a: raise_)
     monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: (None, why))
     e = engine(autotune={"mode": "Auto", "minBatchSize": 8, "maxBatchSize": 512})
     first = plan(e, Observed(claim_phase="Bound"), S, NOW)

@@ -48,14 +48,15 @@ def paid_back(candidates: list[int], gains: Mapping[int, float], lost: float, st
     return kept
 
 
-# A raise without surge (any raise the what-if may veto: the rules' raises for TTFT misses and queues included)
-# must pay its restart back this many times over in the model (with surge the restart costs little and the bar is
-# 1, as before; the slower engine's payback, ``paid_back``, and the cap check, ``whatif._cap_shaky``, keep 1). The restart's cost is certain and at once (a pod's capacity gone for its
-# start); the gain is a forecast over the planning horizon that a phase shift may cut short. Measured without a
-# spare GPU on document Q&A then chat (the engine's per-sequence overhead 30% under its profile): a raise 23 -> 46
-# the model saw paying back 1.15 times (1,748 good requests against 1,515) was made 30 s before chat arrived, held
-# half the fleet through chat's first 195 s and ended the run from 2048 at 0.823x TensorRT-LLM's default; declined,
-# 0.952x (docs/tuner-suite.md, "Fourteenth pass"). Protective lowers ask for LOWER_MARGIN (2) in the rules.
+# A raise without surge (any raise the what-if may veto: the rules' raises for TTFT misses and queues included) must pay
+# its restart back this many times over in the model (with surge the restart costs little and the bar is 1, as before;
+# the slower engine's payback, ``paid_back``, and the cap check, ``whatif._cap_shaky``, keep 1). The restart's cost is
+# certain and at once (a pod's capacity gone for its start); the gain is a forecast over the planning horizon that a
+# phase shift may cut short. Measured without a spare GPU on document Q&A then chat (the engine's per-sequence overhead
+# 30% under its profile): a raise 23 -> 46 the model saw paying back 1.15 times (1,748 good requests against 1,515) was
+# made 30 s before chat arrived, held half the fleet through chat's first 195 s and ended the run from 2048 at 0.823x
+# TensorRT-LLM's default; declined, 0.952x (docs/tuner-suite.md, "Fourteenth pass"). Protective lowers ask for
+# LOWER_MARGIN (2) in the rules.
 NO_SURGE_PAYBACK = 1.5
 # A fit whose error is above this is still converging (issue 18 asks for 5% after 10 minutes of traffic; on chat
 # served 30% faster in decode the error was 15% at 30 s and 3.7% at 90 s): a raise its error alone declined is
@@ -67,13 +68,13 @@ def paying_gain(gain: float, goodput: float, stay: float, error: float, surge: b
     """The part of a candidate's gain (``gain`` good requests over the horizon, from ``goodput`` against ``stay``)
     that may pay a restart (the caller compares it with the good requests the restart spoils).
 
-    With surge, all of it. Without surge the
-    candidate's goodput is taken down by the model's ``error`` first (the model is fitted at the limit in force
-    and extrapolates to the candidate; young, its error is large: 14-15% in the first 30 s of chat on an engine
-    decoding 30% faster than its profile, where it saw 64 -> 256 gain 26% and the pods gained 10%, and the raise
-    left the run at 0.959x its start), then divided by NO_SURGE_PAYBACK. ``with_error=False``: the 1.5x payback alone
-    (to tell whether the error alone declined it, which a young fit's narrowing may undo). Without surge the error
-    is also in ``whatif.movers``' bar (beat staying put by it); here it prices the restart."""
+    With surge, all of it. Without surge the candidate's goodput is taken down by the model's ``error`` first (the
+    model is fitted at the limit in force and extrapolates to the candidate; young, its error is large: 14-15% in
+    the first 30 s of chat on an engine decoding 30% faster than its profile, where it saw 64 -> 256 gain 26% and
+    the pods gained 10%, and the raise left the run at 0.959x its start), then divided by NO_SURGE_PAYBACK.
+    ``with_error=False``: the 1.5x payback alone (to tell whether the error alone declined it, which a young fit's
+    narrowing may undo). Without surge the error is also in ``whatif.movers``' bar (beat staying put by it); here
+    it prices the restart."""
     if surge or goodput <= stay:
         return gain
     if with_error:

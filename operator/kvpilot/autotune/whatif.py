@@ -224,7 +224,8 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     queued and 512 fell off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4%
     that serves a tenth on the slower engine, where staying put holds, is no robust gain (nor one whose restart
     never pays back there: ``robust.paid_back``). Without surge the gain that pays the restart is the one left
-    once the model's error is taken off the candidate, and it must pay NO_SURGE_PAYBACK times (``robust.paying_gain``).
+    once the model's error is taken off the candidate, and it must pay NO_SURGE_PAYBACK times
+    (``robust.paying_gain``).
 
     Without the replay (none was given, or its memory plan refused an option), among the candidates within that
     error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
