@@ -54,7 +54,7 @@ def paid_back(candidates: list[int], gains: Mapping[int, float], lost: float, st
 # certain and at once (a pod's capacity gone for its start); the gain is a forecast over the planning horizon that a
 # phase shift may cut short. Measured without a spare GPU on document Q&A then chat (the engine's per-sequence overhead
 # 30% under its profile): a raise 23 -> 46 the model saw paying back 1.15 times (1,748 good requests against 1,515) was
-# made 30 s before chat arrived, held half the fleet through chat's first 195 s and ended the run from 2048 at 0.823x
+# made 30 s before chat arrived, held half the fleet through chat's first ~175 s and ended the run from 2048 at 0.823x
 # TensorRT-LLM's default; declined, 0.952x (docs/tuner-suite.md, "Fourteenth pass"). Protective lowers ask for
 # LOWER_MARGIN (2) in the rules.
 NO_SURGE_PAYBACK = 1.5
