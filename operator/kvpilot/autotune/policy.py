@@ -44,6 +44,7 @@ from kvpilot.autotune.rollback import load_moved, rolled_back, verified_first, w
 from kvpilot.autotune.rules import decide_from_signals, settled_misses
 from kvpilot.autotune.shift import mix_wait
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
+from kvpilot.autotune.censored import uncensored
 from kvpilot.autotune.replay import fit_traffic
 from kvpilot.autotune.whatif import ERROR_EATS_GAIN
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
@@ -237,6 +238,9 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes)."""
     protective = called_for(decision, w, inp.spec.slo)
     traffic = replayed(inp.history.last_traffic, w)  # the window with the pooled traffic (autotune/pooling.py)
+    if protective:
+        traffic, young = uncensored(traffic, w)
+        decision = replace(decision, message=f"{decision.message}; {young}") if young else decision
     judged = _model_judges(inp, traffic, decision, model) if protective else None
     if judged is not None:
         protective = False

@@ -42,6 +42,7 @@ def summarize(
     counted = {p: snaps for p, snaps in snapshots.items()
                if len(snaps) >= 2 and snaps[0].completed is not None and snaps[-1].completed is not None}
     traffic = traffic_fit(pods, snapshots, span)
+    finished_total, in_pods = _since_start(pods, counted)
     return replace(
         _iterations(samples, pods, span, window_seconds),
         ttft_p95_ms=_worst(ttft_pairs, lambda b, a: window_quantile(b, a, 0.95), 1000),
@@ -54,7 +55,23 @@ def summarize(
         output_mean=traffic.output_mean,
         length_share=traffic.length_share,
         arrival_cv=arrival_cv(arrival_counts) if arrival_counts else None,
+        finished_total=finished_total,
+        in_pods=in_pods,
     )
+
+
+def _since_start(pods: Mapping[str, Sequence[IterationSample]],
+                 counted: Mapping[str, Sequence[LatencySnapshot]]) -> tuple[float, float]:
+    """The requests the pods finished since they started (their request counters) and the requests in them at
+    the window's end (autotune/censored.py), where every pod exports the counter; nothing otherwise (a pod
+    without it would read as one that has finished nothing): (0, 0) then."""
+    if not pods or set(pods) - set(counted):
+        return 0.0, 0.0
+    finished = sum(counted[p][-1].completed or 0.0 for p in pods)
+    in_pods = sum(v[-1].active_requests + v[-1].queued_requests for v in pods.values() if v)
+    if not (math.isfinite(finished) and finished >= 0 and in_pods >= 0):
+        return 0.0, 0.0
+    return finished, float(in_pods)
 
 
 def _latency_pairs(snapshots: Mapping[str, Sequence[LatencySnapshot]]) -> tuple[

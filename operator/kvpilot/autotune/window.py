@@ -67,6 +67,11 @@ class KvWindow:
     # (the pods' histograms give misses per objective, not per request; verification then estimates from them).
     resolved_rate: float = 0.0
     good_rate: float = 0.0
+    # How far the pods are from having finished what they were sent (autotune/censored.py): the requests they
+    # finished since they started (their request counters, summed) and the requests in them (active and queued)
+    # at the window's end. 0: not counted (a pod without the counter).
+    finished_total: float = 0.0
+    in_pods: float = 0.0
 
     @property
     def miss_share(self) -> float:

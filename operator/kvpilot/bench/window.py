@@ -58,6 +58,7 @@ class Drained:
 
     samples: list[IterationSample]
     finished: list[RequestRecord]
+    finished_total: int = 0  # the pod's request counter: requests finished since it started
 
 
 def drain(fleet: Fleet, now_s: float, warmup_s: float, ready_at: dict[str, float],
@@ -72,7 +73,7 @@ def drain(fleet: Fleet, now_s: float, warmup_s: float, ready_at: dict[str, float
         finished = r.engine.pop_finished()
         if now_s - ready_at.get(r.name, 0.0) < warmup_s:
             continue  # the operator skips pods still warming up
-        out[r.name] = Drained(parse_iteration_stats(stats, now_s), finished)
+        out[r.name] = Drained(parse_iteration_stats(stats, now_s), finished, r.engine.counts()["completedTotal"])
         if readings is not None:
             readings.samples[r.name] = out[r.name].samples
             readings.prompts[r.name] = PromptWork(float(sum(x.prompt_tokens for x in finished)), float(len(finished)))
@@ -99,6 +100,8 @@ def window_of(pods: dict[str, Drained], interval_s: float, slo: Slo, arrivals_n:
     # unanswered: shed, given up) and those that met both objectives, as a gateway's counters would show them.
     per_pod_s = interval_s * max(1, len(samples))
     window = replace(window, resolved_rate=(completed + gave_up) / per_pod_s, good_rate=good / per_pod_s)
+    in_pods = sum(p.samples[-1].active_requests + p.samples[-1].queued_requests for p in pods.values() if p.samples)
+    window = replace(window, finished_total=float(sum(p.finished_total for p in pods.values())), in_pods=float(in_pods))
     return replace(window, ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), completion_rate=rate,
                    arrival_rate=arrivals, prompt_mean=_mean([x.prompt_tokens for x in finished]),
                    output_mean=_mean([x.output_tokens for x in finished]),
