@@ -103,3 +103,17 @@ def test_the_live_window_counts_since_the_pods_started_only_where_every_pod_has_
     assert w is not None and w.finished_total == 215.0 and w.in_pods == 52.0
     partial = summarize(samples, {"a": counters["a"]}, window_seconds=15.0)
     assert partial is not None and partial.finished_total == 0.0 and partial.in_pods == 0.0
+
+
+def test_a_cap_the_finished_requests_could_reach_bounds_them_not_the_pods_age() -> None:
+    """Chat at 2048 105 s into the run (the guard's docstring): 71% finished, but a finished output could be
+    ~1,800 tokens long, past a max_tokens that 14% of them stopped at. Without a share (no cap placed) it is
+    scaled; with the share, read as it is."""
+    base = dict(samples=6, pods=2, peak_utilization=0.4, mean_utilization=0.3, peak_used_blocks=40, max_blocks=100,
+                tokens_per_block=32, peak_active=500, mean_active=450.0, peak_queued=0, mean_queued=0.0, paused=0,
+                runtime_batch_size=2048, output_mean=475.0, finished_total=2236.0, in_pods=914.0)
+    unknown = KvWindow(**base)  # type: ignore[arg-type]
+    scaled, note = uncensored(unknown, unknown)
+    assert note is not None and scaled.output_mean > 1.1 * 475.0
+    capped = KvWindow(**{**base, "length_share": 0.14})  # type: ignore[arg-type]
+    assert uncensored(capped, capped) == (capped, None)
