@@ -21,7 +21,7 @@ from kvpilot.autotune.gate import WhatIfGate, at_runtime_cap, engine_model
 from kvpilot.autotune.inputs import TunerInput
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.rules import decide_from_signals
-from kvpilot.autotune.whatif import _config, sim_config
+from kvpilot.autotune.whatif import Decline, WhatIf, _config, sim_config
 from kvpilot.autotune.window import KvWindow
 from tests.unit.helpers import engine as make_engine
 from tests.unit.test_autotune_policy import SPEC, inp, window
@@ -90,13 +90,13 @@ def test_the_what_if_may_veto_the_lower_it_is_not_protective(monkeypatch: pytest
 
     def verdict(_model: object, _w: object, _current: int, options: list[int], *_a: object, **_k: object):
         tried.append(options)
-        return None, "goodput 36.81 staying at 2048"
+        return WhatIf(None, "goodput 36.81 staying at 2048", Decline.NO_GAIN)
 
     monkeypatch.setattr(policy, "what_if_verdict", verdict)
     d = decide(at_2048(what_if=WhatIfGate(model=MODEL)))
     assert (d.action, d.reason) == ("Hold", "NoPredictedGain"), d.message
     assert tried and 580 in tried[0] and all(c < 2048 for c in tried[0])
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (1024, "1024 serves most"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(1024, "1024 serves most"))
     d = decide(at_2048(what_if=WhatIfGate(model=MODEL)))
     assert (d.action, d.target) == ("Lower", 1024), d.message
     # With the what-if budget spent nothing can judge it, and it is not proposed.

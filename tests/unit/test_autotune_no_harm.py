@@ -14,6 +14,7 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.inputs import AppliedChange
 from kvpilot.autotune.policy import decide
+from kvpilot.autotune.whatif import WhatIf
 
 from tests.unit.test_autotune_policy import NOW, SLO_SPEC, SPEC, inp, slo_window, window
 
@@ -114,7 +115,7 @@ def test_status_records_a_decline_only_when_the_simulation_ran_and_forgets_it_on
     from kvpilot.api.status import AutotuneStatus
     from kvpilot.desired.batching import autotune_status
 
-    hold = Decision("Hold", 64, "NoPredictedGain", "no candidate beats staying put", simulated=True)
+    hold = Decision("Hold", 64, "NoPredictedGain", "no candidate beats staying put", recheck_later=True)
     skip = Decision("Hold", 64, "NoPredictedGain", "the simulation declined it 60s ago")  # the recheck period
     first = autotune_status(AutotuneStatus(), hold, current=64, applied=False, now=NOW)
     assert first.what_if_declined_at == "2026-11-29T12:00:00Z"
@@ -216,9 +217,9 @@ def test_the_simulation_never_sees_or_picks_a_value_left_recently(monkeypatch: p
 
     seen: list[list[int]] = []
 
-    def nearest_64(_e: object, _w: object, _cur: int, options: list[int], *_a: object, **_k: object) -> tuple[int, str]:
+    def nearest_64(_e: object, _w: object, _cur: int, options: list[int], *_a: object, **_k: object) -> WhatIf:
         seen.append(list(options))
-        return min(options, key=lambda c: abs(c - 64)), "stub"
+        return WhatIf(min(options, key=lambda c: abs(c - 64)), "stub")
 
     monkeypatch.setattr(policy, "what_if_verdict", nearest_64)
     raised = (AppliedChange(NOW - timedelta(minutes=10), 64, 128),)
@@ -243,9 +244,9 @@ def test_every_value_left_within_the_horizon_is_kept_clear_not_only_the_latest(
     assert d.action == "Lower" and d.target == 102 and clear(d.target), d.message
     seen: list[list[int]] = []
 
-    def largest(_e: object, _w: object, _cur: int, options: list[int], *_a: object, **_k: object) -> tuple[int, str]:
+    def largest(_e: object, _w: object, _cur: int, options: list[int], *_a: object, **_k: object) -> WhatIf:
         seen.append(list(options))
-        return max(options), "stub"
+        return WhatIf(max(options), "stub")
 
     monkeypatch.setattr(policy, "what_if_verdict", largest)
     w = replace(window(util=0.4, active=128, tpot=200), tpot_miss_fraction=0.9)

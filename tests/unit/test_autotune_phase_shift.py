@@ -19,6 +19,7 @@ from kvpilot.autotune.inputs import AppliedChange
 from kvpilot.autotune.policy import called_for, decide
 from kvpilot.autotune.verification import Baseline, Memory, watch
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.whatif import Decline, WhatIf
 from tests.unit.test_autotune_rollback import MODEL, NOW, SPEC, figures, inp, kv
 
 LOWERED_AT = NOW - timedelta(seconds=300)
@@ -99,7 +100,7 @@ def test_a_tpot_break_beside_as_many_ttft_misses_is_for_the_what_if_to_judge(mon
     11% TPOT misses beside 23% TTFT misses; every lower served less than 64."""
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 21.07 staying at 64"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 21.07 staying at 64", Decline.NO_GAIN))
     spec = replace(SPEC, slo=SloSpec(3000, 22))
     both = replace(kv(active=64, tpot=23.3, tpot_misses=0.11, queued=19.0), peak_active=64, ttft_miss_fraction=0.23)
     d = decide(replace(inp(current=64, w=both, what_if=WhatIfGate(model=MODEL), last_applied_at=None), spec=spec))
@@ -133,7 +134,7 @@ def test_a_severe_tpot_break_that_undoes_the_last_raise_is_a_rollback_no_model_r
     RolledBack, whatever the what-if would have chosen (and whether or not it has budget left)."""
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (96, "96 scores best"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(96, "96 scores best"))
     spec = replace(SPEC, min_batch_size=64)
     raised = (AppliedChange(NOW - timedelta(minutes=10), 64, 128),)
     broken = replace(kv(active=128, tpot=100.0, tpot_misses=0.8), peak_active=128)

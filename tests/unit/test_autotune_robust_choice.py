@@ -106,11 +106,11 @@ def test_only_a_raise_is_replayed_on_the_slower_engine() -> None:
                  max_blocks=14000, tokens_per_block=32, peak_active=90, mean_active=85, peak_queued=0,
                  mean_queued=0, paused=0, runtime_batch_size=2048, arrival_rate=28.5, prompt_mean=330,
                  output_mean=264, length_share=0.157)
-    _, why = verdict(tight, w, 2048, [42, 59, 84, 1024], 18.0, 1800.0)
+    _, why, _ = verdict(tight, w, 2048, [42, 59, 84, 1024], 18.0, 1800.0)
     assert "slower" not in why
     # A raise from a full batch of 64 (the window of test_autotune_whatif's budget test): every candidate scores
     # alike in the model; replayed slower, 128 queues, so the largest of the least regrets is 256, not 1024.
     full = replace(w, peak_active=64, mean_active=64, peak_queued=10, mean_queued=5, runtime_batch_size=64,
                    arrival_rate=11.5, prompt_mean=150, output_mean=600, length_share=0.2227)
-    best, why = verdict(A100, full, 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    best, why, _ = verdict(A100, full, 64, [128, 256, 512, 1024], 200.0, 1800.0)
     assert "on an engine 20% slower" in why and best == 256

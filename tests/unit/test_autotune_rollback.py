@@ -14,7 +14,7 @@ from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, Tun
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.verification import Baseline, Memory, watch
 from kvpilot.autotune.verify import Bar, WindowFigures
-from kvpilot.autotune.whatif import Engine
+from kvpilot.autotune.whatif import Decline, Engine, WhatIf
 from kvpilot.autotune.window import KvWindow
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -66,7 +66,7 @@ def test_a_change_that_serves_worse_is_rolled_back_at_once_whatever_the_cooldown
 ) -> None:
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "the model sees no gain"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "the model sees no gain", Decline.NO_GAIN))
     d = decide(inp(mem=memory(0.10, NOW.timestamp()), what_if=WhatIfGate(model=MODEL)))
     assert (d.action, d.target, d.reason) == ("Lower", 64, "RolledBack")
     assert "before, at 64" in d.message and "after, at 512" in d.message  # both windows' figures
@@ -86,14 +86,14 @@ def test_the_what_if_cannot_veto_a_protective_lower(monkeypatch: pytest.MonkeyPa
     put" 108 times. Now the lower goes ahead (the simulation may still pick among its candidates)."""
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 32.01 staying at 512"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 32.01 staying at 512", Decline.NO_GAIN))
     broken = kv(active=500, tpot=62.0, tpot_misses=0.9)
     d = decide(inp(w=broken, what_if=WhatIfGate(model=MODEL)))
     assert d.action == "Lower" and d.reason == "TpotObjectiveBroken" and d.target < 512, d.message
     assert "cannot veto" in d.message
     declined = decide(inp(w=broken, what_if=WhatIfGate(model=MODEL), declined_since=NOW - timedelta(seconds=30)))
     assert declined.action == "Lower"  # the recheck period does not hold a protective change either
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "no gain"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "no gain", Decline.NO_GAIN))
     raise_ = decide(inp(current=64, w=replace(kv(active=64, tpot=20.0), ttft_miss_fraction=0.4, mean_queued=20.0,
                                               peak_utilization=0.1), what_if=WhatIfGate(model=MODEL),
                     last_applied_at=NOW - timedelta(hours=1)))

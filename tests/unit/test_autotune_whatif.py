@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from kvpilot.autotune.replay import TrafficFit, fit_traffic
-from kvpilot.autotune.whatif import Engine, goodput_after, steady_goodput, verdict
+from kvpilot.autotune.whatif import Decline, Engine, goodput_after, steady_goodput, verdict
 from kvpilot.autotune.window import KvWindow
 
 A100 = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
@@ -24,7 +24,7 @@ def window(rate: float, prompt: float = 150, output: float = 600) -> KvWindow:
 
 def test_no_traffic_data_means_no_verdict() -> None:
     assert fit_traffic(replace(window(5.0), arrival_rate=0.0)) is None
-    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit")
+    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit", Decline.NO_FIT)
 
 
 def test_fit_is_the_fleet_rate() -> None:
@@ -33,7 +33,7 @@ def test_fit_is_the_fleet_rate() -> None:
 
 
 def test_light_traffic_gains_nothing_from_a_raise() -> None:
-    best, why = verdict(A100, window(0.5), 64, [128, 256], 10.0, 1800.0)
+    best, why, _ = verdict(A100, window(0.5), 64, [128, 256], 10.0, 1800.0)
     assert best is None, why
 
 
@@ -73,7 +73,7 @@ def test_candidates_follow_the_rules_direction_within_bounds() -> None:
 
 
 def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
-    best, why = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
+    best, why, _ = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
     assert best in (128, 256), why
 
 
@@ -102,7 +102,7 @@ def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
     from kvpilot.autotune.whatif import steady_run
 
     steady_run.cache_clear()
-    best, why = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    best, why, _ = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
     # Staying put and four candidates, each within the share; then the robust choice's replays on the slower
     # engine: staying put and each candidate that beats it, each within the same share; then, for the change
     # chosen, staying put and it with the placed max_tokens one step lower and one higher.
@@ -180,9 +180,9 @@ def test_a_model_that_cannot_place_a_limit_leaves_the_decision_to_the_rules() ->
     assert unplaceable(model, 8) is None
     refused = unplaceable(model, 2048)
     assert refused is not None and refused.startswith(UNPLACEABLE) and "do not fit" in refused
-    best, why = verdict(model, window(5.0), 2048, [8, 64], 10.0, 1800.0)
-    assert best is None and why.startswith(UNPLACEABLE)
-    best, why = verdict(model, window(5.0), 64, [32, 2048], 10.0, 1800.0)
+    best, why, decline = verdict(model, window(5.0), 2048, [8, 64], 10.0, 1800.0)
+    assert best is None and why.startswith(UNPLACEABLE) and decline == Decline.UNPLACEABLE
+    best, why, _ = verdict(model, window(5.0), 64, [32, 2048], 10.0, 1800.0)
     assert "at 2048" not in why and "at 32" in why
     at_2048 = replace(window(5.0), runtime_batch_size=2048)
     assert (model_check(model, at_2048, rendered=2048) or "").startswith(UNPLACEABLE)

@@ -23,6 +23,7 @@ from kvpilot.autotune.policy import decide
 from kvpilot.autotune.signals import tpot_bound
 from kvpilot.autotune.verification import Baseline, Memory
 from kvpilot.desired.verifying import memory_of, verification_status
+from kvpilot.autotune.whatif import Decline, WhatIf
 from tests.unit.test_autotune_rollback import MODEL, NOW, SPEC, figures, inp, kv
 
 SEVERE = kv(active=512, tpot=80.0, tpot_misses=0.62)
@@ -51,7 +52,7 @@ def test_a_swell_is_weighed_on_the_pool_and_a_break_that_lasts_at_its_own_share(
 ) -> None:
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "no gain"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "no gain", Decline.NO_GAIN))
     swell = TunerHistory(last_applied_at=NOW - timedelta(hours=1), verification=pool([0.99] * 11 + [0.38]))
     d = decide(no_surge(SEVERE, history=swell))
     assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message

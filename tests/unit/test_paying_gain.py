@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from kvpilot.autotune.robust import NO_SURGE_PAYBACK, paying_gain
-from kvpilot.autotune.whatif import ERROR_EATS_GAIN, Engine, Outcome, choose
+from kvpilot.autotune.whatif import Decline, ERROR_EATS_GAIN, Engine, Outcome, WhatIf, choose
 
 NO_SURGE = Engine(profile="llama-3.1-8b-bf16-a100", ceiling=1024, scheduler_policy="GuaranteedNoEvict", replicas=2,
                   restart_seconds=90.0, surge=False, ttft_ms=3000.0, tpot_ms=60.0)
@@ -78,8 +78,9 @@ def test_verdict_notes_a_decline_by_a_young_models_error_alone(monkeypatch: pyte
                  runtime_batch_size=64, window_seconds=15.0, completion_rate=12.0, arrival_rate=16.15,
                  prompt_mean=148.0, output_mean=518.0)
     e = replace(NO_SURGE, model_error=error, surge=surge)
-    chosen, why = whatif.verdict(e, w, 64, [256], 198.0, 1800.0)
+    chosen, why, decline = whatif.verdict(e, w, 64, [256], 198.0, 1800.0)
     assert (chosen, ERROR_EATS_GAIN in why) == (best, note), why
+    assert decline == (None if best else Decline.YOUNG_ERROR if note else Decline.NO_GAIN), why
 
 
 @pytest.mark.parametrize("young", [True, False])
@@ -102,7 +103,7 @@ def test_a_decline_the_fit_may_undo_leaves_the_simulation_free_to_rerun(monkeypa
     why = "goodput 20.85 staying at 64; 26.36 at 256" + (f"; {ERROR_EATS_GAIN}" if young else "")
     raise_ = Decision(Action.RAISE, 128, TunerReason.QUEUE_WITH_HEADROOM, "q")
     monkeypatch.setattr(policy, "decide_from_signals", lambda *a: raise_)
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: (None, why))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: WhatIf(None, why, Decline.YOUNG_ERROR if young else Decline.NO_GAIN))
     e = engine(autotune={"mode": "Auto", "minBatchSize": 8, "maxBatchSize": 512})
     first = plan(e, Observed(claim_phase="Bound"), S, NOW)
     p = plan(e, replace(built(first), kv=window()), S, NOW)

@@ -9,6 +9,7 @@ from kvpilot.desired import labels as L
 from kvpilot.desired.observed import DeploymentState, JobState, Observed, PodState
 from kvpilot.desired.plan import plan
 from kvpilot.desired.settings import Settings
+from kvpilot.autotune.whatif import WhatIf
 from tests.unit.helpers import engine
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -299,7 +300,7 @@ def test_when_the_tuner_moves_the_deployment_is_rendered_once_for_the_new_value(
     from tests.unit.test_planning import window
 
     monkeypatch.setattr(policy, "decide_from_signals", lambda *a: Decision("Raise", 128, "QueueWithHeadroom", "q"))
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: (128, "confirmed"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *a, **_k: WhatIf(128, "confirmed"))
     rendered: list[int] = []
     real = serving.deployment
     monkeypatch.setattr(serving, "deployment", lambda *a, **k: rendered.append(k["max_batch_size"]) or real(*a, **k))

@@ -23,6 +23,7 @@ from kvpilot.desired import labels as L
 from kvpilot.desired.observed import DeploymentState, Observed, PodState
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
+from kvpilot.autotune.whatif import WhatIf
 from tests.unit.helpers import engine
 from tests.unit.test_plan import built
 
@@ -104,7 +105,7 @@ def propose(monkeypatch: pytest.MonkeyPatch, decision: Decision, at_s: float = 1
         return Decision("Hold", inp.current, "NoPressure", "fine")
 
     monkeypatch.setattr(policy, "decide_from_signals", rules)
-    monkeypatch.setattr(policy, "what_if_verdict", lambda _e, _w, cur, options, *a, **k: (max(options), "confirmed"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda _e, _w, cur, options, *a, **k: WhatIf(max(options), "confirmed"))
 
 
 def run(e: Any, share: Callable[[int, bool], float], steps: int = 60, surge_room: int | None = None,

@@ -17,6 +17,7 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import Plan, plan
 from kvpilot.desired.settings import Settings
 from kvpilot.desired.verifying import memory_of, verification_status
+from kvpilot.autotune.whatif import WhatIf
 from tests.unit.helpers import engine
 from tests.unit.test_plan import built
 
@@ -49,7 +50,7 @@ def run(monkeypatch: pytest.MonkeyPatch, after_share: float, status: Any = None)
         return Decision("Hold", inp.current, "NoPressure", "fine")
 
     monkeypatch.setattr(policy, "decide_from_signals", rules)
-    monkeypatch.setattr(policy, "what_if_verdict", lambda _e, _w, cur, options, *a, **k: (max(options), "confirmed"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda _e, _w, cur, options, *a, **k: WhatIf(max(options), "confirmed"))
     e = engine(**TUNED)
     first = plan(e, Observed(claim_phase="Bound"), Settings(), T0)
     observed = built(first)

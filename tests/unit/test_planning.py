@@ -23,6 +23,7 @@ from kvpilot.desired.observed import Observed
 from kvpilot.desired.plan import plan
 from kvpilot.desired.settings import Settings
 from kvpilot.observe.signals import engine_time
+from kvpilot.autotune.whatif import WhatIf
 from tests.unit.helpers import engine
 from tests.unit.test_plan import built
 
@@ -120,7 +121,7 @@ def served(allowed: bool, decision: Decision, monkeypatch: pytest.MonkeyPatch) -
     """plan() with the rules stubbed to ``decision`` (and a simulation that confirms it), the gate's budget
     spent or not: the guarantees, the cooldown and the gate still apply."""
     monkeypatch.setattr(policy_module, "decide_from_signals", lambda *a: decision)
-    monkeypatch.setattr(policy_module, "what_if_verdict", lambda *a, **_k: (decision.target, "confirmed"))
+    monkeypatch.setattr(policy_module, "what_if_verdict", lambda *a, **_k: WhatIf(decision.target, "confirmed"))
     e = engine(**TUNED)
     first = plan(e, Observed(claim_phase="Bound"), Settings(), NOW)
     good = plan(e, built(first), Settings(), NOW)

@@ -20,6 +20,7 @@ from kvpilot.autotune.inputs import ChangeCost, TunerHistory, TunerInput
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.signals import load, restart_load
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.whatif import Decline, WhatIf
 from tests.unit.test_autotune_rollback import MODEL, NOW, SPEC, kv
 
 SLO = SloSpec(3000, 60)
@@ -96,7 +97,7 @@ def test_with_a_model_too_a_lower_that_does_not_pay_is_held_without_asking_it(mo
     from 64 to 53 on a predicted 40% gain, and the run lost 5%."""
     import kvpilot.autotune.policy as policy
 
-    def never(*_a: object, **_k: object) -> tuple[int | None, str]:
+    def never(*_a: object, **_k: object) -> WhatIf:
         raise AssertionError("the what-if was asked")
 
     monkeypatch.setattr(policy, "what_if_verdict", never)
@@ -108,7 +109,7 @@ def test_with_a_model_too_a_lower_that_does_not_pay_is_held_without_asking_it(mo
 def test_a_lower_that_pays_stays_one_the_measurements_call_for(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 32.01 staying at 512"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 32.01 staying at 512", Decline.NO_GAIN))
     severe = tpot_break(misses=0.9)  # most requests miss: worth any restart
     d = decide(no_surge_input(severe, WhatIfGate(model=MODEL)))
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message

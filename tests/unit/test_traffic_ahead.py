@@ -17,6 +17,7 @@ from kvpilot.autotune.inputs import TunerHistory
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.shift import SeenTraffic
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.whatif import WhatIf
 from tests.unit.test_autotune_rollback import MODEL, inp, kv
 
 NO_SURGE = replace(MODEL, surge=False)
@@ -68,9 +69,9 @@ def test_a_tpot_lower_mid_shift_is_ranked_on_the_traffic_ahead(monkeypatch: pyte
 
     seen: list[KvWindow] = []
 
-    def verdict(_model: object, traffic: KvWindow, *_a: object, **_k: object) -> tuple[int | None, str]:
+    def verdict(_model: object, traffic: KvWindow, *_a: object, **_k: object) -> WhatIf:
         seen.append(traffic)
-        return 51, "goodput 4.27 staying at 256; 7.09 at 51"
+        return WhatIf(51, "goodput 4.27 staying at 256; 7.09 at 51")
 
     monkeypatch.setattr(policy, "what_if_verdict", verdict)
     base = inp(current=256, w=mid_shift(), what_if=WhatIfGate(model=NO_SURGE), last_applied_at=None)

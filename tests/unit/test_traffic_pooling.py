@@ -18,6 +18,7 @@ from kvpilot.autotune.pooling import POOL_SECONDS, filling, pooled_traffic, repl
 from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
 from kvpilot.autotune.verification import Baseline, Memory
 from kvpilot.autotune.window import KvWindow
+from kvpilot.autotune.whatif import Decline, WhatIf
 from tests.unit.test_autotune_rollback import MODEL, NOW, figures, inp, kv
 
 PODS = 2
@@ -167,7 +168,7 @@ def tpot_swell() -> KvWindow:
 def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (None, "goodput 8.00 staying at 1024"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 8.00 staying at 1024", Decline.NO_GAIN))
     monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.02)  # the model misses 2% staying put
     calibrated = WhatIfGate(model=MODEL, calibrated=True)
     mild = settled_at(1024, 1.0 - MILD_BREAK / 2)
@@ -203,7 +204,7 @@ def test_the_model_s_misses_staying_put_are_simulated_on_the_traffic_it_replays(
 def test_a_mild_break_the_model_can_fix_is_lowered_as_the_model_sizes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvpilot.autotune.policy as policy
 
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: (300, "goodput 8.00 staying; 8.40 at 300"))
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(300, "goodput 8.00 staying; 8.40 at 300"))
     d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 0.95),
                    what_if=WhatIfGate(model=MODEL, calibrated=True), last_applied_at=None))
     assert d.action == "Lower" and d.target == 300, d.message

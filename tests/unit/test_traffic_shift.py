@@ -26,6 +26,7 @@ from kvpilot.desired.batching import autotune_status
 from kvpilot.desired.tuning import last_traffic, shifting_since
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.whatif import WhatIf
 from tests.unit.test_autotune_rollback import MODEL, NOW, inp, kv
 
 DOCUMENTS = SeenTraffic(rate_per_pod=4.0, prompt_mean=2000.0, output_mean=210.0, age_s=15.0)  # the Q&A window before
@@ -113,9 +114,9 @@ def sizing(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     calls: list[Any] = []
 
-    def verdict(*args: Any, **_kw: Any) -> tuple[int, str]:
+    def verdict(*args: Any, **_kw: Any) -> WhatIf:
         calls.append(args)
-        return 256, "simulated"
+        return WhatIf(256, "simulated")
 
     monkeypatch.setattr(policy, "what_if_verdict", verdict)
     return calls

@@ -15,9 +15,10 @@ class Decision:
     reason: TunerReason
     message: str
     ceiling_request: int | None = None  # for Rebuild: the engine ceiling to build
-    # The what-if simulation ran for this decision and its verdict stands: status records when it declined, and
-    # it reruns only RECHECK_SECONDS later (False on a decline by a young model's error alone: rerun at once).
-    simulated: bool = False
+    # A hold because the what-if found no candidate worth a restart, a verdict that stands a while: status records
+    # when it declined, and the simulation reruns only RECHECK_SECONDS later (False on every other decision,
+    # including a decline by a young model's error alone, which reruns at the next proposal).
+    recheck_later: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise

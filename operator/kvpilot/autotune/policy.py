@@ -46,9 +46,8 @@ from kvpilot.autotune.shift import mix_wait
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
 from kvpilot.autotune.censored import uncensored
 from kvpilot.autotune.replay import fit_traffic
-from kvpilot.autotune.whatif import ERROR_EATS_GAIN
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
-from kvpilot.autotune.whatif import UNPLACEABLE
+from kvpilot.autotune.whatif import Decline
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
@@ -259,15 +258,17 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
-    best, why = what_if_verdict(model, traffic, inp.current, _options(inp, w, decision, lo, hi, ahead is not None),
-                                restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
-                                for_gain=not protective)
-    if best is None and why != "no traffic fit" and not why.startswith(UNPLACEABLE):
+    best, why, decline = what_if_verdict(model, traffic, inp.current,
+                                         _options(inp, w, decision, lo, hi, ahead is not None),
+                                         restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
+                                         for_gain=not protective)
+    if best is not None:
+        return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
+    if decline in (Decline.NO_GAIN, Decline.YOUNG_ERROR):
         if protective:
             return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
-                           f"model, but the measurements call for it and the model cannot veto it", simulated=True)
+                           f"model, but the measurements call for it and the model cannot veto it")
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
-        return replace(held, simulated=ERROR_EATS_GAIN not in why)  # simulated: rerun only RECHECK_SECONDS later
-    if best is None:
-        return decision if why == "no traffic fit" else replace(decision, message=f"{decision.message}; {why}")
-    return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}", simulated=True)
+        # A decline that stands is recorded in status: the simulation reruns only RECHECK_SECONDS later.
+        return replace(held, recheck_later=decline == Decline.NO_GAIN)
+    return decision if decline == Decline.NO_FIT else replace(decision, message=f"{decision.message}; {why}")

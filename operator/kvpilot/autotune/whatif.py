@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from enum import Enum
 from functools import lru_cache
+from typing import NamedTuple
 
 from kvsim import EngineConfig, Profile, RequestRecord, get_profile
 from kvsim.config import Backend, CapacityPolicy
@@ -274,10 +276,28 @@ def movers(results: dict[int, Outcome], stay: Outcome, e: Engine, margin: float)
 # then unusable this pass and the rules decide alone, as for an engine without one.
 UNPLACEABLE = "the model cannot place the limit in force"
 # The note verdict adds when only the error of a young model (above robust.YOUNG_ERROR) kept a raise from paying
-# its restart (``robust.paying_gain``): such a fit narrows within minutes, so the policy reruns the simulation at
-# the next proposal rather than RECHECK_SECONDS later (the cap check, ``_cap_shaky``, is not asked first: at worst
-# one more simulation).
+# its restart (``robust.paying_gain``).
 ERROR_EATS_GAIN = "the gain the model's error leaves does not pay a restart without surge; the fit narrows it"
+
+
+class Decline(str, Enum):
+    """Why ``verdict`` chose no candidate; the policy acts on this, never on the message's wording."""
+
+    NO_FIT = "NoTrafficFit"  # the window holds no traffic to replay: the rules decide alone
+    UNPLACEABLE = "Unplaceable"  # kvsim's memory plan refuses the limit in force: the model is unusable this pass
+    # Only a young model's error kept the gain from paying: such a fit narrows within minutes, so the simulation
+    # reruns at the next proposal (the cap check, ``_cap_shaky``, is not asked first: at worst one more run).
+    YOUNG_ERROR = "YoungError"
+    NO_GAIN = "NoGain"  # no candidate beats staying put: the decline stands until the policy's recheck period
+
+
+class WhatIf(NamedTuple):
+    """The what-if's answer: the candidate to move to (None: stay), the figures as the decision's message
+    reads them, and why none was chosen (None when one was)."""
+
+    best: int | None
+    why: str
+    decline: Decline | None = None
 
 
 def unplaceable(e: Engine, limit: int) -> str | None:
@@ -307,20 +327,20 @@ def _slower_runs(e: Engine, fit: TrafficFit, candidates: list[int], budget: int)
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
-            horizon_s: float, margin: float = MARGIN, for_gain: bool = True) -> tuple[int | None, str]:
+            horizon_s: float, margin: float = MARGIN, for_gain: bool = True) -> WhatIf:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
     model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
-    None when no candidate does. Also the figures and the CPU it took. Without a traffic fit:
-    None with the reason "no traffic fit". The choice among equals reads the margin on the objectives from each
+    None when no candidate does (``WhatIf.decline`` says why). Also the figures and the CPU it took. Without a
+    traffic fit: None with the reason "no traffic fit". The choice among equals reads the margin on the objectives from each
     candidate's own simulated p95s (``choose``). A change ``for_gain`` (not one the measurements call for, which
     the model may resize but not veto) must also hold where the placed max_tokens is off by its error
     (``_cap_shaky``). Without surge a raise pays its restart only from what the model's error leaves of its gain,
-    1.5 times over (``robust.paying_gain``); the reason then ends with ERROR_EATS_GAIN where a young model's error
-    alone declined it."""
+    1.5 times over (``robust.paying_gain``); the reason then ends with ERROR_EATS_GAIN (and the decline is
+    YOUNG_ERROR) where a young model's error alone declined it."""
     fit = fit_traffic(w)
     if fit is None:
-        return None, "no traffic fit"
+        return WhatIf(None, "no traffic fit", Decline.NO_FIT)
     # Deterministic in its inputs, so memoizing keeps the policy pure (a steady traffic: one simulation per candidate).
     fit = quantized(fit)
     started = time.process_time()
@@ -328,7 +348,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     budget = requests_per_run(1 + len(others))
     stay = _placed(e, fit, current, budget)
     if isinstance(stay, str):
-        return None, f"{UNPLACEABLE} ({stay})"
+        return WhatIf(None, f"{UNPLACEABLE} ({stay})", Decline.UNPLACEABLE)
     placed = {c: _placed(e, fit, c, budget) for c in others}
     results = {c: o for c, o in placed.items() if not isinstance(o, str)}
     rollout_s = e.replicas * e.restart_seconds
@@ -357,7 +377,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
            f"{cap}): goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good "
            f"requests{error}{'; ' + shaky if shaky else ''}{'; ' + ERROR_EATS_GAIN if young else ''} "
            f"({time.process_time() - started:.1f} CPU-s)")
-    return best, why
+    return WhatIf(best, why, None if best is not None else Decline.YOUNG_ERROR if young else Decline.NO_GAIN)
 
 
 def _cap_shaky(e: Engine, fit: TrafficFit, current: int, best: int, seconds: float, restart_cost_s: float,
