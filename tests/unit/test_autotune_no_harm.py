@@ -111,7 +111,7 @@ def test_the_last_decline_is_read_from_status() -> None:
     assert _declined_since(None, NOW) is None
 
 
-def test_status_records_a_decline_only_when_the_simulation_ran_and_forgets_it_on_a_change() -> None:
+def test_status_records_a_decline_only_when_it_stands_and_forgets_it_on_a_change() -> None:
     from kvpilot.api.status import AutotuneStatus
     from kvpilot.desired.batching import autotune_status
 

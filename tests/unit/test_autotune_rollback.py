@@ -98,6 +98,15 @@ def test_the_what_if_cannot_veto_a_protective_lower(monkeypatch: pytest.MonkeyPa
                                               peak_utilization=0.1), what_if=WhatIfGate(model=MODEL),
                     last_applied_at=NOW - timedelta(hours=1)))
     assert raise_.action == "Hold" and raise_.reason == "NoPredictedGain"  # a raise it still may veto
+    assert raise_.recheck_later  # a decline that stands: status records it, and the model reruns a period later
+    # The policy acts on the verdict's reason, not its wording: a verdict that names none holds (fails closed), and
+    # a decline by a young model's error alone holds without the recheck period.
+    for decline, stands in ((None, True), (Decline.YOUNG_ERROR, False)):
+        monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, _d=decline, **_k: WhatIf(None, "no gain", _d))
+        held = decide(inp(current=64, w=replace(kv(active=64, tpot=20.0), ttft_miss_fraction=0.4, mean_queued=20.0,
+                                                peak_utilization=0.1), what_if=WhatIfGate(model=MODEL),
+                          last_applied_at=NOW - timedelta(hours=1)))
+        assert (held.action, held.reason, held.recheck_later) == ("Hold", "NoPredictedGain", stands), held
 
 
 def test_a_rollback_bars_the_failed_half_of_the_direction() -> None:

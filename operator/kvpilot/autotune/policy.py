@@ -264,11 +264,14 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
                                          for_gain=not protective)
     if best is not None:
         return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
-    if decline in (Decline.NO_GAIN, Decline.YOUNG_ERROR):
-        if protective:
-            return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
-                           f"model, but the measurements call for it and the model cannot veto it")
-        held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
-        # A decline that stands is recorded in status: the simulation reruns only RECHECK_SECONDS later.
-        return replace(held, recheck_later=decline == Decline.NO_GAIN)
-    return decision if decline == Decline.NO_FIT else replace(decision, message=f"{decision.message}; {why}")
+    if decline == Decline.NO_FIT:
+        return decision  # nothing to replay: the rules decide alone
+    if decline == Decline.UNPLACEABLE:
+        return replace(decision, message=f"{decision.message}; {why}")
+    # NO_GAIN or YOUNG_ERROR (a verdict without a reason is read as NO_GAIN: it holds, never lets a change through).
+    if protective:
+        return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
+                       f"model, but the measurements call for it and the model cannot veto it")
+    held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}: no candidate beats staying put")
+    # A decline that stands is recorded in status: the simulation reruns only RECHECK_SECONDS later.
+    return replace(held, recheck_later=decline != Decline.YOUNG_ERROR)

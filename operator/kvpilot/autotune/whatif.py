@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import StrEnum
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -275,12 +275,11 @@ def movers(results: dict[int, Outcome], stay: Outcome, e: Engine, margin: float)
 # profile whose memory a capped or mislabelled pool sized wrongly, a template far from the engine): the model is
 # then unusable this pass and the rules decide alone, as for an engine without one.
 UNPLACEABLE = "the model cannot place the limit in force"
-# The note verdict adds when only the error of a young model (above robust.YOUNG_ERROR) kept a raise from paying
-# its restart (``robust.paying_gain``).
+# The note verdict adds when only a young model's error (robust.YOUNG_ERROR) kept a raise from paying its restart.
 ERROR_EATS_GAIN = "the gain the model's error leaves does not pay a restart without surge; the fit narrows it"
 
 
-class Decline(str, Enum):
+class Decline(StrEnum):
     """Why ``verdict`` chose no candidate; the policy acts on this, never on the message's wording."""
 
     NO_FIT = "NoTrafficFit"  # the window holds no traffic to replay: the rules decide alone
@@ -288,12 +287,15 @@ class Decline(str, Enum):
     # Only a young model's error kept the gain from paying: such a fit narrows within minutes, so the simulation
     # reruns at the next proposal (the cap check, ``_cap_shaky``, is not asked first: at worst one more run).
     YOUNG_ERROR = "YoungError"
-    NO_GAIN = "NoGain"  # no candidate beats staying put: the decline stands until the policy's recheck period
+    # No candidate pays its restart (or the one that did failed the cap check, ``_cap_shaky``): a change the model
+    # may veto is held until the policy's recheck period; a protective one goes ahead all the same.
+    NO_GAIN = "NoGain"
 
 
 class WhatIf(NamedTuple):
     """The what-if's answer: the candidate to move to (None: stay), the figures as the decision's message
-    reads them, and why none was chosen (None when one was)."""
+    reads them, and why none was chosen (None when one was; the policy reads a missing reason as NO_GAIN, so a
+    verdict that forgets it holds rather than lets the rules' change through unvetted)."""
 
     best: int | None
     why: str
@@ -331,9 +333,8 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
     model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
-    None when no candidate does (``WhatIf.decline`` says why). Also the figures and the CPU it took. Without a
-    traffic fit: None with the reason "no traffic fit". The choice among equals reads the margin on the objectives from each
-    candidate's own simulated p95s (``choose``). A change ``for_gain`` (not one the measurements call for, which
+    None when no candidate does (``WhatIf.decline`` says why). Also the figures and the CPU it took. The choice
+    among equals reads the margin on the objectives from each candidate's own simulated p95s (``choose``). A change ``for_gain`` (not one the measurements call for, which
     the model may resize but not veto) must also hold where the placed max_tokens is off by its error
     (``_cap_shaky``). Without surge a raise pays its restart only from what the model's error leaves of its gain,
     1.5 times over (``robust.paying_gain``); the reason then ends with ERROR_EATS_GAIN (and the decline is

@@ -112,7 +112,7 @@ def autotune_status(
         out = replace(out, recommendation=record)
         if decision.changes:
             out = replace(out, history=(record, *(previous.history or ()))[:HISTORY_LIMIT])
-    if decision.reason == TunerReason.NO_PREDICTED_GAIN and decision.recheck_later:
+    if decision.recheck_later:
         out = replace(out, what_if_declined_at=rfc3339(now))  # the policy reruns the simulation only a period later
     if decision.reason == TunerReason.TRAFFIC_SHIFTING:
         out = replace(out, what_if_declined_at=None)  # a decline for the old traffic says nothing of the new
