@@ -7,8 +7,9 @@ lifetime has passed, and none has lived longer than the pods' traffic. Measured 
 (outputs ~300 tokens offered, 286 sent) from TensorRT-LLM's default of 2048 without a spare GPU
 (docs/tuner-suite.md, "Fifteenth pass"): at 2048 the pods decode at ~150 ms a token, and the window of the
 protective lower at 60 s read outputs of 172-197 tokens on each of the four perturbed engines tried
-(per-sequence cost x0.7 and x1.3, step overhead x0.7, memory x0.8). Fed that, the what-if sized the lower at 22-31 where the documents want 44-46 (on the engine 30% cheaper
-per sequence: 5,566 good requests in the phase at 23, 6,358 at 46); with outputs of 286 it chose 44-46.
+(per-sequence cost x0.7 and x1.3, step overhead x0.7, memory x0.8). Fed that, the what-if sized the lower at
+22-31 where the documents want 44-46 (on the engine 30% cheaper per sequence: 5,566 good requests in the phase
+at 23, 6,358 at 46); with outputs of 286 it chose 44-46.
 
 The pods' request counter (``request_success_total``, cumulative since the pod started) and the requests in the
 pods now say how far the pods' traffic is from having finished what it started. Model: pods that started empty

@@ -334,9 +334,9 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
     model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
     None when no candidate does (``WhatIf.decline`` says why). Also the figures and the CPU it took. The choice
-    among equals reads the margin on the objectives from each candidate's own simulated p95s (``choose``). A change ``for_gain`` (not one the measurements call for, which
-    the model may resize but not veto) must also hold where the placed max_tokens is off by its error
-    (``_cap_shaky``). Without surge a raise pays its restart only from what the model's error leaves of its gain,
+    among equals reads the margin on the objectives from each candidate's own simulated p95s (``choose``). A
+    change ``for_gain`` (not one the measurements call for, which the model may resize but not veto) must also
+    hold where the placed max_tokens is off by its error (``_cap_shaky``). Without surge a raise pays its restart only from what the model's error leaves of its gain,
     1.5 times over (``robust.paying_gain``); the reason then ends with ERROR_EATS_GAIN (and the decline is
     YOUNG_ERROR) where a young model's error alone declined it."""
     fit = fit_traffic(w)
