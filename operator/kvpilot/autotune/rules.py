@@ -81,9 +81,9 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
     if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
         if not inp.cost.surge and _in_time(w):
             return hold(inp, TunerReason.NOT_WORTH_A_RESTART,
-                        f"{util} is above target, but nothing was paused or queued and the requests met their "
-                        f"objectives: without surge a lower's restart takes each pod away in turn, moving its load "
-                        f"onto pools already this full; held until requests are paused, queue or miss")
+                        f"{util} is above target, but nothing was paused and the requests met their objectives: "
+                        f"without surge a lower's restart moves each restarting pod's load onto the others, whose "
+                        f"pools then fill; held until requests are paused or miss")
         scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
         return protect(inp, w, math.floor(running * scale), TunerReason.KV_CACHE_PRESSURE, f"{util} is above target")
     broken = slo_broken(inp.spec.slo, w)
@@ -111,11 +111,8 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
 
 
 def _in_time(w: KvWindow) -> bool:
-    """Whether the pods say the window's requests met both objectives, within the noise the rules allow, with none
-    waiting for admission. A window without latency figures for both objectives says nothing of misses (no
-    histograms, or no TPOT objective), so a pool over target still calls for a lower there. The pods' TTFT
-    histograms never see a request that waits unadmitted (a pod whose pool is full admits nothing): a queue, in
-    any pod, is taken as harm.
+    """Whether the pods say the window's requests met both objectives, within the noise the rules allow (a window
+    without latency histograms says nothing, so a pool over target still calls for a lower there).
 
     A pool over target with nothing paused is a precaution: under MaxUtilization the engine pauses a request only
     once the pool is full. Without surge that precaution costs a restart that can cause what it guards against.
@@ -123,9 +120,7 @@ def _in_time(w: KvWindow) -> bool:
     2048 -> 8 at 720 s; while a pod restarted, the other's pool reached 100% and a third of its requests missed,
     and the run ended at 0.972x static 2048, where every static limit serves alike (docs/tuner-suite.md)."""
     ttft, tpot = w.ttft_miss_fraction, w.tpot_miss_fraction
-    if ttft is None or tpot is None:
-        return False
-    return ttft <= TTFT_MISS_TOLERANCE and tpot <= TPOT_MISS_TOLERANCE and w.peak_queued == 0
+    return ttft is not None and tpot is not None and ttft <= TTFT_MISS_TOLERANCE and tpot <= TPOT_MISS_TOLERANCE
 
 
 def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float, str] | Decision:
