@@ -25,8 +25,6 @@ from kvpilot.autotune.constants import (
     REVERSAL_MIN_TPOT_MISSES,
     SATURATION,
     TPOT_CONFIRM_SECONDS,
-    TPOT_MISS_TOLERANCE,
-    TTFT_MISS_TOLERANCE,
 )
 from kvpilot.autotune.costs import lower_pays, worth_a_restart
 from kvpilot.autotune.decision import Decision
@@ -79,11 +77,6 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
     # Under GUARANTEED_NO_EVICT a full pool only delays admission (nothing is paused), so pressure alone
     # is a reason to lower only where the engine evicts.
     if w.peak_utilization > target_u + HYSTERESIS and inp.scheduler_policy == "MaxUtilization":
-        if not inp.cost.surge and _in_time(w):
-            return hold(inp, TunerReason.NOT_WORTH_A_RESTART,
-                        f"{util} is above target, but nothing was paused and the requests met their objectives: "
-                        f"without surge a lower's restart moves each restarting pod's load onto the others, whose "
-                        f"pools then fill; held until requests are paused or miss")
         scale = max(MAX_LOWER_FACTOR, target_u / w.peak_utilization)
         return protect(inp, w, math.floor(running * scale), TunerReason.KV_CACHE_PRESSURE, f"{util} is above target")
     broken = slo_broken(inp.spec.slo, w)
@@ -108,19 +101,6 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
             verdict = f"{verdict}; the fitted step latency meets the objective at {bound}"
         return protect(inp, w, target, TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
     return None
-
-
-def _in_time(w: KvWindow) -> bool:
-    """Whether the pods say the window's requests met both objectives, within the noise the rules allow (a window
-    without latency histograms says nothing, so a pool over target still calls for a lower there).
-
-    A pool over target with nothing paused is a precaution: under MaxUtilization the engine pauses a request only
-    once the pool is full. Without surge that precaution costs a restart that can cause what it guards against.
-    Measured on the suite's longctx-maxutil-l4 without a spare GPU, from 2048: one window's peak of 92% lowered
-    2048 -> 8 at 720 s; while a pod restarted, the other's pool reached 100% and a third of its requests missed,
-    and the run ended at 0.972x static 2048, where every static limit serves alike (docs/tuner-suite.md)."""
-    ttft, tpot = w.ttft_miss_fraction, w.tpot_miss_fraction
-    return ttft is not None and tpot is not None and ttft <= TTFT_MISS_TOLERANCE and tpot <= TPOT_MISS_TOLERANCE
 
 
 def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float, str] | Decision:
