@@ -89,3 +89,25 @@ def test_where_no_settled_evidence_comes_the_window_decides() -> None:
 def test_a_baseline_at_another_limit_says_nothing_of_this_one() -> None:
     d = decide(inp(w=MILD, mem=settled(0.99, limit=256), last_applied_at=NOW - timedelta(seconds=900)))
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+
+
+def test_a_window_of_a_handful_of_requests_is_no_evidence_of_a_break() -> None:
+    """At 0.3 req/s a 15 s window finishes about six requests, and three missing is no cliff: on the suite's
+    KV-scarce L4 decoding 30% off its profile such a window lowered 64 -> 8 where every limit serves alike."""
+    from dataclasses import replace
+
+    from kvpilot.autotune.constants import MIN_WINDOW_REQUESTS
+    few = replace(kv(active=512, tpot=104.0, tpot_misses=0.5), completion_rate=(MIN_WINDOW_REQUESTS - 4) / 30.0)
+    d = decide(inp(w=few))
+    assert (d.action, d.reason) == ("Hold", "TpotBreakUnconfirmed"), d.message
+    assert "6 requests finished in it, too few to tell" in d.message
+    # With settled minutes at this limit they decide, even after three windows in a row that missed a fifth.
+    streak = settled(0.97)
+    base = streak.baseline
+    streak = Memory(baseline=replace(base, missing_streak=3))
+    d = decide(inp(w=few, mem=streak))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+    assert "3.0% over the last" in d.message
+    # The same share in a window of ten requests or more is taken at once.
+    enough = replace(few, completion_rate=MIN_WINDOW_REQUESTS / 30.0)
+    assert decide(inp(w=enough)).action == "Lower"

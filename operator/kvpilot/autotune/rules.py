@@ -87,7 +87,7 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
         # Broken by the share of misses while p95 is within the objective: a mild step (still one that binds).
         scale = min(1.0 - MIN_PROTECTIVE_STEP, max(MAX_LOWER_FACTOR, objective / (w.tpot_p95_ms or 2 * objective)))
         misses = w.tpot_miss_fraction if w.tpot_miss_fraction is not None else 1.0
-        lasting = _lasting_misses(inp, misses, broken)
+        lasting = _lasting_misses(inp, w, misses, broken)
         if isinstance(lasting, Decision):
             return lasting
         worth, verdict = lower_pays(inp.cost, cur, w, lasting[0], inp.spec.slo)
@@ -140,15 +140,21 @@ def _finished(w: KvWindow) -> float:
     return w.completion_rate * w.window_seconds * w.pods
 
 
+def _few(finished: float) -> bool:
+    """A window that finished requests, fewer than MIN_WINDOW_REQUESTS (0: not counted, as in a window built
+    from latency histograms alone)."""
+    return 0 < finished < MIN_WINDOW_REQUESTS
+
+
 def _pool_evidence(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
     """The share of requests that missed an objective, to weigh a pool lower on, with a note for the message: the
-    window's own (``weighed_misses``) once it finished MIN_WINDOW_REQUESTS, else the settled minutes' at this limit
+    window's own (``weighed_misses``) unless it finished too few (``_few``), else the settled minutes' at this limit
     (``settled_misses``); None while neither exists. A share of a handful of requests is noise: at 0.4 req/s a
     15 s window finishes about six, and one that missed them all lowered the L4 of the docstring above at 1,410 s
     (0.358 req/s against 0.386 held)."""
     finished = _finished(w)
-    if (w.ttft_miss_fraction is not None or w.tpot_miss_fraction is not None) and finished >= MIN_WINDOW_REQUESTS:
-        return weighed_misses(inp, w.miss_share)
+    if (w.ttft_miss_fraction is not None or w.tpot_miss_fraction is not None) and not _few(finished):
+        return weighed_misses(inp, w.miss_share, finished)
     settled = settled_misses(inp)
     if settled is None:
         return None
@@ -156,13 +162,15 @@ def _pool_evidence(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
                         f"{settled[1]:.0f}s at {inp.current}")
 
 
-def weighed_misses(inp: TunerInput, misses: float) -> tuple[float, str]:
+def weighed_misses(inp: TunerInput, misses: float, finished: float) -> tuple[float, str]:
     """The share of requests a lower may fix over the horizon, with a note for the message: the share pooled over
     the settled minutes at this limit (``settled_misses``), or this window's own where no such evidence exists
     yet or where the misses last (LASTING_BREAK_WINDOWS settled windows in a row missed REVERSAL_MIN_TPOT_MISSES
-    or more: a cliff, not a swell; ``_lasting_misses`` says why)."""
+    or more: a cliff, not a swell; ``_lasting_misses`` says why) in a window of MIN_WINDOW_REQUESTS or more
+    (``finished``: at a handful of requests a window misses a fifth by chance, and so do three in a row)."""
     base = inp.history.verification.baseline
-    lasting = misses >= REVERSAL_MIN_TPOT_MISSES and base.missing_streak >= LASTING_BREAK_WINDOWS
+    lasting = (misses >= REVERSAL_MIN_TPOT_MISSES and base.missing_streak >= LASTING_BREAK_WINDOWS
+               and not _few(finished))
     settled = settled_misses(inp)
     if settled is None or lasting:
         return misses, ""
@@ -171,7 +179,7 @@ def weighed_misses(inp: TunerInput, misses: float) -> tuple[float, str]:
                     f"{seconds:.0f}s at {inp.current}")
 
 
-def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float, str] | Decision:
+def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) -> tuple[float, str] | Decision:
     """The share of requests a protective lower for a TPOT break may fix over the horizon, with a note for the
     message; or a hold while that cannot be told yet.
 
@@ -194,9 +202,17 @@ def _lasting_misses(inp: TunerInput, misses: float, broken: str) -> tuple[float,
 
     Without that evidence: a window with many misses (REVERSAL_MIN_TPOT_MISSES or more) decides at once; a milder
     one waits while the batch at this limit is still settling (a cold start, a change just rolled), and where no
-    settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides."""
+    settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides,
+    once it holds MIN_WINDOW_REQUESTS: at 0.3 req/s, on the suite's KV-scarce L4 decoding 30% off its profile, a
+    window where 3 of 6 requests missed lowered 64 -> 8 at 1,245 s, and every static limit serves that traffic alike
+    (docs/tuner-suite.md, "Eighteenth pass")."""
+    finished = _finished(w)
     if settled_misses(inp) is not None:
-        return weighed_misses(inp, misses)
+        return weighed_misses(inp, misses, finished)
+    if _few(finished):
+        return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED,
+                    f"{broken}, with {misses:.0%} of this window's requests missing it; {finished:.0f} requests "
+                    f"finished in it, too few to tell, and no settled minutes at {inp.current} yet: waiting")
     base = inp.history.verification.baseline
     if misses >= REVERSAL_MIN_TPOT_MISSES or base.limit != inp.current:
         return misses, ""
