@@ -266,7 +266,8 @@ def test_reasons_are_typed_and_their_values_are_the_api() -> None:
     assert f"{TunerReason.NO_PREDICTED_GAIN}" == "NoPredictedGain"
     assert {r.value for r in TunerReason} == {
         "RolloutInProgress", "OutOfBounds", "InsufficientData", "PartialSignals", "RequestsPaused",
-        "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "TpotBreakUnconfirmed", "NoPressure",
+        "KvCachePressure", "TpotObjectiveBroken", "LimitNotBinding", "NotWorthARestart", "TpotBreakUnconfirmed",
+        "KvPressureUnconfirmed", "NoPressure",
         "ReservationBound", "AtTarget", "TpotNearObjective", "QueueWithHeadroom", "CeilingTooLow",
         "RebuildNotWorthIt", "ChangeTooSmall", "WouldOscillate", "RecentRaise", "NoCapacityGain", "Cooldown",
         "NoPredictedGain", "WhatIfBudgetSpent", "TrafficShifting", "RolledBack", "BarredByVerification",

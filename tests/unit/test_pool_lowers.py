@@ -16,10 +16,12 @@ from kvpilot.autotune.constants import MIN_WINDOW_REQUESTS
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import ChangeCost
 from kvpilot.autotune.policy import decide
-from kvpilot.autotune.verification import Memory
+from kvpilot.autotune.verification import Baseline, Memory
+from kvpilot.autotune.verify import WindowFigures
 from kvpilot.autotune.window import KvWindow
 from tests.unit.test_autotune_mild_break import settled
-from tests.unit.test_autotune_rollback import SPEC, inp, kv
+from tests.unit.test_autotune_rollback import NOW, SPEC, inp, kv
+
 
 def pool(util: float = 0.92, paused: int = 0, misses: float | None = 0.0, finished_per_pod_s: float = 1.0) -> KvWindow:
     """Two pods running 512 requests under a limit of 512, the pool ``util`` full; ``misses`` of the window's
@@ -58,11 +60,11 @@ def test_a_window_of_a_handful_of_requests_waits_for_settled_evidence() -> None:
     few = (MIN_WINDOW_REQUESTS - 1) / (2 * 15.0)  # per pod and second: one request short of the bar
     for paused in (0, 1):
         d = decide_max_util(pool(util=0.95, paused=paused, misses=1.0, finished_per_pod_s=few))
-        assert (d.action, d.reason) == ("Hold", "InsufficientData"), d.message
+        assert (d.action, d.reason) == ("Hold", "KvPressureUnconfirmed"), d.message
         assert "9 requests finished in this window, too few" in d.message
     # nothing finished at all: the same wait
     d = decide_max_util(pool(util=0.95, misses=None, finished_per_pod_s=0.0))
-    assert (d.action, d.reason) == ("Hold", "InsufficientData"), d.message
+    assert (d.action, d.reason) == ("Hold", "KvPressureUnconfirmed"), d.message
 
 
 def test_a_small_window_is_weighed_on_the_settled_minutes() -> None:
@@ -70,8 +72,8 @@ def test_a_small_window_is_weighed_on_the_settled_minutes() -> None:
     calm = decide_max_util(pool(util=0.95, misses=1.0, finished_per_pod_s=few), mem=settled(0.97))
     assert (calm.action, calm.reason) == ("Hold", "NotWorthARestart"), calm.message
     assert "3 requests finished in this window, 3.0% missed over the last" in calm.message
-    lasting = decide_max_util(pool(util=0.95, misses=1.0, finished_per_pod_s=few), mem=settled(0.3))
-    assert (lasting.action, lasting.reason) == ("Lower", "KvCachePressure"), lasting.message
+    missing = decide_max_util(pool(util=0.95, misses=1.0, finished_per_pod_s=few), mem=settled(0.3))
+    assert (missing.action, missing.reason) == ("Lower", "KvCachePressure"), missing.message
 
 
 def test_without_objectives_or_latency_the_pool_decides_as_before() -> None:
@@ -84,3 +86,53 @@ def test_without_objectives_or_latency_the_pool_decides_as_before() -> None:
 def test_guaranteed_no_evict_never_lowers_for_a_full_pool() -> None:
     d = decide(inp(w=pool(util=0.99, misses=0.0)))
     assert d.reason != "KvCachePressure", d.message
+
+
+def sparse(share: float, per_window: float, windows: int = 8) -> Memory:
+    """Verification's baseline at 512: ``windows`` clean 15 s windows ending now, each resolving ``per_window``
+    requests (the fleet's), ``share`` of them in time."""
+    base = Baseline()
+    start = NOW.timestamp() - 15.0 * windows
+    for k in range(windows):
+        w = WindowFigures(start + 15.0 * (k + 1), 15.0, 512, 2, 2, per_window, per_window, per_window * share,
+                          per_window, 400.0, 10.0, 6000.0, 400.0)
+        base = base.observe(w, 512)
+    return Memory(baseline=base)
+
+
+def test_at_a_very_low_rate_the_settled_minutes_need_only_what_they_can_hold() -> None:
+    """Below about 0.16 req/s the pool (faded past four minutes) never holds 40 requests: a wait for them would
+    never end. At 0.1 req/s, 135 s of settled windows (13.5 requests) are enough: two minutes of that traffic."""
+    few = 1 / (2 * 15.0)  # one request finished in this window
+    slow = sparse(0.4, per_window=1.5, windows=12)  # 0.1 req/s, 40% in time
+    assert 12 <= slow.baseline.side.resolved < 40
+    d = decide_max_util(pool(util=1.0, paused=1, misses=1.0, finished_per_pod_s=few), mem=slow)
+    assert (d.action, d.reason) == ("Lower", "RequestsPaused"), d.message
+    assert "60.0% missed over the last" in d.message
+    # At 0.4 req/s the bar is 40 requests: 30 resolved over 75 s are not yet enough.
+    quicker = sparse(0.4, per_window=6.0, windows=8)
+    assert quicker.baseline.side.seconds >= 60 and quicker.baseline.side.resolved < 40
+    d = decide_max_util(pool(util=1.0, paused=1, misses=1.0, finished_per_pod_s=few), mem=quicker)
+    assert (d.action, d.reason) == ("Hold", "KvPressureUnconfirmed"), d.message
+
+
+def test_paused_requests_while_nothing_finishes_and_requests_queue_are_lowered() -> None:
+    """A stall: without a finished request there is no share to weigh, and waiting would not end it."""
+    stalled = replace(pool(util=1.0, paused=3, misses=None, finished_per_pod_s=0.0), mean_queued=4.0)
+    d = decide_max_util(stalled)
+    assert (d.action, d.reason) == ("Lower", "RequestsPaused"), d.message
+    assert "nothing finished while requests queued" in d.message
+    # Without a queue, nothing finishing in 15 s is long requests, not a stall: the tuner waits.
+    d = decide_max_util(replace(stalled, mean_queued=0.0))
+    assert (d.action, d.reason) == ("Hold", "KvPressureUnconfirmed"), d.message
+
+
+def test_the_restart_is_priced_as_for_a_tpot_lower() -> None:
+    """Half the misses fixed over the 1,800 s horizon against twice the restart: two pods of 90 s without surge,
+    at full load, cost 198 s of traffic, so 44% missing pays and 30% does not."""
+    d = decide_max_util(pool(util=1.0, misses=0.30))
+    assert (d.action, d.reason) == ("Hold", "NotWorthARestart"), d.message
+    assert "misses fixed 270s vs restart 198s" in d.message
+    d = decide_max_util(pool(util=1.0, misses=0.45))
+    assert (d.action, d.reason) == ("Lower", "KvCachePressure"), d.message
+    assert "misses fixed 405s vs restart 198s" in d.message

@@ -22,9 +22,12 @@ class TunerReason(StrEnum):
     TPOT_OBJECTIVE_BROKEN = "TpotObjectiveBroken"
     LIMIT_NOT_BINDING = "LimitNotBinding"
     NOT_WORTH_A_RESTART = "NotWorthARestart"
-    # A mild TPOT break in one window while the batch at this limit has not settled long enough to tell a
+    # A TPOT break in one window while the batch at this limit has not settled long enough to tell a
     # transient from a lasting one (rules.py, ``_lasting_misses``).
     TPOT_BREAK_UNCONFIRMED = "TpotBreakUnconfirmed"
+    # The KV pool calls for a lower (requests paused, a MaxUtilization pool over target), but too few requests
+    # finished to say what it costs them, and there are no settled minutes at this limit yet (``_pool_lower``).
+    KV_PRESSURE_UNCONFIRMED = "KvPressureUnconfirmed"
     # The batch is too small (raises, rebuilds), or a raise would not help.
     NO_PRESSURE = "NoPressure"
     RESERVATION_BOUND = "ReservationBound"

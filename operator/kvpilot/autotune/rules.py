@@ -31,7 +31,7 @@ from kvpilot.autotune.costs import lower_pays, worth_a_restart
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold, move
 from kvpilot.autotune.signals import kv_fit, load, needed, pressure, slo_broken, tpot_bound, tpot_margin
-from kvpilot.autotune.verify import MAX_SETTLE_SECONDS, MIN_REQUESTS
+from kvpilot.autotune.verify import BASELINE_SECONDS, MAX_SETTLE_SECONDS, MIN_REQUESTS
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import TunerReason
 
@@ -124,9 +124,11 @@ def _pool_lower(inp: TunerInput, w: KvWindow, target: int, reason: TunerReason, 
     if evidence is None:
         if w.ttft_miss_fraction is None and w.tpot_miss_fraction is None and w.completion_rate > 0:
             return protect(inp, w, target, reason, why)  # requests finish, yet no latency: the pods export none
-        return hold(inp, TunerReason.INSUFFICIENT_DATA, f"{why}; {_finished(w):.0f} requests finished in this "
-                    f"window, too few to say what the pool costs them, and no settled minutes at {inp.current} "
-                    f"yet: waiting")
+        if w.paused > 0 and w.completion_rate <= 0 and w.mean_queued >= 1:
+            return protect(inp, w, target, reason, f"{why}; nothing finished while requests queued")  # a stall
+        return hold(inp, TunerReason.KV_PRESSURE_UNCONFIRMED, f"{why}; {_finished(w):.0f} requests finished in "
+                    f"this window, too few to say what the pool costs them, and no settled minutes at "
+                    f"{inp.current} yet: waiting")
     misses, note = evidence
     worth, verdict = lower_pays(inp.cost, inp.current, w, misses, slo)
     if not worth:
@@ -141,21 +143,24 @@ def _finished(w: KvWindow) -> float:
 
 
 def _few(finished: float) -> bool:
-    """A window that finished requests, fewer than MIN_WINDOW_REQUESTS (0: not counted, as in a window built
-    from latency histograms alone)."""
+    """A window that finished requests, fewer than MIN_WINDOW_REQUESTS. 0 reads as not counted (a window built
+    from latency histograms alone): live, a TPOT share needs finished requests, so a TPOT break never comes
+    from a window that finished none. The pool's evidence (``_pool_evidence``) counts 0 as too few: a TTFT
+    share can come from first tokens alone. The count is the fleet's, and the live share the worst pod's
+    (summarize.py), so live the bar is met a little early on a fleet of many pods."""
     return 0 < finished < MIN_WINDOW_REQUESTS
 
 
 def _pool_evidence(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
     """The share of requests that missed an objective, to weigh a pool lower on, with a note for the message: the
-    window's own (``weighed_misses``) unless it finished too few (``_few``), else the settled minutes' at this limit
-    (``settled_misses``); None while neither exists. A share of a handful of requests is noise: at 0.4 req/s a
+    window's own (``weighed_misses``) once it finished MIN_WINDOW_REQUESTS (none finished counts as too few here),
+    else the settled minutes' at this limit (``settled_misses``); None while neither exists. A share of a handful of requests is noise: at 0.4 req/s a
     15 s window finishes about six, and one that missed them all lowered the L4 of the docstring above at 1,410 s
     (0.358 req/s against 0.386 held)."""
     finished = _finished(w)
-    if (w.ttft_miss_fraction is not None or w.tpot_miss_fraction is not None) and not _few(finished):
+    if (w.ttft_miss_fraction is not None or w.tpot_miss_fraction is not None) and finished >= MIN_WINDOW_REQUESTS:
         return weighed_misses(inp, w.miss_share, finished)
-    settled = settled_misses(inp)
+    settled = settled_misses(inp, sparse=True)
     if settled is None:
         return None
     return settled[0], (f"; {finished:.0f} requests finished in this window, {settled[0]:.1%} missed over the last "
@@ -210,6 +215,10 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
     if settled_misses(inp) is not None:
         return weighed_misses(inp, misses, finished)
     if _few(finished):
+        pooled = settled_misses(inp, sparse=True)
+        if pooled is not None:
+            return pooled[0], (f"; {finished:.0f} requests finished in this window, {pooled[0]:.1%} missed over "
+                               f"the last {pooled[1]:.0f}s at {inp.current}")
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED,
                     f"{broken}, with {misses:.0%} of this window's requests missing it; {finished:.0f} requests "
                     f"finished in it, too few to tell, and no settled minutes at {inp.current} yet: waiting")
@@ -225,12 +234,21 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
     return misses, ""
 
 
-def settled_misses(inp: TunerInput) -> tuple[float, float] | None:
+def settled_misses(inp: TunerInput, sparse: bool = False) -> tuple[float, float] | None:
     """(share of requests that missed an objective, seconds) over the settled, comparable windows at the limit in
-    force (verification's baseline), once they hold TPOT_CONFIRM_SECONDS and MIN_REQUESTS; None before."""
+    force (verification's baseline), once they hold TPOT_CONFIRM_SECONDS and MIN_REQUESTS; None before.
+
+    ``sparse``: for windows that finish too few to weigh alone (``_few``), the pool needs only what it can hold
+    at the traffic's rate, two minutes of it (between MIN_WINDOW_REQUESTS and MIN_REQUESTS): it fades past four
+    minutes, so below about 0.16 req/s it would never hold MIN_REQUESTS, and a hold waiting for them would never
+    end. At 0.4 req/s the bar stays MIN_REQUESTS: on the suite's L4 slower in everything, from 2048, a pool of 60 s
+    of 10 requests or more lowered at 1,305 s, too late to pay back (0.347 req/s against 0.358 without it)."""
     base = inp.history.verification.baseline
     side = base.side
-    if base.limit != inp.current or side.seconds < TPOT_CONFIRM_SECONDS or side.resolved < MIN_REQUESTS:
+    needed = float(MIN_REQUESTS)
+    if sparse and side.seconds > 0:
+        needed = min(needed, max(float(MIN_WINDOW_REQUESTS), side.resolved / side.seconds * BASELINE_SECONDS))
+    if base.limit != inp.current or side.seconds < TPOT_CONFIRM_SECONDS or side.resolved < needed:
         return None
     return 1.0 - side.share, side.seconds
 
