@@ -40,8 +40,9 @@ FREE_SLOTS_HEADROOM = 2.0
 # A TPOT break with fewer misses than REVERSAL_MIN_TPOT_MISSES in its window is judged on the misses pooled over
 # at least this much settled evidence at the limit in force (verification's baseline), not on the one window.
 TPOT_CONFIRM_SECONDS = 60.0
-# A window's miss share weighs a KV-pool lower on its own once the fleet finished this many requests in it
-# (rules._pool_evidence); fewer, and the settled minutes at the limit in force decide.
+# A window's miss share weighs a lower on its own (a KV-pool lower, or a TPOT break acting at once or counting
+# as lasting) once the fleet finished this many requests in it; fewer, and the settled minutes at the limit in
+# force decide (rules._pool_evidence, rules._lasting_misses).
 MIN_WINDOW_REQUESTS = 10
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
