@@ -8,9 +8,10 @@ with many misses (20% or more) still acts at once, and where no settled evidence
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
-from kvpilot.autotune.constants import REVERSAL_MIN_TPOT_MISSES, TPOT_CONFIRM_SECONDS
+from kvpilot.autotune.constants import MIN_WINDOW_REQUESTS, REVERSAL_MIN_TPOT_MISSES, TPOT_CONFIRM_SECONDS
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.verification import Baseline, Memory
 from kvpilot.autotune.verify import MAX_SETTLE_SECONDS, Settle
@@ -94,9 +95,6 @@ def test_a_baseline_at_another_limit_says_nothing_of_this_one() -> None:
 def test_a_window_of_a_handful_of_requests_is_no_evidence_of_a_break() -> None:
     """At 0.3 req/s a 15 s window finishes about six requests, and three missing is no cliff: on the suite's
     KV-scarce L4 decoding 30% off its profile such a window lowered 64 -> 8 where every limit serves alike."""
-    from dataclasses import replace
-
-    from kvpilot.autotune.constants import MIN_WINDOW_REQUESTS
     few = replace(kv(active=512, tpot=104.0, tpot_misses=0.5), completion_rate=(MIN_WINDOW_REQUESTS - 4) / 30.0)
     d = decide(inp(w=few))
     assert (d.action, d.reason) == ("Hold", "TpotBreakUnconfirmed"), d.message

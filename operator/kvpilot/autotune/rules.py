@@ -154,12 +154,18 @@ def _few(finished: float) -> bool:
 def _pool_evidence(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
     """The share of requests that missed an objective, to weigh a pool lower on, with a note for the message: the
     window's own (``weighed_misses``) once it finished MIN_WINDOW_REQUESTS (none finished counts as too few here),
-    else the settled minutes' at this limit (``settled_misses``); None while neither exists. A share of a handful of requests is noise: at 0.4 req/s a
-    15 s window finishes about six, and one that missed them all lowered the L4 of the docstring above at 1,410 s
-    (0.358 req/s against 0.386 held)."""
+    else the settled minutes' at this limit (``_sparse_pool``); None while neither exists. A share of a handful of
+    requests is noise: at 0.4 req/s a 15 s window finishes about six, and one that missed them all lowered the L4
+    of the docstring above at 1,410 s (0.358 req/s against 0.386 held)."""
     finished = _finished(w)
     if (w.ttft_miss_fraction is not None or w.tpot_miss_fraction is not None) and finished >= MIN_WINDOW_REQUESTS:
         return weighed_misses(inp, w.miss_share, finished)
+    return _sparse_pool(inp, finished)
+
+
+def _sparse_pool(inp: TunerInput, finished: float) -> tuple[float, str] | None:
+    """For a window of too few requests: the settled minutes' share at this limit (``settled_misses``, sparse),
+    with a note for the message; None while they do not exist."""
     settled = settled_misses(inp, sparse=True)
     if settled is None:
         return None
@@ -215,10 +221,9 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
     if settled_misses(inp) is not None:
         return weighed_misses(inp, misses, finished)
     if _few(finished):
-        pooled = settled_misses(inp, sparse=True)
+        pooled = _sparse_pool(inp, finished)
         if pooled is not None:
-            return pooled[0], (f"; {finished:.0f} requests finished in this window, {pooled[0]:.1%} missed over "
-                               f"the last {pooled[1]:.0f}s at {inp.current}")
+            return pooled
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED,
                     f"{broken}, with {misses:.0%} of this window's requests missing it; {finished:.0f} requests "
                     f"finished in it, too few to tell, and no settled minutes at {inp.current} yet: waiting")
