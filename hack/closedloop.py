@@ -284,37 +284,62 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
                         max_tokens: int, stats: LoadStats, seed: int = 1, refresh_s: float = 0.25,
                         stop: Callable[[], bool] | None = None) -> None:
     """Poisson arrivals at ``rate`` req/s for ``seconds`` (or until ``stop()``, checked each second), each
-    to the ready endpoint with the fewest in flight. ``endpoints`` is re-read every ``refresh_s``: pass a
-    cheap one (``ServiceGateway.endpoints``). Every request opens its own connection, so no request is
-    ever sent on a kept-alive connection that a draining server is closing."""
+    to the ready endpoint with the fewest in flight. Every request opens its own connection, so no request is
+    ever sent on a kept-alive connection that a draining server is closing.
+
+    The arrival times are drawn in advance and kept to on the clock: a loop that wakes late (a loaded machine)
+    sends what fell due at once, so the rate offered is ``rate`` however slow the machine. ``endpoints`` (re-read
+    every ``refresh_s``) and ``stop`` may call kubectl: they run in a thread beside the arrivals, never between
+    them (awaited in line, each call stalled the arrivals for its duration, and a CI machine's slow kubectl
+    offered a third of the rate: no queue formed, and the tuner never had cause to raise)."""
     rng = random.Random(seed)
     outstanding: dict[str, int] = {}
     tasks: set[asyncio.Task[None]] = set()
-    targets, refreshed = endpoints(), time.monotonic()
-    end = time.monotonic() + seconds
-    checked = time.monotonic()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
-        while time.monotonic() < end:
-            await asyncio.sleep(rng.expovariate(rate))
+    state = {"targets": await asyncio.to_thread(endpoints)}
+    done = asyncio.Event()
+
+    async def follow() -> None:  # the endpoints and the stop condition, off the arrivals' path
+        checked = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(refresh_s)
+            state["targets"] = await asyncio.to_thread(endpoints)
             if stop is not None and time.monotonic() - checked > 1:
                 checked = time.monotonic()
                 if await asyncio.to_thread(stop):
-                    break
-            if time.monotonic() - refreshed > refresh_s:
-                targets, refreshed = await asyncio.to_thread(endpoints), time.monotonic()
-            if not targets:
-                stats.errors += 1
-                continue
-            target = min(targets, key=lambda e: outstanding.get(e, 0))
-            stats.sent += 1
+                    done.set()
 
-            def fallback(failed: str, pool: list[str] = targets) -> str | None:
-                others = [e for e in pool if e != failed]
-                return min(others, key=lambda e: outstanding.get(e, 0)) if others else None
+    follower = asyncio.create_task(follow())
+    begin = time.monotonic()
+    due = begin + rng.expovariate(rate)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+        try:
+            while due < begin + seconds and not done.is_set():
+                wait = due - time.monotonic()
+                if wait > 0:
+                    try:
+                        await asyncio.wait_for(done.wait(), timeout=wait)
+                        break  # stopped
+                    except TimeoutError:
+                        pass
+                due += rng.expovariate(rate)
+                targets = state["targets"]
+                if not targets:
+                    stats.errors += 1
+                    continue
+                target = min(targets, key=lambda e: outstanding.get(e, 0))
+                stats.sent += 1
 
-            task = asyncio.create_task(_one(session, target, prompt_words, max_tokens, stats, outstanding, fallback))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+                def fallback(failed: str, pool: list[str] = targets) -> str | None:
+                    others = [e for e in pool if e != failed]
+                    return min(others, key=lambda e: outstanding.get(e, 0)) if others else None
+
+                task = asyncio.create_task(_one(session, target, prompt_words, max_tokens, stats, outstanding,
+                                                fallback))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            done.set()
+            await asyncio.gather(follower, return_exceptions=True)
         if tasks:
             await asyncio.wait(tasks, timeout=120)
 

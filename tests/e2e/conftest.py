@@ -167,3 +167,35 @@ def ns(operator: Operator) -> Iterator[str]:
     yield name
     closedloop.discard_namespace(name)
     shutil.rmtree(cluster.testenv_dir() / "volumes" / name, ignore_errors=True)
+
+
+def tuner_state(ns: str) -> str:
+    """Each InferenceEngine's tuner state in ``ns``: the value in force, the recommendation and the last decisions,
+    so that a test that waited in vain for a retune says why the tuner held (the operator logs no decision)."""
+    out = kubectl("get", "inferenceengines", "-n", ns, "-o", "json", check=False)
+    if not out.strip().startswith("{"):
+        return f"no InferenceEngines readable in {ns}"
+    lines = []
+    for item in json.loads(out).get("items", []):
+        status = item.get("status") or {}
+        tune = status.get("autotune") or {}
+        conditions = {c.get("type"): f"{c.get('status')}/{c.get('reason')}" for c in status.get("conditions") or []}
+        lines.append(f"{item['metadata']['name']}: maxBatchSize {(status.get('batching') or {}).get('maxBatchSize')}; "
+                     f"conditions {conditions}")
+        lines.append(f"  recommendation {json.dumps(tune.get('recommendation'))}")
+        lines.extend(f"  history {json.dumps(h)}" for h in (tune.get("history") or [])[-5:])
+        lines.extend(f"  {key} {json.dumps(value)}" for key, value in tune.items()
+                     if key not in ("recommendation", "history"))
+    return "\n".join(lines) or f"no InferenceEngines in {ns}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    namespace = getattr(item, "funcargs", {}).get("ns")
+    if report.failed and call.when == "call" and isinstance(namespace, str):
+        try:
+            report.sections.append(("kvpilot tuner state", tuner_state(namespace)))
+        except Exception as exc:  # noqa: BLE001 -- a diagnostic never hides the failure it explains
+            report.sections.append(("kvpilot tuner state", f"unreadable: {exc}"))
+    return report

@@ -23,7 +23,7 @@ import pytest
 
 from hack import closedloop
 from hack.testenv import cluster, kubesd, prometheus
-from tests.e2e.conftest import ROOT, Operator, condition, kubectl, wait_for
+from tests.e2e.conftest import ROOT, Operator, condition, kubectl, tuner_state, wait_for
 
 CHART = ROOT / "charts" / "kvpilot"
 DASHBOARD = CHART / "files" / "dashboards" / "kvpilot.json"
@@ -135,7 +135,11 @@ def loop(prom: prometheus.PrometheusServer) -> Iterator[dict[str, Any]]:
             raised = all(e["status"]["batching"]["maxBatchSize"] > 4 for e in engines.values())
             return engines if raised else None
 
-        engines = wait_for(both_raised, 60, "both engines raising their batch limit")
+        try:
+            engines = wait_for(both_raised, 60, "both engines raising their batch limit")
+        except AssertionError as exc:
+            sent = {name: (s.sent, s.errors) for name, s in stats.items()}
+            raise AssertionError(f"{exc}; clients (sent, failed) {sent}\n{tuner_state(ns)}") from None
         yield {"ns": ns, "engines": engines, "stats": stats, "started": started,
                "operator_queries": _queries_answered(prom) - queries_before}
     finally:

@@ -1,0 +1,75 @@
+"""The e2e load generator (hack/closedloop.generate_load) offers the rate it is asked for, however slow the
+callables that follow the cluster are: the tests that wait for the tuner to raise rely on the queue that rate
+builds. A real aiohttp server stands in for a pod's OpenAI endpoint (it streams one chunk and [DONE])."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from hack import closedloop
+
+
+async def _serve(requests: list[float]) -> tuple[web.AppRunner, str]:
+    async def completions(request: web.Request) -> web.StreamResponse:
+        requests.append(time.monotonic())
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"text": "hi"}]}\n\ndata: [DONE]\n\n')
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"127.0.0.1:{port}"
+
+
+def _run(rate: float, seconds: float, lookup_s: float, stop_after_s: float | None = None) -> tuple[int, float, int]:
+    """(requests the server saw, the seconds they spanned, the endpoint lookups made) for a run whose
+    ``endpoints`` and ``stop`` each block ``lookup_s`` (a slow kubectl)."""
+
+    async def main() -> tuple[int, float, int]:
+        seen: list[float] = []
+        runner, endpoint = await _serve(seen)
+        lookups = [0]
+        started = time.monotonic()
+
+        def endpoints() -> list[str]:
+            lookups[0] += 1
+            time.sleep(lookup_s)
+            return [endpoint]
+
+        def stop() -> bool:
+            time.sleep(lookup_s)
+            return stop_after_s is not None and time.monotonic() - started > stop_after_s
+
+        stats = closedloop.LoadStats()
+        try:
+            await closedloop.generate_load(endpoints, rate=rate, seconds=seconds, prompt_words=3, max_tokens=1,
+                                           stats=stats, stop=stop)
+        finally:
+            await runner.cleanup()
+        assert stats.errors == 0 and stats.ok == stats.sent == len(seen)
+        return len(seen), time.monotonic() - started, lookups[0]
+
+    return asyncio.run(main())
+
+
+def test_slow_endpoint_lookups_do_not_slow_the_arrivals() -> None:
+    # 40 req/s for 3 s is 120 expected arrivals (Poisson: sd 11). Each lookup blocks 0.3 s: awaited between
+    # arrivals, as before, the lookups every 0.25 s would have let through about half of them.
+    sent, _, lookups = _run(rate=40, seconds=3, lookup_s=0.3)
+    assert 90 <= sent <= 150, sent
+    assert lookups >= 4  # the endpoints were followed while the arrivals went on
+
+
+def test_stop_ends_the_arrivals_within_a_lookup_or_two() -> None:
+    sent, spent, _ = _run(rate=40, seconds=30, lookup_s=0.2, stop_after_s=1.0)
+    assert spent < 4, spent  # not the 30 s asked for
+    assert 10 <= sent <= 150, sent
