@@ -280,18 +280,25 @@ async def _send(session: aiohttp.ClientSession, endpoint: str, prompt_words: int
         outstanding[endpoint] -= 1
 
 
+# A late wake-up sends the arrivals that fell due, up to this many seconds of them (a suspended process would
+# otherwise send everything it missed at once).
+MAX_CATCH_UP_SECONDS = 1.0
+
+
 async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds: float, prompt_words: int,
                         max_tokens: int, stats: LoadStats, seed: int = 1, refresh_s: float = 0.25,
                         stop: Callable[[], bool] | None = None) -> None:
-    """Poisson arrivals at ``rate`` req/s for ``seconds`` (or until ``stop()``, checked each second), each
-    to the ready endpoint with the fewest in flight. Every request opens its own connection, so no request is
-    ever sent on a kept-alive connection that a draining server is closing.
+    """Poisson arrivals at ``rate`` req/s for ``seconds`` (or until ``stop()``), each to the ready endpoint with
+    the fewest in flight. Every request opens its own connection, so no request is ever sent on a kept-alive
+    connection that a draining server is closing.
 
     The arrival times are drawn in advance and kept to on the clock: a loop that wakes late (a loaded machine)
-    sends what fell due at once, so the rate offered is ``rate`` however slow the machine. ``endpoints`` (re-read
-    every ``refresh_s``) and ``stop`` may call kubectl: they run in a thread beside the arrivals, never between
-    them (awaited in line, each call stalled the arrivals for its duration, and a CI machine's slow kubectl
-    offered a third of the rate: no queue formed, and the tuner never had cause to raise)."""
+    sends what fell due at once (up to MAX_CATCH_UP_SECONDS of them), so the rate offered is ``rate`` however
+    slow the machine. ``endpoints`` (re-read every ``refresh_s``) and ``stop`` (checked after a lookup, a second
+    or more apart) may call kubectl: they run in a thread beside the arrivals, never between them (awaited in
+    line, each call stalled the arrivals for its duration, so a loaded machine's slow kubectl cut the rate
+    offered: no queue formed, and the tuner had no cause to raise). An exception from either ends the arrivals
+    and is raised here."""
     rng = random.Random(seed)
     outstanding: dict[str, int] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -300,15 +307,20 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
 
     async def follow() -> None:  # the endpoints and the stop condition, off the arrivals' path
         checked = time.monotonic()
-        while not done.is_set():
-            await asyncio.sleep(refresh_s)
+        while True:
+            try:
+                await asyncio.wait_for(done.wait(), timeout=refresh_s)
+                return  # the arrivals ended: no lookup after them (a stop may patch the engine)
+            except TimeoutError:
+                pass
             state["targets"] = await asyncio.to_thread(endpoints)
-            if stop is not None and time.monotonic() - checked > 1:
+            if stop is not None and not done.is_set() and time.monotonic() - checked > 1:
                 checked = time.monotonic()
                 if await asyncio.to_thread(stop):
-                    done.set()
+                    return
 
     follower = asyncio.create_task(follow())
+    follower.add_done_callback(lambda _: done.set())  # stopped, or a lookup raised: the arrivals end either way
     begin = time.monotonic()
     due = begin + rng.expovariate(rate)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
@@ -321,6 +333,8 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
                         break  # stopped
                     except TimeoutError:
                         pass
+                elif -wait > MAX_CATCH_UP_SECONDS:  # a process paused for long: no burst of all it missed
+                    due = time.monotonic()
                 due += rng.expovariate(rate)
                 targets = state["targets"]
                 if not targets:
@@ -339,9 +353,11 @@ async def generate_load(endpoints: Callable[[], list[str]], rate: float, seconds
                 task.add_done_callback(tasks.discard)
         finally:
             done.set()
-            await asyncio.gather(follower, return_exceptions=True)
+            (failure,) = await asyncio.gather(follower, return_exceptions=True)
         if tasks:
             await asyncio.wait(tasks, timeout=120)
+    if isinstance(failure, BaseException):
+        raise failure  # a lookup that failed fails the caller, as it did when it ran in line
 
 
 def slower_l4_engine(ns: str, name: str, start_batch: int, replicas: int, perturb: str) -> dict[str, Any]:

@@ -172,7 +172,7 @@ def ns(operator: Operator) -> Iterator[str]:
 def tuner_state(ns: str) -> str:
     """Each InferenceEngine's tuner state in ``ns``: the value in force, the recommendation and the last decisions,
     so that a test that waited in vain for a retune says why the tuner held (the operator logs no decision)."""
-    out = kubectl("get", "inferenceengines", "-n", ns, "-o", "json", check=False)
+    out = kubectl("get", "inferenceengines", "-n", ns, "-o", "json", check=False, timeout_s=15)
     if not out.strip().startswith("{"):
         return f"no InferenceEngines readable in {ns}"
     lines = []
