@@ -171,8 +171,12 @@ def ns(operator: Operator) -> Iterator[str]:
 
 def tuner_state(ns: str) -> str:
     """Each InferenceEngine's tuner state in ``ns``: the value in force, the recommendation and the last decisions,
-    so that a test that waited in vain for a retune says why the tuner held (the operator logs no decision)."""
-    out = kubectl("get", "inferenceengines", "-n", ns, "-o", "json", check=False, timeout_s=15)
+    so that a test that waited in vain for a retune says why the tuner held (the operator logs no decision). It
+    never raises: a diagnostic must not hide the failure it explains."""
+    try:
+        out = kubectl("get", "inferenceengines", "-n", ns, "-o", "json", check=False, timeout_s=15)
+    except Exception as exc:  # noqa: BLE001 -- e.g. kubectl timed out
+        return f"tuner state unreadable: {exc}"
     if not out.strip().startswith("{"):
         return f"no InferenceEngines readable in {ns}"
     lines = []
@@ -194,8 +198,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     namespace = getattr(item, "funcargs", {}).get("ns")
     if report.failed and call.when == "call" and isinstance(namespace, str):
-        try:
-            report.sections.append(("kvpilot tuner state", tuner_state(namespace)))
-        except Exception as exc:  # noqa: BLE001 -- a diagnostic never hides the failure it explains
-            report.sections.append(("kvpilot tuner state", f"unreadable: {exc}"))
+        report.sections.append(("kvpilot tuner state", tuner_state(namespace)))
     return report

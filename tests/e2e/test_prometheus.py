@@ -139,11 +139,7 @@ def loop(prom: prometheus.PrometheusServer) -> Iterator[dict[str, Any]]:
             engines = wait_for(both_raised, 60, "both engines raising their batch limit")
         except AssertionError as exc:
             sent = {name: (s.sent, s.errors) for name, s in stats.items()}
-            try:
-                state = tuner_state(ns)
-            except Exception as unread:  # noqa: BLE001 -- a diagnostic never hides the failure it explains
-                state = f"tuner state unreadable: {unread}"
-            raise AssertionError(f"{exc}; clients (sent, failed) {sent}\n{state}") from None
+            raise AssertionError(f"{exc}; clients (sent, failed) {sent}\n{tuner_state(ns)}") from None
         yield {"ns": ns, "engines": engines, "stats": stats, "started": started,
                "operator_queries": _queries_answered(prom) - queries_before}
     finally:
