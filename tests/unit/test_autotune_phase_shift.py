@@ -209,3 +209,39 @@ def test_a_tpot_bound_lower_goes_no_deeper_than_half_the_running_batch() -> None
                   step_ms_intercept=30.0, step_ms_per_request=0.08)  # the bound: (48 - 30) / 0.08 = 225
     d = decide_from_signals(inp(current=512, w=far), far, 8, 1024)
     assert (d.action, d.target) == ("Lower", 256), d.message  # max(512 * 0.5, bound): half of what runs
+
+
+def split_baseline(limit: int, tpot_misses: float, ttft_misses: float, windows: int = 8) -> Memory:
+    """Settled windows at ``limit``, 30% of the requests missing an objective, split as given."""
+    base = Baseline()
+    for k in range(windows):
+        w = replace(figures(NOW.timestamp() - 15.0 * (windows - k), limit, 0.7), split=450.0,
+                    tpot_missed=450.0 * tpot_misses, ttft_missed=450.0 * ttft_misses)
+        base = base.observe(w, limit)
+    return Memory(baseline=base)
+
+
+def test_one_window_does_not_turn_a_settled_trade_off_into_a_cliff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured on the overloaded case served by PyTorch with a spare GPU (an engine decoding 30% off its
+    profile): at 64 the settled minutes split 9% TPOT misses beside 21% TTFT misses, then one window read 28%
+    beside 20%, and the lower it made protective served 0.92x what 64 did."""
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 20.56 staying at 64", Decline.NO_GAIN))
+    spec = replace(SPEC, slo=SloSpec(3000, 22))
+    flip = replace(kv(active=64, tpot=23.5, tpot_misses=0.28, queued=19.0), peak_active=64, ttft_miss_fraction=0.20)
+
+    def at_64(mem: Memory | None, w: KvWindow = flip) -> str:
+        d = decide(replace(inp(current=64, w=w, mem=mem, what_if=WhatIfGate(model=MODEL), last_applied_at=None),
+                           spec=spec))
+        assert d.action in ("Hold", "Lower"), d.message
+        return f"{d.action} {d.reason}: {d.message}"
+
+    assert at_64(None).startswith("Lower"), "one window alone: a cliff"
+    assert at_64(split_baseline(64, 0.09, 0.21)).startswith("Hold NoPredictedGain")
+    # The settled minutes only ever show a trade-off; a cliff there, or a p95 far over, leaves the lower protective.
+    assert "cannot veto" in at_64(split_baseline(64, 0.30, 0.21))
+    assert "cannot veto" in at_64(split_baseline(64, 0.15, 0.10))
+    assert "cannot veto" in at_64(split_baseline(64, 0.09, 0.21), replace(flip, tpot_p95_ms=30.0))
+    # Minutes settled at another limit say nothing of this one.
+    assert "cannot veto" in at_64(split_baseline(57, 0.09, 0.21))

@@ -13,7 +13,8 @@ from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.inputs import AppliedChange, ChangeCost, TunerHistory, TunerInput
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.verification import Baseline, Memory, watch
-from kvpilot.autotune.verify import Bar, WindowFigures
+from kvpilot.autotune.bars import Bar
+from kvpilot.autotune.verify import WindowFigures
 from kvpilot.autotune.whatif import Decline, Engine, WhatIf
 from kvpilot.autotune.window import KvWindow
 

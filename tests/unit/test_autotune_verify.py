@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from kvpilot.api.status import AutotuneStatus
 from kvpilot.autotune.canary import Canary, Phase
 from kvpilot.autotune.verification import Baseline, CanaryWatch, Memory, verify, verify_canary, watch
-from kvpilot.autotune.verify import GIVE_UP_SECONDS, KEEP_SECONDS, Bar, Outcome, WindowFigures, Why, bar_after_rollback
+from kvpilot.autotune.bars import Bar, bar_after_rollback
+from kvpilot.autotune.verify import GIVE_UP_SECONDS, KEEP_SECONDS, Outcome, WindowFigures, Why
 
 INTERVAL = 15.0
 CHANGE_AT = 300.0  # the change was applied here; its rollout was done 90 s later

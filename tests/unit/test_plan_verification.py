@@ -134,11 +134,13 @@ def test_a_bar_from_status_lasts_at_most_a_planning_horizon() -> None:
 
 def test_the_memory_round_trips_through_status() -> None:
     from kvpilot.autotune.verification import Baseline, Memory, watch
-    from kvpilot.autotune.verify import Bar, WindowFigures
+    from kvpilot.autotune.bars import Bar
+    from kvpilot.autotune.verify import WindowFigures
 
     base = Baseline()
     for k in range(8):
-        base = base.observe(WindowFigures(1000.0 + 15 * k, 15.0, 64, 2, 2, 450, 450, 250, 450, 64, 10, 150, 600), 64)
+        base = base.observe(WindowFigures(1000.0 + 15 * k, 15.0, 64, 2, 2, 450, 450, 250, 450, 64, 10, 150, 600,
+                                          split=450, tpot_missed=40, ttft_missed=95), 64)
     w = watch(base, 64, 512, 1120.0)
     for k in range(12):
         w = w.observe(WindowFigures(1210.0 + 15 * k, 15.0, 512, 2, 2, 450, 450, 45 + k, 450, 400, 10, 150, 600))
@@ -152,3 +154,24 @@ def test_the_memory_round_trips_through_status() -> None:
     assert back.bars == mem.bars and back.seen_until_s == mem.seen_until_s and back.pods == "ab"
     assert back.change_load == (30.0, 150.0)
     assert abs(back.watch.after.share - mem.watch.after.share) < 1e-3  # type: ignore[union-attr]
+    # The split of the misses by objective (which side a lasting break is on) survives the trip too.
+    shares, kept = mem.baseline.side.split_shares(40), back.baseline.side.split_shares(40)
+    assert shares is not None and kept is not None and abs(shares[0] - 40 / 450) < 1e-9
+    assert all(abs(a - b) < 1e-2 for a, b in zip(shares, kept)), (shares, kept)
+
+
+def test_the_split_by_objective_is_counted_only_where_the_pods_report_both_misses() -> None:
+    from dataclasses import replace as with_
+
+    from kvpilot.autotune.verification import figures_from_window
+    from tests.unit.test_autotune_rollback import kv
+
+    w = with_(kv(active=64, tpot=23.0, tpot_misses=0.1), ttft_miss_fraction=0.25)
+    f = figures_from_window(w, 1000.0, 64, 2)
+    assert f.split == f.answered > 0 and abs(f.tpot_missed - 0.1 * f.answered) < 1e-9
+    assert abs(f.ttft_missed - 0.25 * f.answered) < 1e-9
+    for unknown in (with_(w, ttft_miss_fraction=None), with_(w, tpot_miss_fraction=float("nan"))):
+        g = figures_from_window(unknown, 1000.0, 64, 2)
+        assert g.split == g.tpot_missed == g.ttft_missed == 0.0
+    hostile = figures_from_window(with_(w, tpot_miss_fraction=7.0), 1000.0, 64, 2)
+    assert hostile.tpot_missed == hostile.split  # a share over 1 counts as every request, no more

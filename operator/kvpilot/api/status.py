@@ -203,6 +203,9 @@ class VerificationSide:
     successive_squares_micro: int | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    split: int | None = None  # answered requests whose misses per objective are known
+    tpot_missed: int | None = None  # of those, the ones that missed the TPOT objective
+    ttft_missed: int | None = None  # and the TTFT objective
 
 
 @dataclasses.dataclass(frozen=True)

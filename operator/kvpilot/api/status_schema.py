@@ -203,6 +203,9 @@ def _verification_side() -> Schema:
                                               "millionths (their scatter).", 0, fmt="int64"),
             "promptTokens": integer("Mean prompt tokens of the traffic.", 0),
             "outputTokens": integer("Mean output tokens of the traffic.", 0),
+            "split": integer("Answered requests whose misses per objective are known.", 0, fmt="int64"),
+            "tpotMissed": integer("Of those, the ones that missed the TPOT objective.", 0, fmt="int64"),
+            "ttftMissed": integer("Of those, the ones that missed the TTFT objective.", 0, fmt="int64"),
         },
     )
 

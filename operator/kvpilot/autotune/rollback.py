@@ -8,7 +8,7 @@ harmful, and the bars a rollback leaves. Pure.
   ``desired/tuning.recent_changes`` leaves both out of the reversal budget).
 * ``within_bars``: a change proposed into a direction verification barred is moved to just inside the bar when
   that is still a step worth a restart, else held. A rollback bars the failed half of its direction for the
-  planning horizon (all of it after a second failure: ``verify.bar_after_rollback``); a lower kept because it
+  planning horizon (all of it after a second failure: ``bars.bar_after_rollback``); a lower kept because it
   served no worse, but no better, bars further lowers (it did not remove the cause). Bars hold at the load they
   were measured at.
 * ``verified_first``: no second change in the same direction while the first has no verdict, unless most

@@ -258,6 +258,14 @@ def settled_misses(inp: TunerInput, sparse: bool = False) -> tuple[float, float]
     return 1.0 - side.share, side.seconds
 
 
+def settled_split(inp: TunerInput) -> tuple[float, float] | None:
+    """(TPOT misses, TTFT misses) as shares over the same settled minutes as ``settled_misses``, once MIN_REQUESTS
+    of them have their split known; None before."""
+    if settled_misses(inp) is None:
+        return None
+    return inp.history.verification.baseline.side.split_shares(MIN_REQUESTS)
+
+
 def _too_small(inp: TunerInput, w: KvWindow, target_u: float, util: str, hi: int) -> Decision:
     """Too small: requests wait (or miss TTFT) while the batch is full and the pool has room."""
     cur = inp.current

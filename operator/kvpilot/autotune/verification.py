@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvpilot.autotune.constants import LASTING_BREAK_WINDOWS, REVERSAL_MIN_TPOT_MISSES
+from kvpilot.autotune.bars import Bar, bar_after_rollback
 from kvpilot.autotune.window import KvWindow
-from kvpilot.autotune.verify import (BASELINE_SECONDS, CONFIRM_WINDOWS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS, Bar,
-                                     Outcome, Settle, Side, Verdict, WindowFigures, Why, bar_after_rollback, clean,
-                                     comparable, confirm, judge, undecided_or_give_up)
+from kvpilot.autotune.verify import (BASELINE_SECONDS, CONFIRM_WINDOWS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS,
+                                     Outcome, Settle, Side, Verdict, WindowFigures, Why, clean, comparable, confirm,
+                                     judge, undecided_or_give_up)
 
 
 @dataclass(frozen=True)
@@ -199,9 +200,17 @@ def figures_from_window(w: KvWindow, end_s: float, limit: int | None, expected_p
         met = max(0.0, 1.0 - (w.ttft_miss_fraction or 0.0) - (w.tpot_miss_fraction or 0.0))
         resolved, good = answered, answered * met
     lifetime = ((w.ttft_p95_ms or 0.0) + w.output_mean * (w.tpot_p95_ms or 0.0)) / 1e3
+    tpot, ttft = w.tpot_miss_fraction, w.ttft_miss_fraction
+    split = answered if tpot is not None and ttft is not None and math.isfinite(tpot + ttft) else 0.0
     return WindowFigures(end_s, seconds, limit, w.pods, expected_pods, w.arrival_rate * scale, resolved, good,
                          answered, w.mean_active, lifetime, w.prompt_mean, w.output_mean,
-                         restarted or w.rejected_samples > 0, _cv(w.arrival_cv))
+                         restarted or w.rejected_samples > 0, _cv(w.arrival_cv), split,
+                         split * _share(tpot), split * _share(ttft))
+
+
+def _share(fraction: float | None) -> float:
+    """A miss fraction a pod reported, as a share (0 when unknown; clamped to [0, 1])."""
+    return min(1.0, max(0.0, fraction)) if fraction is not None and math.isfinite(fraction) else 0.0
 
 
 def _cv(cv: float | None) -> float:

@@ -111,6 +111,11 @@ class WindowFigures:
     # The arrivals' coefficient of variation the sampler estimated (autotune/burst.py; 1: Poisson or unknown):
     # bursty arrivals scatter a window's count by about cv times the Poisson scatter.
     arrival_cv: float = 1.0
+    # Of the answered, those whose misses per objective are known (``split``) and, among them, those that missed
+    # the TPOT and the TTFT objective: which side a lasting break is on (``Side.split_shares``).
+    split: float = 0.0
+    tpot_missed: float = 0.0
+    ttft_missed: float = 0.0
 
     @property
     def start_s(self) -> float:
@@ -141,6 +146,9 @@ class Side:
     successive_squares: float = 0.0
     prompt_tokens: float = 0.0  # mean prompt and output of each window, weighted by its offered requests
     output_tokens: float = 0.0
+    split: float = 0.0  # the windows' ``WindowFigures.split``, ``tpot_missed`` and ``ttft_missed``, summed
+    tpot_missed: float = 0.0
+    ttft_missed: float = 0.0
 
     def add(self, w: WindowFigures) -> Side:
         s = w.served_share
@@ -148,7 +156,8 @@ class Side:
         return Side(self.windows + 1, self.seconds + w.seconds, self.offered + w.offered, self.resolved + w.resolved,
                     self.good + w.good, self.answered + w.answered, self.share_sum + s, s,
                     self.successive_squares + step, self.prompt_tokens + w.prompt_mean * w.offered,
-                    self.output_tokens + w.output_mean * w.offered)
+                    self.output_tokens + w.output_mean * w.offered, self.split + w.split,
+                    self.tpot_missed + w.tpot_missed, self.ttft_missed + w.ttft_missed)
 
     def faded(self, keep: float = 0.5) -> Side:
         """Every sum times ``keep``: older windows weigh less, so the baseline follows the recent traffic."""
@@ -169,6 +178,13 @@ class Side:
     @property
     def offered_per_s(self) -> float:
         return self.offered / self.seconds if self.seconds > 0 else 0.0
+
+    def split_shares(self, at_least: float) -> tuple[float, float] | None:
+        """(TPOT misses, TTFT misses) as shares of the answered whose split is known, once at least ``at_least``
+        are; None before."""
+        if self.split < max(at_least, 1e-9):
+            return None
+        return min(1.0, self.tpot_missed / self.split), min(1.0, self.ttft_missed / self.split)
 
     @property
     def goodput_per_s(self) -> float:
@@ -357,40 +373,3 @@ def undecided_or_give_up(why: Why, message: str, base: Side | None, new: Side | 
         return Verdict(Outcome.KEEP, Why.GAVE_UP, f"no verdict {GIVE_UP_SECONDS:.0f}s after the change ({message}); "
                        f"kept unverified", base, new)
     return Verdict(Outcome.UNDECIDED, why, message, base, new)
-
-
-@dataclass(frozen=True)
-class Bar:
-    """After a rollback (or a lower that did not help): no change in that direction (``upward``) to ``limit`` or
-    beyond it until ``until_s``, while the load is the one it was measured at (``offered_per_s`` requests per
-    second, mean prompt ``prompt_mean``; 0: unknown, the bar holds whatever the load). Measured at one load, it
-    says nothing of another: after a phase shift the barred direction may be the right one."""
-
-    upward: bool
-    limit: int
-    until_s: float
-    offered_per_s: float = 0.0
-    prompt_mean: float = 0.0
-
-    def refuses(self, current: int, target: int, now_s: float, load: tuple[float, float] | None = None) -> bool:
-        """``load``: the offered requests per second and the mean prompt now (None: unknown)."""
-        if now_s >= self.until_s or (target > current) != self.upward:
-            return False
-        if load is not None and self.offered_per_s > 0 and not same_load(load, (self.offered_per_s, self.prompt_mean)):
-            return False
-        return target >= self.limit if self.upward else target <= self.limit
-
-
-def bar_after_rollback(from_value: int, to_value: int, at_s: float, horizon_s: float,
-                       earlier: tuple[Bar, ...] = (), load: Side | None = None) -> Bar:
-    """The bar a rollback of ``from_value`` -> ``to_value`` leaves for the planning horizon: the geometric midpoint
-    between the value that served well and the one that failed, and everything beyond it (the next try in that
-    direction goes at most half as far, in ratio); a second rollback in the same direction within the horizon
-    bars the whole direction. Why not the whole direction at once: on issue 18's example (an engine 20% slower
-    than its profile, the cliff above 256), a raise 64 -> 512 fails while 64 -> 128 serves 1.42x what 64 does."""
-    upward = to_value > from_value
-    rate, prompt = (load.offered_per_s, load.prompt_mean) if load is not None else (0.0, 0.0)
-    if any(b.upward == upward and b.until_s > at_s for b in earlier):
-        return Bar(upward, from_value + 1 if upward else from_value - 1, at_s + horizon_s, rate, prompt)
-    mid = math.sqrt(from_value * to_value)
-    return Bar(upward, math.ceil(mid) if upward else math.floor(mid), at_s + horizon_s, rate, prompt)

@@ -21,7 +21,8 @@ from kvpilot.autotune.constants import PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verification import Memory
-from kvpilot.autotune.verify import Outcome, Verdict, Why, bar_after_rollback
+from kvpilot.autotune.bars import bar_after_rollback
+from kvpilot.autotune.verify import Outcome, Verdict, Why
 from kvpilot.desired.canary import canary_figures, canary_of, canary_pod, canary_record
 from kvpilot.desired.canary_checks import CANARY_PREFIX, no_longer_applies, old_pods_need, pod_failed
 from kvpilot.desired.observed import Observed

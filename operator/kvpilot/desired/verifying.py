@@ -18,7 +18,8 @@ from kvpilot.api.status import (AutotuneStatus, EngineStatus, VerificationBar, V
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.autotune.constants import LASTING_BREAK_WINDOWS, PLANNING_HORIZON_SECONDS
 from kvpilot.autotune.verification import Baseline, Memory, Watch, figures_from_window
-from kvpilot.autotune.verify import CONFIRM_WINDOWS, Bar, Settle, Side
+from kvpilot.autotune.bars import Bar
+from kvpilot.autotune.verify import CONFIRM_WINDOWS, Settle, Side
 from kvpilot.desired.observed import Observed
 from kvpilot.desired.tuning import when
 
@@ -47,7 +48,8 @@ def side_of(record: VerificationSide | None) -> Side:
                 _count(record.answered), windows * min(1.0, _count(record.share_permille, 1e3)),
                 min(1.0, last / 1e3) if last is not None and last >= 0 else None,
                 _count(record.successive_squares_micro, 1e6), _count(record.prompt_tokens) * _count(record.offered),
-                _count(record.output_tokens) * _count(record.offered))
+                _count(record.output_tokens) * _count(record.offered), _count(record.split),
+                _count(record.tpot_missed), _count(record.ttft_missed))
 
 
 def side_record(side: Side) -> VerificationSide | None:
@@ -59,7 +61,8 @@ def side_record(side: Side) -> VerificationSide | None:
         share_permille=round(1e3 * side.share_sum / side.windows),
         last_share_permille=round(1e3 * side.last_share) if side.last_share is not None else None,
         successive_squares_micro=round(1e6 * side.successive_squares), prompt_tokens=round(side.prompt_mean),
-        output_tokens=round(side.output_mean))
+        output_tokens=round(side.output_mean), split=round(side.split), tpot_missed=round(side.tpot_missed),
+        ttft_missed=round(side.ttft_missed))
 
 
 def memory_of(status: AutotuneStatus | None, now: datetime) -> Memory:
