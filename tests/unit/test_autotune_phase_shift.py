@@ -245,3 +245,5 @@ def test_one_window_does_not_turn_a_settled_trade_off_into_a_cliff(monkeypatch: 
     assert "cannot veto" in at_64(split_baseline(64, 0.09, 0.21), replace(flip, tpot_p95_ms=30.0))
     # Minutes settled at another limit say nothing of this one.
     assert "cannot veto" in at_64(split_baseline(57, 0.09, 0.21))
+    # Nor do they where the batch does not fill the limit: a lower there admits as many, and cuts TPOT alone.
+    assert "cannot veto" in at_64(split_baseline(64, 0.09, 0.21), replace(flip, peak_active=60))
