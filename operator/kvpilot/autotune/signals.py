@@ -42,8 +42,8 @@ def tpot_trade_off(slo: SloSpec | None, w: KvWindow, settled: tuple[float, float
     p95 that brushed the objective (11% TPOT misses beside 23% TTFT misses) served less than 64 did. A cliff (many
     TPOT misses, or a p95 far over) is never a trade-off, whatever the TTFT misses: slow decoding queues requests.
 
-    The shares are the window's, or ``settled`` (TPOT, TTFT misses over the settled minutes at this limit,
-    ``rules.settled_split``) where those show the trade-off: one window's split scatters. Measured on that case
+    The shares are the window's, or ``settled`` (TPOT, TTFT misses over the settled minutes at this limit while
+    the batch fills it, ``rules.settled_split``) where those show the trade-off: one window's split scatters. Measured on that case
     served by PyTorch with a spare GPU: at 64 the windows' TPOT misses ran 6-19% beside 14-29% TTFT misses for
     two minutes, then one window read 28% beside 20%, and the lower it made protective served 0.92x what 64 did."""
     objective = slo.time_per_output_token_millis if slo is not None else None
