@@ -264,7 +264,7 @@ def settled_split(inp: TunerInput, w: KvWindow) -> tuple[float, float] | None:
     otherwise. Only a full batch trades: a lower admits fewer only where the limit bounds admission. Measured on
     long outputs served by PyTorch with a spare GPU (long-output-a100 from 2048): the batch peaked at ~420, 15-16%
     of the requests missed TTFT beside 3-6% missing TPOT over the settled minutes, and the lower to ~374 that the
-    split would have handed to the model served 2-3% more than holding 2048 on each of the four engines."""
+    split would have handed to the model served 1.9-2.9% more than holding 2048 on each of the four engines."""
     if settled_misses(inp) is None or w.peak_active < SATURATION * inp.current:
         return None
     return inp.history.verification.baseline.side.split_shares(MIN_REQUESTS)
