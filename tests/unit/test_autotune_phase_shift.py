@@ -247,3 +247,25 @@ def test_one_window_does_not_turn_a_settled_trade_off_into_a_cliff(monkeypatch: 
     assert "cannot veto" in at_64(split_baseline(57, 0.09, 0.21))
     # Nor do they where the batch does not fill the limit: a lower there admits as many, and cuts TPOT alone.
     assert "cannot veto" in at_64(split_baseline(64, 0.09, 0.21), replace(flip, peak_active=60))
+    # Nor where next to no request missed TTFT: there is nothing to trade.
+    assert "cannot veto" in at_64(split_baseline(64, 0.0, 0.0))
+    # A window that shows the trade-off itself stays one, whatever the settled minutes say.
+    trade = replace(flip, tpot_miss_fraction=0.10, ttft_miss_fraction=0.22)
+    assert at_64(split_baseline(64, 0.30, 0.21), trade).startswith("Hold NoPredictedGain")
+
+
+def test_the_settled_split_from_a_hostile_or_older_status_is_none_or_within_bounds() -> None:
+    from kvpilot.api.status import VerificationSide
+    from kvpilot.autotune.signals import tpot_trade_off
+    from kvpilot.desired.verifying import side_of
+
+    old = side_of(VerificationSide(windows_milli=8000, seconds=120, offered=3600, resolved=3600, good=2500,
+                                   answered=3600))
+    assert old.split_shares(40) is None  # written before the split was kept: the window decides alone
+    hostile = side_of(VerificationSide(windows_milli=8000, seconds=120, answered=3600, split=3600, tpot_missed=-50,
+                                       ttft_missed=10**12))
+    assert hostile.split_shares(40) == (0.0, 1.0)
+    negative = side_of(VerificationSide(windows_milli=8000, seconds=120, split=-3600, tpot_missed=5, ttft_missed=5))
+    assert negative.split_shares(40) is None
+    w = replace(kv(active=64, tpot=23.5, tpot_misses=0.28), ttft_miss_fraction=0.2)
+    assert not tpot_trade_off(SloSpec(3000, 22), w, (0.0, 0.0)) and tpot_trade_off(SloSpec(3000, 22), w, (0.05, 0.1))

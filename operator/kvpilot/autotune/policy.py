@@ -78,7 +78,7 @@ def decide(inp: TunerInput) -> Decision:
     # A rollback goes back to the value measured to serve well: no model resizes it.
     if decision.action in (Action.RAISE, Action.LOWER) and model is not None and decision.reason != TunerReason.ROLLED_BACK:
         return _settled(inp, w, decision) or _simulated(inp, w, decision, model, lo, hi)
-    return inp.what_if.withheld(decision, inp.current, called_for(decision, w, inp.spec.slo, settled_split(inp, w)))
+    return inp.what_if.withheld(decision, inp.current, _called_for(inp, decision, w))
 
 
 def _clear_of_bars(inp: TunerInput, w: KvWindow, vetted: Decision) -> Decision:
@@ -124,7 +124,7 @@ def _cooldown(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | No
     escalating = decision.action == Action.RAISE and (w.ttft_miss_fraction or 0.0) >= SEVERE_MISSES
     # Protective lowers (paused requests, a broken TPOT objective) do not wait out the cooldown either,
     # only a couple of intervals, so the pods that restarted have been measured.
-    protective = decision.action == Action.LOWER and called_for(decision, w, inp.spec.slo, settled_split(inp, w))
+    protective = decision.action == Action.LOWER and _called_for(inp, decision, w)
     urgent = (escalating or protective or _followed(inp, w, decision) or _verified_step(inp, w, decision)) \
         and elapsed >= 2 * inp.spec.interval_seconds
     if elapsed < inp.spec.cooldown_seconds and not urgent:
@@ -174,6 +174,11 @@ def called_for(decision: Decision, w: KvWindow, slo: SloSpec | None,
     return decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not tpot_trade_off(slo, w, settled)
 
 
+def _called_for(inp: TunerInput, decision: Decision, w: KvWindow) -> bool:
+    """``called_for`` with the settled minutes at the limit in force (``rules.settled_split``)."""
+    return called_for(decision, w, inp.spec.slo, settled_split(inp, w))
+
+
 def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
     """Why the calibrated model may veto this protective lower (None: it may not). A TPOT break that missed fewer
     than MILD_BREAK of the requests over the settled minutes at this limit (``rules.settled_misses``) is no cliff,
@@ -205,7 +210,7 @@ def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | Non
     """A hold while the traffic's mix is shifting and the change is no protective one (autotune/shift.py): the
     what-if would size it on lengths that still mix the old traffic's. None: the what-if may size it now (or
     would not run: no traffic fit)."""
-    if called_for(decision, w, inp.spec.slo, settled_split(inp, w)) or fit_traffic(w) is None:
+    if _called_for(inp, decision, w) or fit_traffic(w) is None:
         return None
     since = inp.history.shifting_since
     holding_for = (inp.now - since).total_seconds() if since is not None else None
@@ -237,7 +242,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes)."""
-    protective = called_for(decision, w, inp.spec.slo, settled_split(inp, w))
+    protective = _called_for(inp, decision, w)
     traffic = replayed(inp.history.last_traffic, w)  # the window with the pooled traffic (autotune/pooling.py)
     if protective:
         traffic, young = uncensored(traffic, w)

@@ -260,11 +260,11 @@ def settled_misses(inp: TunerInput, sparse: bool = False) -> tuple[float, float]
 
 def settled_split(inp: TunerInput, w: KvWindow) -> tuple[float, float] | None:
     """(TPOT misses, TTFT misses) as shares over the same settled minutes as ``settled_misses``, once MIN_REQUESTS
-    of them have their split known, while the batch fills the limit (``w``'s peak at SATURATION of it); None
+    of them have their split known, while this window's batch fills the limit (its peak at SATURATION of it); None
     otherwise. Only a full batch trades: a lower admits fewer only where the limit bounds admission. Measured on
     long outputs served by PyTorch with a spare GPU (long-output-a100 from 2048): the batch peaked at ~420, 15-16%
     of the requests missed TTFT beside 3-6% missing TPOT over the settled minutes, and the lower to ~374 that the
-    split would have handed to the model served 1.9-2.9% more than holding 2048 on each of the four engines."""
+    split would have handed to the model served 1.9-3.0% more than holding 2048 on each of the four engines."""
     if settled_misses(inp) is None or w.peak_active < SATURATION * inp.current:
         return None
     return inp.history.verification.baseline.side.split_shares(MIN_REQUESTS)

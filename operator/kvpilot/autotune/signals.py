@@ -42,14 +42,16 @@ def tpot_trade_off(slo: SloSpec | None, w: KvWindow, settled: tuple[float, float
     p95 that brushed the objective (11% TPOT misses beside 23% TTFT misses) served less than 64 did. A cliff (many
     TPOT misses, or a p95 far over) is never a trade-off, whatever the TTFT misses: slow decoding queues requests.
 
-    The shares are the window's, or ``settled`` (TPOT, TTFT misses over the settled minutes at this limit while
-    the batch fills it, ``rules.settled_split``) where those show the trade-off: one window's split scatters. Measured on that case
+    The shares are the window's, or ``settled`` (TPOT, TTFT misses over the settled minutes at this limit, while
+    this window's batch fills it: ``rules.settled_split``) where those show the trade-off, with TTFT misses beyond
+    TTFT_MISS_TOLERANCE (nothing to trade otherwise): one window's split scatters. Measured on that case
     served by PyTorch with a spare GPU: at 64 the windows' TPOT misses ran 6-19% beside 14-29% TTFT misses for
     two minutes, then one window read 28% beside 20%, and the lower it made protective served 0.92x what 64 did."""
     objective = slo.time_per_output_token_millis if slo is not None else None
     if not objective or (w.tpot_p95_ms or 0.0) > TRADE_OFF_P95 * objective:
         return False
-    return _trades(w.tpot_miss_fraction, w.ttft_miss_fraction) or (settled is not None and _trades(*settled))
+    settled_trades = settled is not None and settled[1] > TTFT_MISS_TOLERANCE and _trades(*settled)
+    return _trades(w.tpot_miss_fraction, w.ttft_miss_fraction) or settled_trades
 
 
 def _trades(tpot: float | None, ttft: float | None) -> bool:

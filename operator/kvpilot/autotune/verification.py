@@ -201,7 +201,8 @@ def figures_from_window(w: KvWindow, end_s: float, limit: int | None, expected_p
         resolved, good = answered, answered * met
     lifetime = ((w.ttft_p95_ms or 0.0) + w.output_mean * (w.tpot_p95_ms or 0.0)) / 1e3
     tpot, ttft = w.tpot_miss_fraction, w.ttft_miss_fraction
-    split = answered if tpot is not None and ttft is not None and math.isfinite(tpot + ttft) else 0.0
+    known = tpot is not None and ttft is not None and math.isfinite(tpot + ttft) and math.isfinite(answered)
+    split = max(0.0, answered) if known else 0.0
     return WindowFigures(end_s, seconds, limit, w.pods, expected_pods, w.arrival_rate * scale, resolved, good,
                          answered, w.mean_active, lifetime, w.prompt_mean, w.output_mean,
                          restarted or w.rejected_samples > 0, _cv(w.arrival_cv), split,

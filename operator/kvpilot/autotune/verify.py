@@ -182,9 +182,9 @@ class Side:
     def split_shares(self, at_least: float) -> tuple[float, float] | None:
         """(TPOT misses, TTFT misses) as shares of the answered whose split is known, once at least ``at_least``
         are; None before."""
-        if self.split < max(at_least, 1e-9):
+        if not self.split >= max(at_least, 1e-9):  # NaN too
             return None
-        return min(1.0, self.tpot_missed / self.split), min(1.0, self.ttft_missed / self.split)
+        return _unit(self.tpot_missed / self.split), _unit(self.ttft_missed / self.split)
 
     @property
     def goodput_per_s(self) -> float:
@@ -206,6 +206,11 @@ class Side:
         att = "n/a" if self.attainment is None else f"{self.attainment:.0%}"
         return (f"{self.goodput_per_s:.2f} good req/s, {self.offered_per_s:.2f} offered, {self.share:.0%} of those "
                 f"resolved in time (attainment {att}) over {self.seconds:.0f}s")
+
+
+def _unit(share: float) -> float:
+    """A share clamped to [0, 1] (0 when not a number): the sums come from pods' counters and from status."""
+    return min(1.0, max(0.0, share)) if math.isfinite(share) else 0.0
 
 
 @dataclass(frozen=True)
