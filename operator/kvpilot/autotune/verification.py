@@ -24,7 +24,7 @@ from kvpilot.autotune.bars import Bar, bar_after_rollback
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.verify import (BASELINE_SECONDS, CONFIRM_WINDOWS, MIN_EVIDENCE_SECONDS, MIN_REQUESTS,
                                      Outcome, Settle, Side, Verdict, WindowFigures, Why, clean, comparable, confirm,
-                                     judge, undecided_or_give_up)
+                                     judge, undecided_or_give_up, unit_share)
 
 
 @dataclass(frozen=True)
@@ -206,12 +206,7 @@ def figures_from_window(w: KvWindow, end_s: float, limit: int | None, expected_p
     return WindowFigures(end_s, seconds, limit, w.pods, expected_pods, w.arrival_rate * scale, resolved, good,
                          answered, w.mean_active, lifetime, w.prompt_mean, w.output_mean,
                          restarted or w.rejected_samples > 0, _cv(w.arrival_cv), split,
-                         split * _share(tpot), split * _share(ttft))
-
-
-def _share(fraction: float | None) -> float:
-    """A miss fraction a pod reported, as a share (0 when unknown; clamped to [0, 1])."""
-    return min(1.0, max(0.0, fraction)) if fraction is not None and math.isfinite(fraction) else 0.0
+                         split * unit_share(tpot), split * unit_share(ttft))
 
 
 def _cv(cv: float | None) -> float:

@@ -184,7 +184,7 @@ class Side:
         are; None before."""
         if not self.split >= max(at_least, 1e-9):  # NaN too
             return None
-        return _unit(self.tpot_missed / self.split), _unit(self.ttft_missed / self.split)
+        return unit_share(self.tpot_missed / self.split), unit_share(self.ttft_missed / self.split)
 
     @property
     def goodput_per_s(self) -> float:
@@ -208,9 +208,9 @@ class Side:
                 f"resolved in time (attainment {att}) over {self.seconds:.0f}s")
 
 
-def _unit(share: float) -> float:
-    """A share clamped to [0, 1] (0 when not a number): the sums come from pods' counters and from status."""
-    return min(1.0, max(0.0, share)) if math.isfinite(share) else 0.0
+def unit_share(share: float | None) -> float:
+    """A share clamped to [0, 1] (0 when unknown or not a number): shares come from pods' counters and status."""
+    return min(1.0, max(0.0, share)) if share is not None and math.isfinite(share) else 0.0
 
 
 @dataclass(frozen=True)
