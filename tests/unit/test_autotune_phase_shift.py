@@ -239,10 +239,13 @@ def test_one_window_does_not_turn_a_settled_trade_off_into_a_cliff(monkeypatch: 
 
     assert at_64(None).startswith("Lower"), "one window alone: a cliff"
     assert at_64(split_baseline(64, 0.09, 0.21)).startswith("Hold NoPredictedGain")
-    # The settled minutes only ever show a trade-off; a cliff there, or a p95 far over, leaves the lower protective.
+    # The settled minutes only ever show a trade-off; a cliff there leaves the lower protective.
     assert "cannot veto" in at_64(split_baseline(64, 0.30, 0.21))
     assert "cannot veto" in at_64(split_baseline(64, 0.15, 0.10))
-    assert "cannot veto" in at_64(split_baseline(64, 0.09, 0.21), replace(flip, tpot_p95_ms=30.0))
+    # One window's p95 scatters as its shares do: over the objective by 36%, the settled trade-off still stands.
+    assert at_64(split_baseline(64, 0.09, 0.21), replace(flip, tpot_p95_ms=30.0)).startswith("Hold NoPredictedGain")
+    # A window where half the requests miss TPOT is a cliff, whatever the settled minutes show.
+    assert "cannot veto" in at_64(split_baseline(64, 0.09, 0.21), replace(flip, tpot_p95_ms=40.0, tpot_miss_fraction=0.5))
     # Minutes settled at another limit say nothing of this one.
     assert "cannot veto" in at_64(split_baseline(57, 0.09, 0.21))
     # Nor do they where the batch does not fill the limit: a lower there admits as many, and cuts TPOT alone.
