@@ -14,6 +14,7 @@ from kvpilot.autotune.constants import (
     MAX_RAISE_FACTOR,
     MIN_RAISE_FACTOR,
     REVERSAL_MIN_TPOT_MISSES,
+    SETTLED_TRADE_OFF_P95,
     SEVERE_MISSES,
     TPOT_HEADROOM,
     TRADE_OFF_P95,
@@ -41,24 +42,27 @@ def tpot_trade_off(slo: SloSpec | None, w: KvWindow, settled: tuple[float, float
     requests already queue). Whether that pays is the what-if's call, not a measurement's: measured on the suite's
     overloaded case with a 22 ms TPOT objective (an engine decoding 30% off its profile), the lowers from 64 on a
     p95 that brushed the objective (11% TPOT misses beside 23% TTFT misses) served less than 64 did. A cliff (many
-    TPOT misses, or a p95 far over) is never a trade-off, whatever the TTFT misses: slow decoding queues requests.
+    TPOT misses, or a p95 far over: past TRADE_OFF_P95 on the window's shares, past SETTLED_TRADE_OFF_P95 on the
+    settled minutes') is never a trade-off, whatever the TTFT misses: slow decoding queues requests.
 
     The shares are the window's, or ``settled`` (TPOT, TTFT misses over the settled minutes at this limit, while
     this window's batch fills it: ``rules.settled_split``) where those show the trade-off, with TTFT misses beyond
     TTFT_MISS_TOLERANCE (nothing to trade otherwise): one window's split scatters. Measured on that case
     served by PyTorch with a spare GPU: at 64 the windows' TPOT misses ran 6-19% beside 14-29% TTFT misses for
     two minutes, then one window read 28% beside 20%, and the lower it made protective served 0.92x what 64 did.
-    One window's p95 scatters as its shares do, so where the settled minutes show the trade-off it does not bound
-    it; only a window where SEVERE_MISSES of the requests miss TPOT is a cliff whatever they show. Measured on
-    the same case with prefill 30% off its profile: the settled minutes split 10% beside 17-18%, a window read p95
-    24.2 ms (1.1x the objective) with 14% missing, and the lower it made protective served 0.95x what 64 did."""
+    One window's p95 scatters as its shares do, so where the settled minutes show the trade-off it is bounded
+    only at SETTLED_TRADE_OFF_P95; and a window where SEVERE_MISSES or more of the requests miss TPOT (or where
+    the share is unknown) is a cliff whatever they show. Measured on the same case with prefill 30% off its
+    profile: the settled minutes split 10% beside 17-18%, a window read p95 over 1.1x the objective by less than
+    0.05 ms with 14% missing, and the lower it made protective served 0.95x what 64 did."""
     objective = slo.time_per_output_token_millis if slo is not None else None
     if not objective:
         return False
     if (w.tpot_p95_ms or 0.0) <= TRADE_OFF_P95 * objective and _trades(w.tpot_miss_fraction, w.ttft_miss_fraction):
         return True
     few_missed = w.tpot_miss_fraction is not None and w.tpot_miss_fraction < SEVERE_MISSES
-    return few_missed and settled is not None and settled[1] > TTFT_MISS_TOLERANCE and _trades(*settled)
+    near = (w.tpot_p95_ms or 0.0) <= SETTLED_TRADE_OFF_P95 * objective
+    return few_missed and near and settled is not None and settled[1] > TTFT_MISS_TOLERANCE and _trades(*settled)
 
 
 def _trades(tpot: float | None, ttft: float | None) -> bool:
