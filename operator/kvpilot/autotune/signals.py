@@ -53,9 +53,9 @@ def tpot_trade_off(slo: SloSpec | None, w: KvWindow, settled: tuple[float, float
     One window's p95 scatters as its shares do, so where the settled minutes show the trade-off it is bounded
     only at SETTLED_TRADE_OFF_P95; and a window where SEVERE_MISSES or more of the requests miss TPOT (or where
     the share is unknown; live, the share is the pod that misses most: ``summarize._miss``) is a cliff whatever
-    they show. Measured on the same case with prefill 30% off its
-    profile: the settled minutes split 10% beside 17-18%, a window read p95 over 1.1x the objective by less than
-    0.05 ms with 14% missing, and the lower it made protective served 0.95x what 64 did."""
+    they show. Measured on the same case with prefill 30% off its profile: the settled minutes split 10% beside
+    17-18%, a window read p95 over 1.1x the objective by less than 0.05 ms with 14% missing, and the lower it made
+    protective served 0.95x what 64 did."""
     objective = slo.time_per_output_token_millis if slo is not None else None
     if not objective:
         return False
