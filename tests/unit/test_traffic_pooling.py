@@ -191,6 +191,34 @@ def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.Monk
     assert d.action == "Hold" and "the model fitted to the pods misses 2.5% staying put" in d.message, d.message
 
 
+def test_a_model_that_over_reads_a_mild_break_neither_judges_nor_sizes_the_lower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rag-then-chat-a100.all-fast from 2048 (PyTorch, spare GPU): the settled minutes missed 6.2%, the model fitted
+    to the pods 37.8% staying put; it judged the break and lowered 2048 -> 29, which chat then found 0.909x."""
+    import kvpilot.autotune.policy as policy
+
+    sized = WhatIf(29, "goodput 5.34 staying at 1024; 7.95 at 29")
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: sized)
+    calibrated = WhatIfGate(model=MODEL, calibrated=True)
+    mild = settled_at(1024, 0.94)
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + MILD_BREAK + 0.01)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
+    rules = math.floor(60 * 60.0 / 73.0)  # the running batch over the p95's ratio to the objective
+    assert d.action == "Lower" and d.target == rules, d.message
+    assert "does not reproduce this break" in d.message and "chose" not in d.message, d.message
+    # within MILD_BREAK of the pods, the model judges (and sizes) as before
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + MILD_BREAK - 0.01)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
+    assert d.action == "Lower" and d.target == 29 and "which the model judges" in d.message, d.message
+    # a break of MILD_BREAK or more is the model's to size, however it reads the present
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.9)
+    d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 1.0 - 2 * MILD_BREAK), what_if=calibrated,
+                   last_applied_at=None))
+    assert d.action == "Lower" and d.target == 29 and "does not reproduce" not in d.message, d.message
+    # the datasheet sizes it too: it is no fit of these pods, and never judges
+    d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 29, d.message
+
+
 def test_the_model_s_misses_staying_put_are_simulated_on_the_traffic_it_replays() -> None:
     """kvsim's A100 profile at 64 on 2 pods: light traffic is all served in time, an overload is not."""
     light = documents(rate=5.0, prompt=500.0, output=200.0)
@@ -205,6 +233,7 @@ def test_a_mild_break_the_model_can_fix_is_lowered_as_the_model_sizes_it(monkeyp
     import kvpilot.autotune.policy as policy
 
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(300, "goodput 8.00 staying; 8.40 at 300"))
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.05)  # it reproduces the break staying put
     d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 0.95),
                    what_if=WhatIfGate(model=MODEL, calibrated=True), last_applied_at=None))
     assert d.action == "Lower" and d.target == 300, d.message

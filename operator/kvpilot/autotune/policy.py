@@ -206,6 +206,24 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
             f"{seen:.1%} staying put), which the model judges")
 
 
+def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
+    """Why the calibrated model may neither judge nor size this protective lower (None: it may): a mild break
+    (under MILD_BREAK missed over the settled minutes) that the model, staying put on the traffic it replays, reads
+    as MILD_BREAK or more worse than the pods served. A model that far from the present misranks the limits around
+    it, and the rules' lower, sized on the measured p95, stands."""
+    if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not inp.what_if.calibrated:
+        return None
+    settled = settled_misses(inp)
+    if settled is None or settled[0] >= MILD_BREAK:
+        return None
+    seen = model_misses(model, w, inp.current)
+    if seen is None or seen - settled[0] < MILD_BREAK:
+        return None
+    return (f"the model fitted to the pods misses {seen:.1%} staying put where the settled minutes missed "
+            f"{settled[0]:.1%} over {settled[1]:.0f}s: it does not reproduce this break, so it neither judges nor "
+            f"sizes the lower")
+
+
 def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | None:
     """A hold while the traffic's mix is shifting and the change is no protective one (autotune/shift.py): the
     what-if would size it on lengths that still mix the old traffic's. None: the what-if may size it now (or
@@ -247,6 +265,9 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if protective:
         traffic, young = uncensored(traffic, w)
         decision = replace(decision, message=f"{decision.message}; {young}") if young else decision
+    over = _over_read(inp, traffic, decision, model) if protective else None
+    if over is not None:
+        return replace(decision, message=f"{decision.message}; {over}")
     judged = _model_judges(inp, traffic, decision, model) if protective else None
     if judged is not None:
         protective = False
