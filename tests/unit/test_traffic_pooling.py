@@ -13,7 +13,7 @@ import pytest
 
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.gate import model_misses
-from kvpilot.autotune.policy import MILD_BREAK, REPRODUCED, decide
+from kvpilot.autotune.policy import MILD_BREAK, OVER_READ, REPRODUCED, decide
 from kvpilot.autotune.pooling import POOL_SECONDS, filling, pooled_traffic, replayed, window_traffic
 from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
 from kvpilot.autotune.verification import Baseline, Memory
@@ -193,20 +193,20 @@ def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.Monk
 
 def test_a_model_that_over_reads_a_mild_break_neither_judges_nor_sizes_the_lower(monkeypatch: pytest.MonkeyPatch) -> None:
     """rag-then-chat-a100.all-fast from 2048 (PyTorch, spare GPU): the settled minutes missed 6.2%, the model fitted
-    to the pods 37.8% staying put; it judged the break and lowered 2048 -> 29, which chat then found 0.909x."""
+    to the pods 37.8% staying put; it judged the break and lowered 2048 -> 29, and the run ended at 0.909x."""
     import kvpilot.autotune.policy as policy
 
     sized = WhatIf(29, "goodput 5.34 staying at 1024; 7.95 at 29")
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: sized)
     calibrated = WhatIfGate(model=MODEL, calibrated=True)
     mild = settled_at(1024, 0.94)
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + MILD_BREAK + 0.01)
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + OVER_READ + 0.01)
     d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
     rules = math.floor(60 * 60.0 / 73.0)  # the running batch over the p95's ratio to the objective
     assert d.action == "Lower" and d.target == rules, d.message
     assert "does not reproduce this break" in d.message and "chose" not in d.message, d.message
-    # within MILD_BREAK of the pods, the model judges (and sizes) as before
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + MILD_BREAK - 0.01)
+    # less than OVER_READ above the settled minutes, the model judges (and sizes) as before
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + OVER_READ - 0.01)
     d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
     assert d.action == "Lower" and d.target == 29 and "which the model judges" in d.message, d.message
     # a break of MILD_BREAK or more is the model's to size, however it reads the present
