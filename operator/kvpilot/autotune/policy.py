@@ -191,14 +191,17 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
     rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
     does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
     staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
-    missed, nor one that over-reads it by OVER_READ or more (``_over_read``, checked first). Within, not as much: the settled minutes are a swell-prone sample (on the document Q&A they read
-    2.3-6.0% where the phase missed 2.1%, and the model 1.3-2.4%). On the overloaded case with a 22 ms TPOT
+    missed, nor one that over-reads it by OVER_READ or more (``_over_read``, checked first). Within, not as much:
+    the settled minutes are a swell-prone sample (on the document Q&A they read 2.3-6.0% where the phase missed
+    2.1%, and the model 1.3-2.4%). On the overloaded case with a 22 ms TPOT
     objective the model served every request at 2048 where the pods missed 7-8% over the settled minute; its veto
     held 2048 (26.75 req/s), where the lower it may not veto now serves 27.57."""
     reading = _mild_reading(inp, w, decision, model)
-    if reading is None or reading[0] - reading[2] >= REPRODUCED:
+    if reading is None:
         return None
     settled, seconds, seen = reading
+    if settled - seen >= REPRODUCED:
+        return None
     return (f"a mild break ({settled:.1%} missed over {seconds:.0f}s; the model fitted to the pods misses "
             f"{seen:.1%} staying put), which the model judges")
 
@@ -213,9 +216,11 @@ def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     6.2%, judged the break and chose 29 over the rules' 58; at 29 the documents queued, a raise to 44 was still
     rolling out when chat arrived, and the run ended at 0.909x static 2048 (0.954x with the rules' 58)."""
     reading = _mild_reading(inp, w, decision, model)
-    if reading is None or reading[2] - reading[0] < OVER_READ:
+    if reading is None:
         return None
     settled, seconds, seen = reading
+    if seen - settled < OVER_READ:
+        return None
     return (f"the model fitted to the pods misses {seen:.1%} staying put where the settled minutes missed "
             f"{settled:.1%} over {seconds:.0f}s: it does not reproduce this break, so it neither judges nor "
             f"sizes the lower")
