@@ -14,7 +14,8 @@ import pytest
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.gate import model_misses
 from kvpilot.autotune.policy import MILD_BREAK, OVER_READ, REPRODUCED, decide
-from kvpilot.autotune.pooling import POOL_SECONDS, filling, pooled_traffic, replayed, window_traffic
+from kvpilot.autotune.burst import BURST_HISTORY_SECONDS
+from kvpilot.autotune.pooling import BURSTY_CV, POOL_SECONDS, filling, pool_seconds, pooled_traffic, replayed, window_traffic
 from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
 from kvpilot.autotune.verification import Baseline, Memory
 from kvpilot.autotune.window import KvWindow
@@ -255,3 +256,41 @@ def test_pods_that_fill_are_read_alone_and_start_no_pool() -> None:
         seen = pooled_traffic(aged(seen), documents())
     queueing = documents(rate=4.1, output=250.0, finished=2.5)
     assert filling(queueing) and pooled_traffic(aged(seen), queueing) == replace(window_traffic(queueing), requests=0)
+
+
+def test_bursty_arrivals_pool_the_rate_over_cv_squared_times_as_long() -> None:
+    """At cv 3 a minute of arrivals scatters like 7 s of Poisson ones: the past weighs up to the sampler's
+    five-minute burstiness history; near-Poisson readings (the estimator's 1.12-1.2 tail) keep a minute."""
+    assert pool_seconds(documents(cv=3.0)) == BURST_HISTORY_SECONDS
+    assert pool_seconds(documents(cv=1.2)) == POOL_SECONDS
+    assert pool_seconds(documents(cv=None)) == POOL_SECONDS
+    assert POOL_SECONDS < pool_seconds(documents(cv=BURSTY_CV)) < BURST_HISTORY_SECONDS
+    seen: SeenTraffic | None = None
+    for _ in range(40):
+        seen = pooled_traffic(aged(seen), documents(cv=3.0))
+    assert seen is not None
+    assert seen.requests >= 4.0 * PODS * BURST_HISTORY_SECONDS  # it fills up to five minutes of requests
+    burst = pooled_traffic(aged(seen), documents(rate=6.0, cv=3.0))
+    assert burst is not None and burst.rate_per_pod < 4.0 + (6.0 - 4.0) * SECONDS / BURST_HISTORY_SECONDS + 1e-9
+
+
+def test_pods_that_fill_in_a_burst_keep_the_record_and_pool_its_rate() -> None:
+    """burst-a100.all-slow from 2048 (no spare GPU): a burst of 11.5 req/s over two pods (8 offered) filled the
+    pods, the window was read alone, and the what-if, replaying the burst as the traffic ahead on top of the
+    bursts it draws from the cv, priced a restart that cost 8% of the run."""
+    seen: SeenTraffic | None = None
+    for _ in range(20):
+        seen = pooled_traffic(aged(seen), documents(cv=3.0))
+    assert seen is not None
+    burst = documents(rate=5.8, output=250.0, finished=3.4, cv=3.0)
+    assert filling(burst)
+    read = pooled_traffic(aged(seen), burst)
+    assert read is not None and read.requests == seen.requests  # the record stands, for what it stood for
+    assert (read.prompt_mean, read.output_mean) == (seen.prompt_mean, seen.output_mean)  # its lengths, not short ones
+    assert seen.rate_per_pod < read.rate_per_pod < 4.0 + (5.8 - 4.0) * 0.25  # the burst weighs as its seconds do
+    # near-Poisson arrivals: a filling window is read alone, as before
+    near = replace(burst, arrival_cv=1.2)
+    assert pooled_traffic(aged(seen), near) == replace(window_traffic(near), requests=0.0)
+    # a step in the load beyond the bursts' own scatter is read alone, even on bursty arrivals
+    step = documents(rate=16.0, output=250.0, finished=4.0, cv=3.0)
+    assert filling(step) and pooled_traffic(aged(seen), step) == replace(window_traffic(step), requests=0.0)
