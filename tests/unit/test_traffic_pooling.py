@@ -271,7 +271,9 @@ def test_bursty_arrivals_pool_the_rate_over_cv_squared_times_as_long() -> None:
     assert seen is not None
     assert seen.requests >= 4.0 * PODS * BURST_HISTORY_SECONDS  # it fills up to five minutes of requests
     burst = pooled_traffic(aged(seen), documents(rate=6.0, cv=3.0))
-    assert burst is not None and burst.rate_per_pod < 4.0 + (6.0 - 4.0) * SECONDS / BURST_HISTORY_SECONDS + 1e-9
+    # five minutes of the past against the window's 15 s (a minute's cap would give 4.4)
+    assert burst is not None
+    assert burst.rate_per_pod == pytest.approx((4.0 * BURST_HISTORY_SECONDS + 6.0 * SECONDS) / (BURST_HISTORY_SECONDS + SECONDS))
 
 
 def test_pods_that_fill_in_a_burst_keep_the_record_and_pool_its_rate() -> None:
@@ -287,10 +289,33 @@ def test_pods_that_fill_in_a_burst_keep_the_record_and_pool_its_rate() -> None:
     read = pooled_traffic(aged(seen), burst)
     assert read is not None and read.requests == seen.requests  # the record stands, for what it stood for
     assert (read.prompt_mean, read.output_mean) == (seen.prompt_mean, seen.output_mean)  # its lengths, not short ones
-    assert seen.rate_per_pod < read.rate_per_pod < 4.0 + (5.8 - 4.0) * 0.25  # the burst weighs as its seconds do
+    # the burst weighs as its seconds do, against the past the record stands for (five minutes at cv 3)
+    assert read.rate_per_pod == pytest.approx((seen.rate_per_pod * BURST_HISTORY_SECONDS + 5.8 * SECONDS)
+                                              / (BURST_HISTORY_SECONDS + SECONDS))
+    # at exactly BURSTY_CV the burst is pooled too
+    assert pooled_traffic(aged(seen), replace(burst, arrival_cv=BURSTY_CV)) != replace(window_traffic(burst), requests=0.0)
     # near-Poisson arrivals: a filling window is read alone, as before
     near = replace(burst, arrival_cv=1.2)
     assert pooled_traffic(aged(seen), near) == replace(window_traffic(near), requests=0.0)
     # a step in the load beyond the bursts' own scatter is read alone, even on bursty arrivals
     step = documents(rate=16.0, output=250.0, finished=4.0, cv=3.0)
     assert filling(step) and pooled_traffic(aged(seen), step) == replace(window_traffic(step), requests=0.0)
+
+
+def test_a_burst_read_again_by_an_overlapping_pass_is_not_pooled_twice() -> None:
+    """A pass sooner than a window after the last (an event woke the operator) reads the same burst again: the
+    record stands as it is, else every quick pass would pull the rate toward the burst once more."""
+    seen = SeenTraffic(4.0, 2000.0, 280.0, age_s=SECONDS, requests=2400.0)
+    burst = documents(rate=5.8, output=250.0, finished=3.4, cv=3.0)
+    once = pooled_traffic(seen, burst)
+    assert once is not None and once.rate_per_pod > 4.0
+    again = pooled_traffic(aged(once, 3.0), burst)
+    assert again == replace(once, age_s=0.0)
+    # a stale record is no record: the burst window is read alone
+    stale = pooled_traffic(replace(seen, age_s=60.0), burst)
+    assert stale == replace(window_traffic(burst), requests=0.0)
+
+
+@pytest.mark.parametrize("per_minute", [5e-324, 0, -1, float("nan")])
+def test_a_record_whose_rate_is_not_a_positive_number_per_second_is_unknown(per_minute: float) -> None:
+    assert SeenTraffic.from_status(per_minute, 2000, 280, age_s=15.0, requests=100) is None

@@ -109,7 +109,7 @@ def _kv_cache() -> Schema:
                     "promptTokens": integer("Mean prompt length of the requests.", 0),
                     "outputTokens": integer("Mean output length of the requests.", 0),
                     "requests": integer("The finished requests these figures stand for (at most about a minute's "
-                                        "traffic).", 0, fmt="int64"),
+                                        "traffic; up to five minutes' on bursty arrivals).", 0, fmt="int64"),
                     "arrivalCv": string("Coefficient of variation of the gaps between arrivals, a decimal "
                                         "(1: Poisson; above 1: bursty), from the scatter of the arrivals counted "
                                         "per sample over the last minutes (absent: too little evidence; the "

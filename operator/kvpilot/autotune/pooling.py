@@ -13,7 +13,7 @@ So the traffic is carried from pass to pass (status.kvCache.traffic, with the re
 window is pooled into it while the two agree within their noise (``agrees``): the rate within Z standard errors of
 a Poisson count (scaled by the arrivals' cv), each mean length within Z standard errors of a mean whose lengths
 scatter like LENGTH_CV. The past counts for at most POOL_SECONDS of traffic, so the newest 15 s window keeps a
-fifth of the weight or more. A window that disagrees starts the pool afresh: a step in the load, a new mix
+fifth of the weight or more (on bursty arrivals longer: below). A window that disagrees starts the pool afresh: a step in the load, a new mix
 (``shift.mix_wait`` then holds the what-if), or a stale or missing record.
 
 Measured on steady Poisson traffic with lognormal lengths (sigma 0.8), 2,000 windows each
@@ -74,7 +74,8 @@ def filling(w: KvWindow) -> bool:
     noise: on the cold start of document Q&A on an engine decoding 30% slower than its profile, the mean output
     of the first windows read 134, 170 and 227 tokens (~300 offered). Pooled, the what-if read 181 where the
     window alone read 227, and the lower it sized went to 24 instead of 32 (4,804 good requests in the phase at
-    24, 5,236 at 32). Such a window is read alone and starts no pool. Steady traffic reads as filling now and
+    24, 5,236 at 32). Such a window is read alone and starts no pool (on bursty arrivals it pools its rate into
+    the record instead: ``burst_pooled``). Steady traffic reads as filling now and
     then, by the batch's own swells: measured in the suite, 2 of 56 windows of document Q&A at 8 req/s over two
     pods (an engine 20% faster than its profile, at 2048), 1 of 52 on the nominal engine at 64, none of 60 of chat
     at 30 req/s; each then costs the pooling of two
@@ -107,7 +108,7 @@ def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | Non
         return (old * past + new * now.requests) / (past + now.requests)
 
     # The share is weighted like the lengths. Where one side did not count it, the other's stands alone with the
-    # pooled requests' weight: it is the best figure there is, and POOL_SECONDS bounds how long it carries.
+    # pooled requests' weight: it is the best figure there is, and ``pool_seconds`` bounds how long it carries.
     old_share, new_share = before.length_share, now.length_share
     share = new_share if old_share is None else old_share if new_share is None else mean(old_share, new_share)
     return SeenTraffic(rate, mean(before.prompt_mean, now.prompt_mean), mean(before.output_mean, now.output_mean),
@@ -116,12 +117,18 @@ def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | Non
 
 def burst_pooled(before: SeenTraffic | None, now: SeenTraffic, w: KvWindow) -> SeenTraffic:
     """A window whose pods fill (``filling``: its lengths read short) is read alone, except on bursty arrivals
-    (cv above 1) beside a usable record whose rate it agrees with: pods that fill in a burst are the burst the
-    what-if draws from the cv already. Then the record stands, its rate pooled with the window's (the rate is
-    counted from arrivals, so a filling window's is right) and its lengths as they were (the window's read
-    short)."""
-    if bursty_cv(w) <= 1.0 or before is None or not _usable(before, w) or not rate_agrees(before, now, w):
+    (cv BURSTY_CV or above) beside a usable record whose rate it agrees with: pods that fill in a burst are the
+    burst the what-if draws from the cv already. Then the record stands, its rate pooled with the window's (the
+    rate is counted from arrivals, so a filling window's is right), its lengths and the requests it stands for as
+    they were (the window's lengths read short, and its finished requests add none). A pass sooner than
+    OVERLAP_SHARE of a window after the last reads a window pooled already: the record is kept as it is.
+
+    While every window fills (a queue that grows on bursty arrivals) the record's lengths carry on for as long as
+    the rate agrees: they are the last ones read while the pods did not fill, where the windows' own read short."""
+    if bursty_cv(w) < BURSTY_CV or before is None or not _usable(before, w) or not rate_agrees(before, now, w):
         return now
+    if before.age_s is not None and before.age_s < OVERLAP_SHARE * w.window_seconds:
+        return replace(before, age_s=0.0)
     past_s = min(pool_seconds(w), before.requests / (before.rate_per_pod * max(1, w.pods)))
     return replace(before, rate_per_pod=_pooled_rate(before, now, past_s, w), age_s=0.0)
 
@@ -152,7 +159,7 @@ def pool_seconds(w: KvWindow) -> float:
 
 def rate_agrees(before: SeenTraffic, now: SeenTraffic, w: KvWindow) -> bool:
     """Whether the window's rate is the recorded rate within the noise of both counts (cv times a Poisson
-    count's on bursty arrivals)."""
+    count's wherever the sampler reads the cv above 1, not only from BURSTY_CV)."""
     arrivals = now.rate_per_pod * w.window_seconds * max(1, w.pods)
     cv = w.arrival_cv if w.arrival_cv is not None and math.isfinite(w.arrival_cv) and w.arrival_cv > 1 else 1.0
     rate_error = cv * math.sqrt(1.0 / max(1.0, arrivals) + 1.0 / before.requests)

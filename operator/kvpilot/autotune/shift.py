@@ -37,7 +37,8 @@ MIN_SHIFT_REQUESTS = 30  # fewer requests in either window: their means say too 
 # traffic at a new rate (a ramp) then reads as a shift, by the noise of its lengths, in 4-8% of such windows (for
 # 30-200 requests, prompt or output); each costs one window's wait.
 RATE_SHIFT = 1.5
-MAX_POOLED = 10_000_000  # finished requests a record may stand for (autotune/pooling.py caps it at a minute's)
+# Finished requests a record may stand for (autotune/pooling.py caps it at a minute's, five on bursty arrivals).
+MAX_POOLED = 10_000_000
 
 
 def shift_factor(requests: float) -> float:
@@ -66,10 +67,10 @@ class SeenTraffic:
                     stopped_at_max_tokens: object = None) -> SeenTraffic | None:
         """From status fields (user-writable: anything that is not a finite positive number reads as unknown,
         and a share that is not a decimal from 0 to 1 as no share); None when no figure is usable. A count of
-        requests beyond MAX_POOLED reads as unknown too: no fleet finishes that many in the minute a record
+        requests beyond MAX_POOLED reads as unknown too: no fleet finishes that many in the minutes a record
         stands for, so it is forged."""
         figures = [_positive(v) for v in (requests_per_minute, prompt_tokens, output_tokens)]
-        if not all(figures):
+        if not all(figures) or figures[0] / 60.0 <= 0:  # a rate so small that it underflows per second: forged
             return None
         count = _positive(requests)
         return cls(figures[0] / 60.0, figures[1], figures[2], age_s, count if count <= MAX_POOLED else 0.0,
