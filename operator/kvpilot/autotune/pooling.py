@@ -13,7 +13,7 @@ So the traffic is carried from pass to pass (status.kvCache.traffic, with the re
 window is pooled into it while the two agree within their noise (``agrees``): the rate within Z standard errors of
 a Poisson count (scaled by the arrivals' cv), each mean length within Z standard errors of a mean whose lengths
 scatter like LENGTH_CV. The past counts for at most POOL_SECONDS of traffic, so the newest 15 s window keeps a
-fifth of the weight or more (on bursty arrivals longer: below). A window that disagrees starts the pool afresh: a step in the load, a new mix
+fifth of the weight or more (on bursty arrivals the past counts longer and the window less: below). A window that disagrees starts the pool afresh: a step in the load, a new mix
 (``shift.mix_wait`` then holds the what-if), or a stale or missing record.
 
 Measured on steady Poisson traffic with lognormal lengths (sigma 0.8), 2,000 windows each
@@ -24,15 +24,15 @@ against steps: a 1.4x step in the load at 4 req/s per pod is 3.4 standard errors
 smaller one (or a 1.4x step at 1 req/s per pod, 1.7 standard errors there) is pooled and followed at a fifth of
 the way per window.
 
-Bursty arrivals (the sampler's cv at BURSTY_CV, 2, or above, autotune/burst.py) scatter a window's rate cv times
-as much, and the what-if draws its own bursts from that cv already: a burst window replayed as the traffic ahead
-counts the burst twice. So there the past's weight is cv^2 times POOL_SECONDS (the precision a Poisson pool has), up to the
-sampler's burstiness history, and a window whose pods fill in a burst pools its rate into the record, whose
-lengths stand (``burst_pooled``). Measured on bursty traffic (gamma arrivals, cv 3, 8 req/s over two pods) served
-at 2048 by engines slower than their profile (burst-a100.all-slow and .prefill0.7 from 2048, no spare GPU;
-docs/tuner-suite.md, "Twenty-fourth pass"): one burst window read 11.5-12.4 req/s, the what-if replayed it alone
-(its pods filled), predicted 18-23% more good requests at 54-66 than staying at 2048, and the restart that
-followed cost 4-8% of the run.
+Bursty arrivals (the sampler's cv at BURSTY_CV, 2, or above, autotune/burst.py) scatter a window's rate cv times as
+much, and the what-if draws its own bursts from that cv already: a burst window replayed as the traffic ahead
+counts the burst twice. So there the past's weight is cv^2 times POOL_SECONDS (the precision a Poisson pool has),
+capped at the sampler's burstiness history (from cv 2.24), and a window whose pods fill in a burst pools its rate
+into the record, whose lengths stand (``burst_pooled``). Measured on bursty traffic (gamma arrivals, cv 3, 8 req/s
+over two pods) served at 2048 by engines slower than their profile (burst-a100.all-slow and .prefill0.7 from 2048,
+no spare GPU; docs/tuner-suite.md, "Twenty-fourth pass"): one burst window read 11.5-12.4 req/s, the what-if
+replayed it alone (its pods filled), predicted 14-24% more good requests at 54-66 than staying at 2048, and the
+restart that followed cost 4-8% of the run.
 """
 
 from __future__ import annotations
