@@ -13,8 +13,9 @@ So the traffic is carried from pass to pass (status.kvCache.traffic, with the re
 window is pooled into it while the two agree within their noise (``agrees``): the rate within Z standard errors of
 a Poisson count (scaled by the arrivals' cv), each mean length within Z standard errors of a mean whose lengths
 scatter like LENGTH_CV. The past counts for at most POOL_SECONDS of traffic, so the newest 15 s window keeps a
-fifth of the weight or more (on bursty arrivals the past counts longer and the window less: below). A window that disagrees starts the pool afresh: a step in the load, a new mix
-(``shift.mix_wait`` then holds the what-if), or a stale or missing record.
+fifth of the weight or more (on bursty arrivals the past counts longer and the window less: below). A window that
+disagrees starts the pool afresh: a step in the load, a new mix (``shift.mix_wait`` then holds the what-if), or a
+stale or missing record.
 
 Measured on steady Poisson traffic with lognormal lengths (sigma 0.8), 2,000 windows each
 (tests/unit/test_traffic_pooling.py): the prompt tokens per second scatter 0.37-0.41x as much as one window's
@@ -70,17 +71,16 @@ def window_traffic(w: KvWindow) -> SeenTraffic | None:
 def filling(w: KvWindow) -> bool:
     """Whether the requests in the pods grew by more than FILLING_SHARE of those that finished in the window
     (arrivals are the finished requests plus that growth): pods that started empty, or a queue that grows. The
-    requests that finish first are the short ones, so such a window's lengths read short, by more than their
-    noise: on the cold start of document Q&A on an engine decoding 30% slower than its profile, the mean output
-    of the first windows read 134, 170 and 227 tokens (~300 offered). Pooled, the what-if read 181 where the
-    window alone read 227, and the lower it sized went to 24 instead of 32 (4,804 good requests in the phase at
-    24, 5,236 at 32). Such a window is read alone and starts no pool (on bursty arrivals it pools its rate into
-    the record instead: ``burst_pooled``). Steady traffic reads as filling now and
-    then, by the batch's own swells: measured in the suite, 2 of 56 windows of document Q&A at 8 req/s over two
-    pods (an engine 20% faster than its profile, at 2048), 1 of 52 on the nominal engine at 64, none of 60 of chat
-    at 30 req/s; each then costs the pooling of two
-    passes. A queue that grows (the suite's ramp and chat at 64) reads as filling window after window, and those
-    lengths go unpooled too: the requests stuck in the queue are the long ones."""
+    requests that finish first are the short ones, so such a window's lengths read short, by more than their noise:
+    on the cold start of document Q&A on an engine decoding 30% slower than its profile, the mean output of the
+    first windows read 134, 170 and 227 tokens (~300 offered). Pooled, the what-if read 181 where the window alone
+    read 227, and the lower it sized went to 24 instead of 32 (4,804 good requests in the phase at 24, 5,236 at
+    32). Such a window is read alone and starts no pool (on bursty arrivals it pools its rate into the record
+    instead: ``burst_pooled``). Steady traffic reads as filling now and then, by the batch's own swells: measured
+    in the suite, 2 of 56 windows of document Q&A at 8 req/s over two pods (an engine 20% faster than its profile,
+    at 2048), 1 of 52 on the nominal engine at 64, none of 60 of chat at 30 req/s; each then costs the pooling of
+    two passes. A queue that grows (the suite's ramp and chat at 64) reads as filling window after window, and
+    those lengths go unpooled too: the requests stuck in the queue are the long ones."""
     growth = (w.arrival_rate - w.completion_rate) * max(0.0, w.window_seconds)
     return growth > FILLING_SHARE * max(1.0, w.completion_rate * max(0.0, w.window_seconds))
 
