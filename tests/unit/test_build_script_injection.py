@@ -148,9 +148,11 @@ def _field(regex: str, max_size: int = 60) -> st.SearchStrategy[str]:
 ACCEPTED: list[int] = []
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                    HealthCheck.too_slow,
-                                                                    HealthCheck.filter_too_much])
+# derandomize: the same draws on every run (18% of them accepted by admission). Random draws let the check below
+# fail by chance (a CI run on 2026-12-06 drew 9 accepted, under its 10), and a failure in CI reproduces on a laptop.
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
 @given(source=_field(P.SOURCE_REGEX, 1024), revision=_field(P.REVISION_REGEX), dataset=_field(P.DATASET_REGEX),
        image=_field(P.IMAGE_REGEX), claim=_field("^[a-z0-9]{1,20}$"), gpu=_field(P.LABEL_VALUE_REGEX),
        env=st.text(max_size=30))
