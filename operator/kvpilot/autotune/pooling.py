@@ -97,11 +97,10 @@ def pooled_traffic(before: SeenTraffic | None, w: KvWindow) -> SeenTraffic | Non
         return burst_pooled(before, now, w)
     if before is None or not _usable(before, w) or not agrees(before, now, w):
         return now
-    if before.age_s is not None and before.age_s < OVERLAP_SHARE * w.window_seconds:
+    if _overlapping(before, w):
         return replace(before, age_s=0.0)
-    pods = max(1, w.pods)
-    past_s = min(pool_seconds(w), before.requests / (before.rate_per_pod * pods))
-    past = before.rate_per_pod * pods * past_s  # the requests the capped past stands for
+    past_s = _past_seconds(before, w)
+    past = before.rate_per_pod * max(1, w.pods) * past_s  # the requests the capped past stands for
     rate = _pooled_rate(before, now, past_s, w)
 
     def mean(old: float, new: float) -> float:
@@ -127,15 +126,25 @@ def burst_pooled(before: SeenTraffic | None, now: SeenTraffic, w: KvWindow) -> S
     the rate agrees: they are the last ones read while the pods did not fill, where the windows' own read short."""
     if bursty_cv(w) < BURSTY_CV or before is None or not _usable(before, w) or not rate_agrees(before, now, w):
         return now
-    if before.age_s is not None and before.age_s < OVERLAP_SHARE * w.window_seconds:
+    if _overlapping(before, w):
         return replace(before, age_s=0.0)
-    past_s = min(pool_seconds(w), before.requests / (before.rate_per_pod * max(1, w.pods)))
-    return replace(before, rate_per_pod=_pooled_rate(before, now, past_s, w), age_s=0.0)
+    return replace(before, rate_per_pod=_pooled_rate(before, now, _past_seconds(before, w), w), age_s=0.0)
 
 
 def _usable(before: SeenTraffic, w: KvWindow) -> bool:
     """Whether the record of the last pass may be pooled into: it stands for requests, and it is fresh."""
     return before.requests > 0 and before.age_s is not None and before.age_s <= STALE_WINDOWS * w.window_seconds
+
+
+def _overlapping(before: SeenTraffic, w: KvWindow) -> bool:
+    """Whether this pass comes sooner than OVERLAP_SHARE of a window after the last: its window overlaps the one
+    pooled already."""
+    return before.age_s is not None and before.age_s < OVERLAP_SHARE * w.window_seconds
+
+
+def _past_seconds(before: SeenTraffic, w: KvWindow) -> float:
+    """The seconds of traffic the record stands for, capped at what the pool may weigh (``pool_seconds``)."""
+    return min(pool_seconds(w), before.requests / (before.rate_per_pod * max(1, w.pods)))
 
 
 def _pooled_rate(before: SeenTraffic, now: SeenTraffic, past_s: float, w: KvWindow) -> float:
