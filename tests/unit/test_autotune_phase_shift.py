@@ -8,12 +8,14 @@ Policy-level table tests (autotune/policy.py, autotune/rollback.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from kvpilot.api.models import SloSpec
+from kvpilot.autotune.constants import MIN_PROTECTIVE_STEP
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.inputs import AppliedChange
 from kvpilot.autotune.policy import called_for, decide
@@ -278,3 +280,21 @@ def test_the_settled_split_from_a_hostile_or_older_status_is_none_or_within_boun
     assert negative.split_shares(40) is None
     w = replace(kv(active=64, tpot=23.5, tpot_misses=0.28), ttft_miss_fraction=0.2)
     assert not tpot_trade_off(SloSpec(3000, 22), w, (0.0, 0.0)) and tpot_trade_off(SloSpec(3000, 22), w, (0.05, 0.1))
+
+
+def test_a_fit_that_meets_the_objective_at_no_batch_leaves_the_lower_to_the_p95_ratio() -> None:
+    """Measured on tight-tpot-overload served by PyTorch with a per-sequence cost 30% over its profile, no spare GPU,
+    from 2048: 105 requests running, p95 TPOT 27 ms over 22 and 44% missing it. The fitted intercept alone, scaled
+    by the tails, was over the objective's budget, so the bound read 1 and the lower went to half the batch (52; 64
+    serves that engine 17% more). A bound of 1 sizes nothing: the p95's ratio sizes the step, as for a few misses."""
+    from kvpilot.autotune.rules import decide_from_signals
+    from kvpilot.autotune.signals import tpot_bound
+
+    blind = replace(kv(active=440, tpot=65.0, tpot_misses=0.38), peak_active=440, mean_generation=440.0,
+                    step_ms_intercept=55.0, step_ms_per_request=0.08)  # (48 - 55) / 0.08 < 1: no batch meets 48 ms
+    assert tpot_bound(SPEC.slo, blind) == 1
+    d = decide_from_signals(inp(current=448, w=blind), blind, 8, 1024)
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+    step = min(1.0 - MIN_PROTECTIVE_STEP, 60.0 / 65.0)  # the p95's ratio, at least the protective step
+    assert d.target == math.floor(448 * step) > 224, d.message  # not half of the batch
+    assert "meets the objective at" not in d.message

@@ -96,9 +96,11 @@ def _too_large(inp: TunerInput, w: KvWindow, target_u: float, util: str) -> Deci
             return hold(inp, TunerReason.NOT_WORTH_A_RESTART, f"{broken}; lowering would cost more than it saves ({verdict})")
         target = math.floor(running * scale)
         bound = tpot_bound(inp.spec.slo, w)
-        if misses >= REVERSAL_MIN_TPOT_MISSES and bound is not None and bound < target:
+        if misses >= REVERSAL_MIN_TPOT_MISSES and bound is not None and 1 < bound < target:
             # Many misses: the p95's ratio sizes too mild a step near a cliff (each request fewer also shortens
-            # every other's step); the fitted step latency says where TPOT is met again.
+            # every other's step); the fitted step latency says where TPOT is met again. A bound of 1 says the
+            # fit meets the objective at no batch (its intercept alone, scaled by today's tails, is over it): it
+            # sizes nothing, and the p95's ratio stands.
             target = max(math.floor(running * MAX_LOWER_FACTOR), bound)
             verdict = f"{verdict}; the fitted step latency meets the objective at {bound}"
         return protect(inp, w, target, TunerReason.TPOT_OBJECTIVE_BROKEN, f"{broken}; {verdict}")
