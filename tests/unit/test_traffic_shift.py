@@ -2,7 +2,8 @@
 
 Lengths come from finished requests, so right after a phase shift they mix the old traffic's with the new: on the
 suite's document Q&A then chat case without a spare GPU, a raise sized 15 s after chat arrived stopped at 60-80
-and a second rolling restart followed. Protective changes and rollbacks never wait.
+and a second rolling restart followed. Rollbacks and protective changes never wait, but a TPOT break read on one
+window while the mix shifts (no settled minutes at the limit weigh it yet) waits as a change for a gain does.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from kvpilot.desired.tuning import last_traffic, shifting_since
 from kvpilot.api.timestamps import rfc3339
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.whatif import WhatIf
-from tests.unit.test_autotune_rollback import MODEL, NOW, inp, kv
+from kvpilot.autotune.verification import Baseline, Memory
+from tests.unit.test_autotune_rollback import MODEL, NOW, figures, inp, kv
 
 DOCUMENTS = SeenTraffic(rate_per_pod=4.0, prompt_mean=2000.0, output_mean=210.0, age_s=15.0)  # the Q&A window before
 
@@ -159,17 +161,50 @@ def test_the_wait_reads_only_the_last_window_and_lasts_at_most_its_windows(
     assert (mix_wait(before, w, holding_s, 15.0) is not None) == waits
 
 
-def test_a_protective_lower_never_waits_for_the_mix_and_a_trade_off_does(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tpot_break_no_settled_minutes_weigh_waits_for_the_mix_and_memory_never_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A TPOT break read on one window while the mix shifts measures the old traffic's batch meeting the new
+    prompts: it waits as a change for a gain does, one window when most requests miss, two otherwise, then lowers.
+    Paused requests never wait, nor does a break the settled minutes at this limit weigh."""
     sizing(monkeypatch)
     shifted = SeenTraffic(15.0, 150.0, 600.0, age_s=15.0)
     broken = replace(kv(active=512, tpot=130.0, tpot_misses=0.9), prompt_mean=1000.0, output_mean=300.0)
     base = inp(current=512, w=broken, last_applied_at=NOW - timedelta(hours=1), what_if=WhatIfGate(model=MODEL))
-    d = decide(replace(base, history=replace(base.history, last_traffic=shifted)))
+
+    def after(window: KvWindow, held_s: float | None, **kw: Any) -> Decision:
+        since = NOW - timedelta(seconds=held_s) if held_s is not None else None
+        given = replace(base, window=window, **kw)
+        return decide(replace(given, history=replace(given.history, last_traffic=shifted, shifting_since=since)))
+
+    d = after(broken, None)
+    assert (d.action, d.reason) == ("Hold", "TrafficShifting"), d.message
+    assert "512->256" in d.message and "mean prompt moved 150 -> 1000" in d.message
+    d = after(broken, 15.0)  # 90% missing: one window's wait, no more
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+    many = replace(broken, tpot_p95_ms=80.0, tpot_miss_fraction=0.3)
+    assert after(many, 15.0).reason == "TrafficShifting"
+    assert (after(many, 15.0 * MAX_SHIFT_WINDOWS).action, after(many, 30.0).reason) == ("Lower", "TpotObjectiveBroken")
+    assert decide(replace(base, history=replace(base.history, last_traffic=replace(shifted, prompt_mean=950.0, output_mean=320.0)))).action \
+        == "Lower"  # the mix settled: no wait
+    paused = replace(broken, paused=5)  # the pool first: paused requests, whatever TPOT shows
+    d = after(paused, None)
+    assert (d.action, d.reason) == ("Lower", "RequestsPaused"), d.message
+    settled = Memory(baseline=_settled_at(512, NOW.timestamp()))
+    d = after(broken, None, history=replace(base.history, verification=settled))
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
     # A mild break beside as many TTFT misses trades one for the other: the what-if judges it, so it waits.
     trade = replace(broken, tpot_p95_ms=63.0, tpot_miss_fraction=0.10, ttft_miss_fraction=0.25, mean_queued=5.0)
     d = decide(replace(base, window=trade, history=replace(base.history, last_traffic=shifted)))
     assert d.reason == "TrafficShifting", d.message
+
+
+def _settled_at(limit: int, now_s: float) -> Baseline:
+    """Two minutes of settled windows at ``limit``, 44% of their requests missing: settled minutes that weigh."""
+    base = Baseline()
+    for k in range(8):
+        base = base.observe(figures(now_s - 120.0 + 15.0 * k, limit, 0.56), limit)
+    return base
 
 
 def test_a_run_of_waits_is_dated_from_its_first_and_clears_the_old_traffics_decline() -> None:
