@@ -243,3 +243,34 @@ def test_the_last_windows_traffic_is_read_from_status_and_anything_unusable_read
         for bad in ("yesterday", rfc3339(NOW + timedelta(minutes=5))):
             status = EngineStatus(kv_cache=KvCacheStatus(traffic=traffic, observed_at=bad))
             assert last_traffic(status, NOW) == replace(seen, age_s=None)
+
+
+def test_the_record_from_before_the_shift_is_kept_while_the_tuner_waits_for_it() -> None:
+    """While the tuner holds for a shifting mix, status keeps the traffic record from before the shift, so the pass
+    that ends the wait measures the whole move: window to window, lengths that lag move too little to read."""
+    from kvpilot.desired.tuning import kept_through_shift
+
+    before = TrafficStatus(requests_per_minute=1800, prompt_tokens=286, output_tokens=477)
+    status = EngineStatus(kv_cache=KvCacheStatus(traffic=before))
+    waiting = Decision("Hold", 256, "TrafficShifting", "waiting a window")
+    assert kept_through_shift(status, waiting) is before
+    assert kept_through_shift(status, Decision("Lower", 42, "TpotObjectiveBroken", "lower")) is None
+    assert kept_through_shift(status, Decision("Hold", 256, "NoPressure", "hold")) is None
+    assert kept_through_shift(status, None) is None  # tuning off: this pass's record
+    assert kept_through_shift(EngineStatus(), waiting) is None  # nothing recorded yet
+
+
+def test_a_lower_after_the_wait_is_sized_on_the_traffic_ahead_of_the_record_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass that ends the wait reads the move from the record kept (286 -> 880 tokens), not from the wait's own
+    window (718 -> 880, within the noise): the what-if ranks the candidates on the traffic ahead."""
+    sized = sizing(monkeypatch)
+    w = replace(kv(active=205, tpot=103.0, tpot_misses=0.9), prompt_mean=880.0, output_mean=458.0,
+                arrival_rate=3.8, completion_rate=10.0)
+    base = inp(current=256, w=w, last_applied_at=NOW - timedelta(hours=1), what_if=WhatIfGate(model=MODEL))
+    waited = NOW - timedelta(seconds=15)
+    for record, ahead in ((SeenTraffic(16.0, 286.0, 477.0, age_s=15.0), True),
+                          (SeenTraffic(4.0, 718.0, 453.0, age_s=15.0), False)):
+        d = decide(replace(base, history=replace(base.history, last_traffic=record, shifting_since=waited)))
+        assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+        assert ("the mix is moving" in d.message) == ahead, d.message
+    assert len(sized) == 2

@@ -33,7 +33,7 @@ from kvpilot.autotune.trust import MODEL_TRUSTED, model_condition, model_status
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.verification import Memory
 from kvpilot.desired.rollout import rolling_update
-from kvpilot.desired.tuning import last_traffic, traffic_record, tune
+from kvpilot.desired.tuning import kept_through_shift, last_traffic, traffic_record, tune
 from kvpilot.desired import labels as L
 from kvpilot.desired import multinode, serving
 from kvpilot.desired.batching import BatchingReason, autotune_status, batching_status, tuning_applies, value_in_force
@@ -146,12 +146,12 @@ def _limits_between_rollouts(strategy: str, template: dict[str, Any],
     return written.rolling_update if same else None
 
 
-def _kv_status(observed: Observed, now: datetime) -> KvCacheStatus | None:
+def _kv_status(observed: Observed, now: datetime, decision: Decision | None) -> KvCacheStatus | None:
     w = observed.kv
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.kv_cache
     seen = pooled_traffic(last_traffic(observed.status, now), w)  # what the what-if replays (tuning.tune)
-    traffic = traffic_record(seen, w.arrival_cv)
+    traffic = kept_through_shift(observed.status, decision) or traffic_record(seen, w.arrival_cv)
     return KvCacheStatus(
         utilization_percent=round(w.peak_utilization * 100),
         used_blocks=w.peak_used_blocks,
@@ -352,7 +352,7 @@ def _status(engine: InferenceEngine, observed: Observed, now: datetime, conds: l
         endpoint=serving.endpoint(meta, spec),
         engine=what.info,
         build=build.status,
-        kv_cache=_kv_status(observed, now),
+        kv_cache=_kv_status(observed, now, after.decision),
     )
 
 

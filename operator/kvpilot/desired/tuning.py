@@ -119,6 +119,20 @@ def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
                                    t.stopped_at_max_tokens)
 
 
+def kept_through_shift(status: EngineStatus, decision: Decision | None) -> TrafficStatus | None:
+    """The traffic record to keep for the next pass while the tuner holds for a shifting mix (reason
+    TrafficShifting): the one from before the shift, so the pass that ends the wait still measures the whole move
+    (autotune/shift.py), and a TPOT lower then made is sized on the traffic ahead (autotune/ahead.py). Rewritten
+    window by window, the record moved with the lagging lengths: on chat then document Q&A (chat-then-rag-a100,
+    no spare GPU), the wait's window read prompts 286 -> 718 tokens and the next one 718 -> 792, no move at all,
+    so the lower after the wait was sized on 792-token prompts (to 119) where documents are 2,000, and a second
+    rolling restart followed (docs/tuner-suite.md, "Twenty-sixth pass"). None: write this pass's record."""
+    kv = status.kv_cache
+    if decision is None or decision.reason != TunerReason.TRAFFIC_SHIFTING or kv is None:
+        return None
+    return kv.traffic
+
+
 def traffic_record(seen: SeenTraffic | None, arrival_cv: float | None) -> TrafficStatus | None:
     """status.kvCache.traffic for the next pass (``last_traffic`` reads it back): the traffic the what-if replays
     at this one, and the cap it places from the share of requests that stopped at their max_tokens."""
