@@ -178,7 +178,7 @@ def test_a_tpot_break_no_settled_minutes_weigh_waits_for_the_mix_and_memory_neve
         return decide(replace(given, history=replace(given.history, last_traffic=shifted, shifting_since=since)))
 
     d = after(broken, None)
-    assert (d.action, d.reason) == ("Hold", "TrafficShifting"), d.message
+    assert (d.action, d.reason, d.keeps_traffic) == ("Hold", "TrafficShifting", True), d.message
     assert "512->256" in d.message and "mean prompt moved 150 -> 1000" in d.message
     d = after(broken, 15.0)  # 90% missing: one window's wait, no more
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
@@ -196,7 +196,7 @@ def test_a_tpot_break_no_settled_minutes_weigh_waits_for_the_mix_and_memory_neve
     # A mild break beside as many TTFT misses trades one for the other: the what-if judges it, so it waits.
     trade = replace(broken, tpot_p95_ms=63.0, tpot_miss_fraction=0.10, ttft_miss_fraction=0.25, mean_queued=5.0)
     d = decide(replace(base, window=trade, history=replace(base.history, last_traffic=shifted)))
-    assert d.reason == "TrafficShifting", d.message
+    assert (d.reason, d.keeps_traffic) == ("TrafficShifting", False), d.message
 
 
 def _settled_at(limit: int, now_s: float) -> Baseline:
@@ -252,8 +252,10 @@ def test_the_record_from_before_the_shift_is_kept_while_the_tuner_waits_for_it()
 
     before = TrafficStatus(requests_per_minute=1800, prompt_tokens=286, output_tokens=477)
     status = EngineStatus(kv_cache=KvCacheStatus(traffic=before))
-    waiting = Decision("Hold", 256, "TrafficShifting", "waiting a window")
+    waiting = Decision("Hold", 256, "TrafficShifting", "waiting a window", keeps_traffic=True)
     assert kept_through_shift(status, waiting) is before
+    # A raise's wait rewrites it: the windows waited through pool into the traffic the raise is sized on.
+    assert kept_through_shift(status, Decision("Hold", 256, "TrafficShifting", "waiting a window")) is None
     assert kept_through_shift(status, Decision("Lower", 42, "TpotObjectiveBroken", "lower")) is None
     assert kept_through_shift(status, Decision("Hold", 256, "NoPressure", "hold")) is None
     assert kept_through_shift(status, None) is None  # tuning off: this pass's record

@@ -19,6 +19,10 @@ class Decision:
     # when it declined, and the simulation reruns only RECHECK_SECONDS later (False on every other decision,
     # including a decline by a young model's error alone, which reruns at the next proposal).
     recheck_later: bool = False
+    # A hold that waits for a shifting mix with a TPOT lower pending (policy._break_in_transit): status keeps the
+    # traffic record from before the shift (desired/tuning.kept_through_shift), so the lower after the wait is
+    # sized on the traffic ahead.
+    keeps_traffic: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", Action(self.action))  # "Raise" from a test or a log reads as Raise

@@ -251,7 +251,8 @@ def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | Non
     moving = mix_wait(inp.history.last_traffic, w, holding_for, inp.spec.interval_seconds)
     if moving is None:
         return None
-    return hold(inp, TunerReason.TRAFFIC_SHIFTING, f"{decision.message}; waiting a window: {moving}")
+    waiting = hold(inp, TunerReason.TRAFFIC_SHIFTING, f"{decision.message}; waiting a window: {moving}")
+    return replace(waiting, keeps_traffic=_called_for(inp, decision, w))
 
 
 def _break_in_transit(inp: TunerInput, decision: Decision) -> bool:

@@ -120,15 +120,17 @@ def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
 
 
 def kept_through_shift(status: EngineStatus, decision: Decision | None) -> TrafficStatus | None:
-    """The traffic record to keep for the next pass while the tuner holds for a shifting mix (reason
-    TrafficShifting): the one from before the shift, so the pass that ends the wait still measures the whole move
-    (autotune/shift.py), and a TPOT lower then made is sized on the traffic ahead (autotune/ahead.py). Rewritten
+    """The traffic record to keep for the next pass while the tuner holds a TPOT lower for a shifting mix
+    (``Decision.keeps_traffic``): the one from before the shift, so the pass that ends the wait still measures the
+    whole move (autotune/shift.py), and the lower is sized on the traffic ahead (autotune/ahead.py). Rewritten
     window by window, the record moved with the lagging lengths: on chat then document Q&A (chat-then-rag-a100,
-    no spare GPU), the wait's window read prompts 286 -> 718 tokens and the next one 718 -> 792, no move at all,
-    so the lower after the wait was sized on 792-token prompts (to 119) where documents are 2,000, and a second
-    rolling restart followed (docs/tuner-suite.md, "Twenty-sixth pass"). None: write this pass's record."""
+    no spare GPU, from 64), the wait's window read prompts 286 -> 718 tokens and the next one about 790, too
+    little a move to read, so the lower after the wait was sized on those prompts (to 119) where documents are
+    2,000, and a second rolling restart followed (docs/tuner-suite.md, "Twenty-sixth pass"). A raise's wait
+    rewrites the record as before: the windows it waits through pool into the traffic the raise is sized on
+    (autotune/pooling.py). None: write this pass's record."""
     kv = status.kv_cache
-    if decision is None or decision.reason != TunerReason.TRAFFIC_SHIFTING or kv is None:
+    if decision is None or not decision.keeps_traffic or kv is None:
         return None
     return kv.traffic
 
