@@ -8,6 +8,7 @@ the lower stopped at 143, where the pods served nothing in time. The windows her
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -76,6 +77,10 @@ def test_a_tpot_lower_mid_shift_is_ranked_on_the_traffic_ahead(monkeypatch: pyte
     monkeypatch.setattr(policy, "what_if_verdict", verdict)
     base = inp(current=256, w=mid_shift(), what_if=WhatIfGate(model=NO_SURGE), last_applied_at=None)
     d = decide(replace(base, history=replace(base.history, last_traffic=CHAT)))
+    # No settled minutes weigh the break yet: it waits a window (most requests miss: one), keeping chat's record.
+    assert (d.action, d.reason, d.keeps_traffic) == ("Hold", "TrafficShifting", True) and not seen, d.message
+    waited = replace(base.history, last_traffic=CHAT, shifting_since=base.now - timedelta(seconds=15))
+    d = decide(replace(base, history=waited))
     assert d.action == "Lower" and d.target == 51 and "the mix is moving" in d.message, d.message
     assert seen and seen[-1].prompt_mean > 703.0
     # without a record of the last window the window's own lengths are replayed, as before
