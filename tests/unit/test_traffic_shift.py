@@ -166,7 +166,7 @@ def test_a_tpot_break_no_settled_minutes_weigh_waits_for_the_mix_and_memory_neve
 ) -> None:
     """A TPOT break read on one window while the mix shifts measures the old traffic's batch meeting the new
     prompts: it waits as a change for a gain does, one window when most requests miss, two otherwise, then lowers.
-    Paused requests never wait, nor does a break the settled minutes at this limit weigh."""
+    Paused requests never wait, nor does a break the settled minutes at this limit weigh, nor one in pods still filling."""
     sizing(monkeypatch)
     shifted = SeenTraffic(15.0, 150.0, 600.0, age_s=15.0)
     broken = replace(kv(active=512, tpot=130.0, tpot_misses=0.9), prompt_mean=1000.0, output_mean=300.0)
@@ -192,6 +192,11 @@ def test_a_tpot_break_no_settled_minutes_weigh_waits_for_the_mix_and_memory_neve
     assert (d.action, d.reason) == ("Lower", "RequestsPaused"), d.message
     settled = Memory(baseline=_settled_at(512, NOW.timestamp()))
     d = after(broken, None, history=replace(base.history, verification=settled))
+    assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
+    # Pods still filling since they started (68% of the requests sent so far finished): the lengths move as the
+    # short requests finish first, not as the mix shifts, so the break does not wait.
+    young = replace(broken, finished_total=136.0, in_pods=64.0)
+    d = after(young, None)
     assert (d.action, d.reason) == ("Lower", "TpotObjectiveBroken"), d.message
     # A mild break beside as many TTFT misses trades one for the other: the what-if judges it, so it waits.
     trade = replace(broken, tpot_p95_ms=63.0, tpot_miss_fraction=0.10, ttft_miss_fraction=0.25, mean_queued=5.0)
