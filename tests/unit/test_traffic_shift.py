@@ -258,13 +258,20 @@ def test_the_record_from_before_the_shift_is_kept_while_the_tuner_waits_for_it()
     before = TrafficStatus(requests_per_minute=1800, prompt_tokens=286, output_tokens=477)
     status = EngineStatus(kv_cache=KvCacheStatus(traffic=before))
     waiting = Decision("Hold", 256, "TrafficShifting", "waiting a window", keeps_traffic=True)
-    assert kept_through_shift(status, waiting) is before
+    assert kept_through_shift(status, waiting, NOW) is before
     # A raise's wait rewrites it: the windows waited through pool into the traffic the raise is sized on.
-    assert kept_through_shift(status, Decision("Hold", 256, "TrafficShifting", "waiting a window")) is None
-    assert kept_through_shift(status, Decision("Lower", 42, "TpotObjectiveBroken", "lower")) is None
-    assert kept_through_shift(status, Decision("Hold", 256, "NoPressure", "hold")) is None
-    assert kept_through_shift(status, None) is None  # tuning off: this pass's record
-    assert kept_through_shift(EngineStatus(), waiting) is None  # nothing recorded yet
+    assert kept_through_shift(status, Decision("Hold", 256, "TrafficShifting", "waiting a window"), NOW) is None
+    assert kept_through_shift(status, Decision("Lower", 42, "TpotObjectiveBroken", "lower"), NOW) is None
+    assert kept_through_shift(status, Decision("Hold", 256, "NoPressure", "hold"), NOW) is None
+    assert kept_through_shift(status, None, NOW) is None  # tuning off: this pass's record
+    assert kept_through_shift(EngineStatus(), waiting, NOW) is None  # nothing recorded yet
+    # A wait in force since a readable time keeps it; one whose start is unreadable or in the future does not,
+    # since the wait's limit counts from that start and against a record kept the lengths would move for ever.
+    for at, kept in ((rfc3339(NOW - timedelta(seconds=15)), True), ("yesterday", False),
+                     (rfc3339(NOW + timedelta(hours=1)), False)):
+        rec = DecisionRecord(action=Action.HOLD, reason="TrafficShifting", at=at)
+        held = replace(status, autotune=AutotuneStatus(recommendation=rec))
+        assert (kept_through_shift(held, waiting, NOW) is before) == kept, at
 
 
 def test_a_lower_after_the_wait_is_sized_on_the_traffic_ahead_of_the_record_kept(monkeypatch: pytest.MonkeyPatch) -> None:

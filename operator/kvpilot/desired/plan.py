@@ -151,7 +151,7 @@ def _kv_status(observed: Observed, now: datetime, decision: Decision | None) -> 
     if w is None or w.samples == 0:  # nothing accepted (e.g. every payload rejected): keep what was known
         return observed.status.kv_cache
     seen = pooled_traffic(last_traffic(observed.status, now), w)  # what the what-if replays (tuning.tune)
-    traffic = kept_through_shift(observed.status, decision) or traffic_record(seen, w.arrival_cv)
+    traffic = kept_through_shift(observed.status, decision, now) or traffic_record(seen, w.arrival_cv)
     return KvCacheStatus(
         utilization_percent=round(w.peak_utilization * 100),
         used_blocks=w.peak_used_blocks,

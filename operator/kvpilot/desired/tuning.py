@@ -119,7 +119,7 @@ def last_traffic(status: EngineStatus, now: datetime) -> SeenTraffic | None:
                                    t.stopped_at_max_tokens)
 
 
-def kept_through_shift(status: EngineStatus, decision: Decision | None) -> TrafficStatus | None:
+def kept_through_shift(status: EngineStatus, decision: Decision | None, now: datetime) -> TrafficStatus | None:
     """The traffic record to keep for the next pass while the tuner holds a TPOT lower for a shifting mix
     (``Decision.keeps_traffic``): the one from before the shift, so the pass that ends the wait still measures the
     whole move (autotune/shift.py), and the lower is sized on the traffic ahead (autotune/ahead.py). Rewritten
@@ -128,9 +128,16 @@ def kept_through_shift(status: EngineStatus, decision: Decision | None) -> Traff
     little a move to read, so the lower after the wait was sized on those prompts (to 119) where documents are
     2,000, and a second rolling restart followed (docs/tuner-suite.md, "Twenty-sixth pass"). A raise's wait
     rewrites the record as before: the windows it waits through pool into the traffic the raise is sized on
-    (autotune/pooling.py). None: write this pass's record."""
+    (autotune/pooling.py). None: write this pass's record. Also None where a wait is in force whose start cannot
+    be read (status.autotune.recommendation.at unreadable or in the future): the wait's limit (``shift.mix_wait``)
+    counts from that start, and against a record kept the lengths would read as moving for as long as the new
+    traffic lasts; a record that moves on ends the wait once the lengths settle, as before."""
     kv = status.kv_cache
     if decision is None or not decision.keeps_traffic or kv is None:
+        return None
+    rec = status.autotune.recommendation if status.autotune is not None else None
+    waiting = rec is not None and rec.action == Action.HOLD and rec.reason == TunerReason.TRAFFIC_SHIFTING
+    if waiting and shifting_since(status.autotune, now) is None:
         return None
     return kv.traffic
 
