@@ -244,7 +244,8 @@ def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | Non
     """A hold while the traffic's mix is shifting (autotune/shift.py) and the change is no protective one, or a
     TPOT break no settled minutes weigh yet (``_break_in_transit``): the what-if would size it on lengths that
     still mix the old traffic's. None: the what-if may size it now (or would not run: no traffic fit)."""
-    if (_called_for(inp, decision, w) and not _break_in_transit(inp, w, decision)) or fit_traffic(w) is None:
+    protective = _called_for(inp, decision, w)
+    if (protective and not _break_in_transit(inp, w, decision)) or fit_traffic(w) is None:
         return None
     since = inp.history.shifting_since
     holding_for = (inp.now - since).total_seconds() if since is not None else None
@@ -252,7 +253,7 @@ def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | Non
     if moving is None:
         return None
     waiting = hold(inp, TunerReason.TRAFFIC_SHIFTING, f"{decision.message}; waiting a window: {moving}")
-    return replace(waiting, keeps_traffic=_called_for(inp, decision, w))
+    return replace(waiting, keeps_traffic=protective)
 
 
 def _break_in_transit(inp: TunerInput, w: KvWindow, decision: Decision) -> bool:
