@@ -216,10 +216,10 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
     Without that evidence: a window with many misses (REVERSAL_MIN_TPOT_MISSES or more) decides at once; a milder
     one waits while the batch at this limit is still settling (a cold start, a change just rolled), and where no
     settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides,
-    once it holds MIN_WINDOW_REQUESTS: at 0.3 req/s, on the suite's KV-scarce L4 decoding 30% off its profile, a
-    window where 3 of 6 requests missed lowered 64 -> 8 at 1,245 s; every limit of the suite's sweep (32 and up)
-    serves that traffic alike, and 8, which serves 6% more, does not pay for its restart without surge within 90
-    minutes (docs/tuner-suite.md, "Eighteenth pass" and "Twenty-seventh pass")."""
+    once it holds MIN_WINDOW_REQUESTS: at 0.42 req/s, on the suite's KV-scarce L4 decoding 30% off its profile, a
+    window where 3 of 6 requests missed lowered 64 -> 8 at 1,245 s before that bar (docs/tuner-suite.md, "Eighteenth
+    pass"); a burst window of about 10 with 70% missing still lowers at 1,365 s, and 8, which serves 6% more than
+    64, does not pay for its restart without surge within 90 minutes ("Twenty-seventh pass")."""
     finished = _finished(w)
     if settled_misses(inp) is not None:
         return weighed_misses(inp, misses, finished)
