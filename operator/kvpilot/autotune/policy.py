@@ -271,8 +271,8 @@ def _break_in_transit(inp: TunerInput, w: KvWindow, decision: Decision) -> bool:
     requests finish first, not as the mix shifts. Measured on document Q&A from 2048 on the TensorRT backend
     without a spare GPU (rag-then-chat-a100.overhead0.7): the cold start's lower waited at 60 s, went to 62 at
     75 s and needed a second to 36, and the run ended at 0.950x static 2048 where the lower at 60 s gave 0.983x."""
-    return decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN and settled_misses(inp) is None \
-        and output_factor(w.finished_total, w.in_pods) == 1.0
+    return (decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN and settled_misses(inp) is None
+            and output_factor(w.finished_total, w.in_pods) == 1.0)
 
 
 def _options(inp: TunerInput, w: KvWindow, decision: Decision, lo: int, hi: int, deeper: bool = False) -> list[int]:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from kvpilot.api.models import InferenceEngineSpec
-from kvpilot.api.status import Action, AutotuneStatus, BuildState, EngineStatus, TrafficStatus
+from kvpilot.api.status import Action, AutotuneStatus, BuildState, DecisionRecord, EngineStatus, TrafficStatus
 from kvpilot.api.timestamps import parse_rfc3339
 from kvpilot.autotune.capped import OUTPUT_SIGMA, cap_from_length_share
 from kvpilot.autotune.decision import Decision
@@ -135,9 +135,7 @@ def kept_through_shift(status: EngineStatus, decision: Decision | None, now: dat
     kv = status.kv_cache
     if decision is None or not decision.keeps_traffic or kv is None:
         return None
-    rec = status.autotune.recommendation if status.autotune is not None else None
-    waiting = rec is not None and rec.action == Action.HOLD and rec.reason == TunerReason.TRAFFIC_SHIFTING
-    if waiting and shifting_since(status.autotune, now) is None:
+    if _shift_hold(status.autotune) is not None and shifting_since(status.autotune, now) is None:
         return None
     return kv.traffic
 
@@ -159,11 +157,19 @@ def traffic_record(seen: SeenTraffic | None, arrival_cv: float | None) -> Traffi
 def shifting_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
     """When the run of TrafficShifting holds in force began: the recommendation's time, refreshed only when the
     advice changes (desired/batching.autotune_status). None when the tuner is not holding for a shifting mix."""
-    rec = tune.recommendation if tune is not None else None
-    if rec is None or rec.action != Action.HOLD or rec.reason != TunerReason.TRAFFIC_SHIFTING:
+    rec = _shift_hold(tune)
+    if rec is None:
         return None
     at = when(rec.at, now)
     return at if at is not None and at <= now else None
+
+
+def _shift_hold(tune: AutotuneStatus | None) -> DecisionRecord | None:
+    """The recommendation in force when it is a TrafficShifting hold (the tuner waiting out a shifting mix)."""
+    rec = tune.recommendation if tune is not None else None
+    if rec is None or rec.action != Action.HOLD or rec.reason != TunerReason.TRAFFIC_SHIFTING:
+        return None
+    return rec
 
 
 def declined_since(tune: AutotuneStatus | None, now: datetime) -> datetime | None:
