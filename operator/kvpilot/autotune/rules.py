@@ -26,6 +26,7 @@ from kvpilot.autotune.constants import (
     REVERSAL_MIN_TPOT_MISSES,
     SATURATION,
     TPOT_CONFIRM_SECONDS,
+    TPOT_WINDOW_REQUESTS,
 )
 from kvpilot.autotune.costs import lower_pays, worth_a_restart
 from kvpilot.autotune.decision import Decision
@@ -144,13 +145,14 @@ def _finished(w: KvWindow) -> float:
     return w.completion_rate * w.window_seconds * w.pods
 
 
-def _few(finished: float) -> bool:
-    """A window that finished requests, fewer than MIN_WINDOW_REQUESTS. 0 reads as not counted (a window built
+def _few(finished: float, bar: float = MIN_WINDOW_REQUESTS) -> bool:
+    """A window that finished requests, fewer than ``bar`` (MIN_WINDOW_REQUESTS; a TPOT break's share alone needs
+    TPOT_WINDOW_REQUESTS). 0 reads as not counted (a window built
     from latency histograms alone): live, a TPOT share needs finished requests, so a TPOT break never comes
     from a window that finished none. The pool's evidence (``_pool_evidence``) counts 0 as too few: a TTFT
     share can come from first tokens alone. The count is the fleet's, and the live share the worst pod's
     (summarize.py), so live the bar is met a little early on a fleet of many pods."""
-    return 0 < finished < MIN_WINDOW_REQUESTS
+    return 0 < finished < bar
 
 
 def _pool_evidence(inp: TunerInput, w: KvWindow) -> tuple[float, str] | None:
@@ -175,15 +177,16 @@ def _sparse_pool(inp: TunerInput, finished: float) -> tuple[float, str] | None:
                         f"{settled[1]:.0f}s at {inp.current}")
 
 
-def weighed_misses(inp: TunerInput, misses: float, finished: float) -> tuple[float, str]:
+def weighed_misses(inp: TunerInput, misses: float, finished: float,
+                   alone: float = MIN_WINDOW_REQUESTS) -> tuple[float, str]:
     """The share of requests a lower may fix over the horizon, with a note for the message: the share pooled over
     the settled minutes at this limit (``settled_misses``), or this window's own where no such evidence exists
     yet or where the misses last (LASTING_BREAK_WINDOWS settled windows in a row missed REVERSAL_MIN_TPOT_MISSES
-    or more: a cliff, not a swell; ``_lasting_misses`` says why) in a window of MIN_WINDOW_REQUESTS or more
+    or more: a cliff, not a swell; ``_lasting_misses`` says why) in a window of ``alone`` requests or more
     (``finished``: at a handful of requests a window misses a fifth by chance, and so do three in a row)."""
     base = inp.history.verification.baseline
     lasting = (misses >= REVERSAL_MIN_TPOT_MISSES and base.missing_streak >= LASTING_BREAK_WINDOWS
-               and not _few(finished))
+               and not _few(finished, alone))
     settled = settled_misses(inp)
     if settled is None or lasting:
         return misses, ""
@@ -215,15 +218,18 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
 
     Without that evidence: a window with many misses (REVERSAL_MIN_TPOT_MISSES or more) decides at once; a milder
     one waits while the batch at this limit is still settling (a cold start, a change just rolled), and where no
-    settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides,
-    once it holds MIN_WINDOW_REQUESTS: at 0.42 req/s, on the suite's KV-scarce L4 decoding 30% off its profile, a
-    window where 3 of 6 requests missed lowered 64 -> 8 at 1,245 s before that bar (docs/tuner-suite.md, "Eighteenth
-    pass"); a burst window of about 10 with 70% missing still lowers at 1,365 s, and 8, which serves 6% more than
-    64, does not pay for its restart without surge within 90 minutes ("Twenty-seventh pass")."""
+    settled evidence can come (the load keeps moving, windows are never clean) the window's own share decides.
+    Either way only once the window holds TPOT_WINDOW_REQUESTS, the requests verification holds a share to; fewer,
+    and the sparse pool decides or the break waits. A share of a few requests is a burst's: at 0.42 req/s, on the
+    suite's KV-scarce L4 decoding 30% off its profile, a window where 3 of 6 requests missed lowered 64 -> 8 at
+    1,245 s (docs/tuner-suite.md, "Eighteenth pass"), and with a bar of 10 a burst window where 7 of 10 missed
+    still did at 1,365 s, its 70% past SEVERE_MISSES and so unpriced, where the run's requests missed 13%: 8 serves
+    6% more than 64 held, but its restart without surge does not pay back within 90 minutes ("Twenty-seventh
+    pass"; "Twenty-eighth pass" for the bar of 40)."""
     finished = _finished(w)
     if settled_misses(inp) is not None:
-        return weighed_misses(inp, misses, finished)
-    if _few(finished):
+        return weighed_misses(inp, misses, finished, TPOT_WINDOW_REQUESTS)
+    if _few(finished, TPOT_WINDOW_REQUESTS):
         pooled = _sparse_pool(inp, finished)
         if pooled is not None:
             return pooled
