@@ -15,7 +15,7 @@ from kvpilot.autotune.constants import (MIN_WINDOW_REQUESTS, REVERSAL_MIN_TPOT_M
                                        TPOT_WINDOW_REQUESTS)
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.verification import Baseline, Memory
-from kvpilot.autotune.verify import MAX_SETTLE_SECONDS, Settle
+from kvpilot.autotune.verify import MAX_SETTLE_SECONDS, MIN_REQUESTS, Settle
 from tests.unit.test_autotune_rollback import NOW, figures, inp, kv
 
 # p95 TPOT 65 ms against 60 ms, 11% of the window's requests over it: alone, a lower pays (0.5 x 11% of the
@@ -119,3 +119,9 @@ def test_a_window_of_a_handful_of_requests_is_no_evidence_of_a_break() -> None:
     # The same share in a window of TPOT_WINDOW_REQUESTS or more is taken at once.
     enough = replace(few, completion_rate=TPOT_WINDOW_REQUESTS / 30.0)
     assert decide(inp(w=enough)).action == "Lower"
+
+
+def test_a_tpot_break_s_window_share_needs_what_verification_asks_of_a_share() -> None:
+    """One bar for 'a share means anything': a window's TPOT share weighs alone on as many requests as a side of a
+    verification needs (constants.TPOT_WINDOW_REQUESTS is written out, not imported, to keep constants a leaf)."""
+    assert TPOT_WINDOW_REQUESTS == MIN_REQUESTS

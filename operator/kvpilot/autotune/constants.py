@@ -45,12 +45,13 @@ FREE_SLOTS_HEADROOM = 2.0
 # A TPOT break with fewer misses than REVERSAL_MIN_TPOT_MISSES in its window is judged on the misses pooled over
 # at least this much settled evidence at the limit in force (verification's baseline), not on the one window.
 TPOT_CONFIRM_SECONDS = 60.0
-# A window's miss share weighs a lower on its own (a KV-pool lower, or a TPOT break acting at once or counting
-# as lasting) once the fleet finished this many requests in it; fewer, and the settled minutes at the limit in
-# force decide (rules._pool_evidence, rules._lasting_misses).
+# A window's miss share weighs a KV-pool lower on its own once the fleet finished this many requests in it; fewer,
+# and the settled minutes at the limit in force decide (rules._pool_evidence). It is also the least the sparse
+# pool of a very low rate needs (rules.settled_misses). A TPOT break's share needs TPOT_WINDOW_REQUESTS.
 MIN_WINDOW_REQUESTS = 10
 # A TPOT break's window share weighs a lower on its own (acting at once, or counting as lasting) only once the
-# fleet finished this many requests in it: the bar verification holds a side's share to (verify.MIN_REQUESTS).
+# fleet finished this many requests in it: the bar verification holds a side's share to (verify.MIN_REQUESTS; a
+# unit test keeps the two equal). The count is the fleet's and the live share the worst pod's (summarize.py).
 # On such a break the share may skip the restart's price (SEVERE_MISSES), and a burst's ten requests say little of
 # the traffic's: on the suite's KV-scarce L4 at 0.42 req/s (decoding 30% off its profile), a window where 7 of 10
 # missed lowered 64 -> 8 without pricing the restart, where the run's requests missed 13% and the lower served

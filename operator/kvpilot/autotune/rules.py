@@ -147,11 +147,11 @@ def _finished(w: KvWindow) -> float:
 
 def _few(finished: float, bar: float = MIN_WINDOW_REQUESTS) -> bool:
     """A window that finished requests, fewer than ``bar`` (MIN_WINDOW_REQUESTS; a TPOT break's share alone needs
-    TPOT_WINDOW_REQUESTS). 0 reads as not counted (a window built
-    from latency histograms alone): live, a TPOT share needs finished requests, so a TPOT break never comes
-    from a window that finished none. The pool's evidence (``_pool_evidence``) counts 0 as too few: a TTFT
-    share can come from first tokens alone. The count is the fleet's, and the live share the worst pod's
-    (summarize.py), so live the bar is met a little early on a fleet of many pods."""
+    TPOT_WINDOW_REQUESTS). 0 reads as not counted (a window built from latency histograms alone): live, a TPOT
+    share needs finished requests, so a TPOT break never comes from a window that finished none. The pool's
+    evidence (``_pool_evidence``) counts 0 as too few: a TTFT share can come from first tokens alone. The count is
+    the fleet's, and the live share the worst pod's (summarize.py), so live the share rests on about ``bar`` / N
+    requests on a fleet of N pods."""
     return 0 < finished < bar
 
 
@@ -213,8 +213,8 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
     for cost 8% of the run's goodput (static 2048 serves 1.5% less than the best limit). A break that lasts is told
     from a swell by its length: once LASTING_BREAK_WINDOWS settled windows in a row at this limit missed
     REVERSAL_MIN_TPOT_MISSES or more (verification.Baseline.missing_streak), a window with that many misses is taken
-    at its own share; a load that moved restarts the pool, and the window then decides at once too. The pool
-    counts the misses of either objective, the window TPOT's alone.
+    at its own share, if it finished TPOT_WINDOW_REQUESTS; a load that moved restarts the pool, and the window then
+    decides at once too. The pool counts the misses of either objective, the window TPOT's alone.
 
     Without that evidence: a window with many misses (REVERSAL_MIN_TPOT_MISSES or more) decides at once; a milder
     one waits while the batch at this limit is still settling (a cold start, a change just rolled), and where no
