@@ -51,11 +51,8 @@ TPOT_CONFIRM_SECONDS = 60.0
 MIN_WINDOW_REQUESTS = 10
 # A TPOT break's window share weighs a lower on its own (acting at once, or counting as lasting) only once the
 # fleet finished this many requests in it: the bar verification holds a side's share to (verify.MIN_REQUESTS; a
-# unit test keeps the two equal). The count is the fleet's and the live share the worst pod's (summarize.py).
-# On such a break the share may skip the restart's price (SEVERE_MISSES), and a burst's ten requests say little of
-# the traffic's: on the suite's KV-scarce L4 at 0.42 req/s (decoding 30% off its profile), a window where 7 of 10
-# missed lowered 64 -> 8 without pricing the restart, where the run's requests missed 13% and the lower served
-# 0.92x static 64 (docs/tuner-suite.md, "Twenty-eighth pass"). Fewer, and the settled minutes decide.
+# unit test keeps the two equal). Fewer, and the settled minutes decide; rules._lasting_misses says why (a burst's
+# ten requests miss together, and past SEVERE_MISSES such a share skipped the restart's price).
 TPOT_WINDOW_REQUESTS = 40
 LOWER_MARGIN = 2.0  # a protective lower must save twice what its restart costs
 MIN_CAPACITY_GAIN = 1.10  # a raise must promise at least this much more decode throughput (fitted model)
