@@ -53,7 +53,9 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
     ("tokens-per-block-too-big", "spec.build.kvCache.tokensPerBlock", 256, "spec.build.kvCache.tokensPerBlock",
      "128"),
     ("inflight-needs-paged", "spec.build.kvCache.type", "continuous", "spec.build.kvCache.type", "paged"),
-    ("autotune-min-above-max", "spec.autotune.minBatchSize", 2048, "spec.autotune.minBatchSize", "maxBatchSize"),
+    ("autotune-min-above-max", "spec.autotune.minBatchSize", 600, "spec.autotune.minBatchSize", "maxBatchSize"),
+    ("autotune-min-above-implied-max", "spec.autotune.minBatchSize", 2048, "spec.autotune.minBatchSize",
+     "the larger of 1024 and batching.maxBatchSize"),
     ("percent-zero", "spec.autotune.targetKvCacheUtilizationPercent", 0,
      "spec.autotune.targetKvCacheUtilizationPercent", "1"),
     ("percent-above-100", "spec.batching.kvCacheFreeGpuMemoryPercent", 101,
@@ -168,12 +170,18 @@ VALID_EDGES: list[tuple[str, str, Any]] = [
     ("tolerate-everything", "spec.serving.tolerations", [{"operator": "Exists"}]),
     ("toleration-noexecute", "spec.serving.tolerations",
      [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}]),
+    # From TensorRT-LLM's default start, with no autotune.maxBatchSize, the tuner's bound is the start: a floor
+    # up to it holds.
+    ("autotune-min-at-a-high-start", "spec.autotune.minBatchSize", 2048),
 ]
 
 
 def valid_edge(case_id: str, name: str | None = None) -> dict[str, Any]:
     cid, path, value = next(c for c in VALID_EDGES if c[0] == case_id)
-    return _set(base(name or cid), path, value)
+    doc = base(name or cid)
+    if cid == "autotune-min-at-a-high-start":
+        doc = _set(_set(doc, "spec.build.maxBatchSize", 2048), "spec.batching.maxBatchSize", 2048)
+    return _set(doc, path, value)
 
 
 def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:
@@ -186,6 +194,8 @@ def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:
         doc = _set(doc, "spec.build.quantization", "fp8")
     if cid == "gemma-no-pipeline":
         doc = _set(doc, "spec.model.architecture", "gemma")
+    if cid == "autotune-min-above-max":
+        doc = _set(doc, "spec.autotune.maxBatchSize", 512)
     if cid == "chunking-off-long-prompt":
         doc = _set(doc, "spec.build.maxInputLen", 4096)
         doc = _set(doc, "spec.batching.maxNumTokens", 2048)

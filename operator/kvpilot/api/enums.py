@@ -24,5 +24,6 @@ SIMULATION_PROFILES = (
 )
 TOKENS_PER_BLOCK_CHOICES = (2, 4, 8, 16, 32, 64, 128)
 MAX_BATCH = 16384
+TUNER_MAX_DEFAULT = 1024  # autotune.maxBatchSize when absent and the start is at most this (models.parse_spec)
 MAX_TOKENS = 1048576
 MAX_BUILD_SECONDS = 172800  # the largest build.timeoutSeconds (activeDeadlineSeconds) admission allows

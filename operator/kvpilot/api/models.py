@@ -7,10 +7,11 @@ fields the user may leave out are ``Optional``. ``tests/unit/test_api_parity.py`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from kvpilot.api.convert import from_dict
+from kvpilot.api.enums import TUNER_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,6 @@ class AutotuneSpec:
     enabled: bool
     mode: str
     min_batch_size: int
-    max_batch_size: int
     target_kv_cache_utilization_percent: int
     interval_seconds: int
     cooldown_seconds: int
@@ -181,6 +181,9 @@ class AutotuneSpec:
     metrics: MetricsSpec
     slo: Optional[SloSpec] = None
     canary: str = "Off"  # Auto | Always | Off: a change proposed for a gain tried on one pod first (canary_pass.py)
+    # Absent from the spec: the larger of TUNER_MAX_DEFAULT and the start (parse_spec), so a start above 1024 is a
+    # bound the tuner keeps, not a value it must clamp at once with a rolling restart.
+    max_batch_size: int = TUNER_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -251,5 +254,14 @@ class InferenceEngine:
 
 
 def parse_spec(spec: dict[str, object]) -> InferenceEngineSpec:
-    """Build the typed spec from a *defaulted and validated* spec dict."""
-    return from_dict(InferenceEngineSpec, spec)
+    """Build the typed spec from a *defaulted and validated* spec dict.
+
+    ``autotune.maxBatchSize`` has no schema default: a CRD default cannot depend on another field, and a fixed
+    1024 would clamp the recommended start (TensorRT-LLM's own default, 2048; docs/autotune-guide.md) at once,
+    one rolling restart before the tuner has measured anything. Absent, it is the larger of 1024 and the start."""
+    parsed = from_dict(InferenceEngineSpec, spec)
+    tuning = spec.get("autotune")
+    if isinstance(tuning, dict) and "maxBatchSize" in tuning:
+        return parsed
+    bound = max(TUNER_MAX_DEFAULT, parsed.batching.max_batch_size)
+    return replace(parsed, autotune=replace(parsed.autotune, max_batch_size=bound))

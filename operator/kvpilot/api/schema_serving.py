@@ -19,7 +19,7 @@ from kvpilot.api.openapi import (
     string_map,
 )
 from kvpilot.api.metrics_url import METRICS_URL_PATTERN, METRICS_URL_RULE_MESSAGE
-from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, ROLLOUT_STRATEGIES, SCHEDULER_POLICIES
+from kvpilot.api.enums import MAX_BATCH, MAX_TOKENS, ROLLOUT_STRATEGIES, SCHEDULER_POLICIES, TUNER_MAX_DEFAULT
 from kvpilot.api import patterns as P
 
 
@@ -238,10 +238,11 @@ def autotune_schema() -> Schema:
             ),
             "minBatchSize": integer("Lowest runtime maxBatchSize the tuner may set.", 1, MAX_BATCH, default=8),
             "maxBatchSize": integer(
-                "Highest runtime maxBatchSize the tuner may set (also bounded by the engine's ceiling).",
+                "Highest runtime maxBatchSize the tuner may set (also bounded by the engine's ceiling). When absent, "
+                f"the larger of {TUNER_MAX_DEFAULT} and batching.maxBatchSize, so a start above {TUNER_MAX_DEFAULT} "
+                "(TensorRT-LLM's default is 2048) is kept rather than clamped into the bounds at once.",
                 1,
                 MAX_BATCH,
-                default=1024,
             ),
             "targetKvCacheUtilizationPercent": integer(
                 "KV-cache pool utilization (used/max blocks) to aim for at peak.", 1, 100, default=85
@@ -314,7 +315,7 @@ def autotune_schema() -> Schema:
         default={},
         rules=(
             Rule(
-                "self.minBatchSize <= self.maxBatchSize",
+                "!has(self.maxBatchSize) || self.minBatchSize <= self.maxBatchSize",
                 "minBatchSize must be <= maxBatchSize",
                 ".minBatchSize",
             ),

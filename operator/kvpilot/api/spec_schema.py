@@ -7,6 +7,7 @@ proves the typed models in ``models.py`` agree with it field for field.
 
 from __future__ import annotations
 
+from kvpilot.api.enums import TUNER_MAX_DEFAULT
 from kvpilot.api.openapi import Rule, Schema, expand_object_defaults, obj
 from kvpilot.api.schema_build import BACKEND_RULES, build_schema, model_schema, runtime_schema
 from kvpilot.api.schema_serving import (
@@ -31,6 +32,13 @@ SPEC_RULES = (
         "batching.maxBatchSize must be <= build.maxBatchSize (the engine's ceiling): trtllm-serve refuses a larger "
         "runtime value",
         ".batching.maxBatchSize",
+    ),
+    Rule(
+        f"has(self.autotune.maxBatchSize) || self.autotune.minBatchSize <= {TUNER_MAX_DEFAULT} || "
+        "self.autotune.minBatchSize <= self.batching.maxBatchSize",
+        f"autotune.minBatchSize must be <= autotune.maxBatchSize, which when absent is the larger of "
+        f"{TUNER_MAX_DEFAULT} and batching.maxBatchSize",
+        ".autotune.minBatchSize",
     ),
     Rule(
         "self.runtime.backend == 'pytorch' || self.batching.maxNumTokens <= self.build.maxNumTokens",
