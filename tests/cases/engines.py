@@ -56,6 +56,8 @@ INVALID: list[tuple[str, str, Any, str, str]] = [
     ("autotune-min-above-max", "spec.autotune.minBatchSize", 600, "spec.autotune.minBatchSize", "maxBatchSize"),
     ("autotune-min-above-implied-max", "spec.autotune.minBatchSize", 2048, "spec.autotune.minBatchSize",
      "the larger of 1024 and batching.maxBatchSize"),
+    ("autotune-min-above-a-high-start", "spec.autotune.minBatchSize", 2049, "spec.autotune.minBatchSize",
+     "the larger of 1024 and batching.maxBatchSize"),
     ("percent-zero", "spec.autotune.targetKvCacheUtilizationPercent", 0,
      "spec.autotune.targetKvCacheUtilizationPercent", "1"),
     ("percent-above-100", "spec.batching.kvCacheFreeGpuMemoryPercent", 101,
@@ -173,6 +175,7 @@ VALID_EDGES: list[tuple[str, str, Any]] = [
     # From TensorRT-LLM's default start, with no autotune.maxBatchSize, the tuner's bound is the start: a floor
     # up to it holds.
     ("autotune-min-at-a-high-start", "spec.autotune.minBatchSize", 2048),
+    ("autotune-min-1024-at-a-low-start", "spec.autotune.minBatchSize", 1024),
 ]
 
 
@@ -196,6 +199,8 @@ def invalid_case(case_id: str, name: str | None = None) -> dict[str, Any]:
         doc = _set(doc, "spec.model.architecture", "gemma")
     if cid == "autotune-min-above-max":
         doc = _set(doc, "spec.autotune.maxBatchSize", 512)
+    if cid == "autotune-min-above-a-high-start":
+        doc = _set(_set(doc, "spec.build.maxBatchSize", 4096), "spec.batching.maxBatchSize", 2048)
     if cid == "chunking-off-long-prompt":
         doc = _set(doc, "spec.build.maxInputLen", 4096)
         doc = _set(doc, "spec.batching.maxNumTokens", 2048)

@@ -181,8 +181,9 @@ class AutotuneSpec:
     metrics: MetricsSpec
     slo: Optional[SloSpec] = None
     canary: str = "Off"  # Auto | Always | Off: a change proposed for a gain tried on one pod first (canary_pass.py)
-    # Absent from the spec: the larger of TUNER_MAX_DEFAULT and the start (parse_spec), so a start above 1024 is a
-    # bound the tuner keeps, not a value it must clamp at once with a rolling restart.
+    # Absent from the spec: the larger of TUNER_MAX_DEFAULT and the start, derived by parse_spec, the only way a
+    # spec is built (a bare from_dict would keep 1024 here), so a start above 1024 is within the tuner's bounds,
+    # not a value it must clamp at once with a rolling restart.
     max_batch_size: int = TUNER_MAX_DEFAULT
 
 
