@@ -15,7 +15,7 @@ GPU_LABEL = "nvidia.com/gpu.product"
 
 
 def engine(ns: str, name: str = "llama", **spec: Any) -> dict[str, Any]:
-    doc = override(base(name, backend="tensorrt"), autotune={"enabled": False}, **spec)
+    doc = override(base(name, backend="tensorrt"), **{"autotune": {"enabled": False}, **spec})
     doc["metadata"]["namespace"] = ns
     return doc
 
@@ -93,6 +93,29 @@ def test_build_change_keeps_the_old_engine_until_the_new_one_is_ready(ns: str) -
         return ie(ns)["status"]["engine"]["fingerprint"] == new_fp and fps == {new_fp}
     wait_for(settled, 90, "the new engine serving")
     assert ie(ns)["status"]["batching"]["summary"] == "64/1024"
+
+
+def test_a_2048_start_with_no_tuner_bound_is_kept_and_an_explicit_1024_clamps_it(ns: str) -> None:
+    """TensorRT-LLM's default start, 2048, with autotune.maxBatchSize left out: the API server stores no bound,
+    the operator derives 2048 (the larger of 1024 and the start), and the tuner, deciding every pass (here on
+    pods with no metrics: it holds), keeps the start. The control: a bound of 1024 written in the spec clamps it
+    at once, so the first half is the tuner choosing, not a tuner that never ran."""
+    tuning = {"enabled": True, "mode": "Auto", "intervalSeconds": 5, "warmupSeconds": 0}
+    apply(engine(ns, build__maxBatchSize=2048, batching__maxBatchSize=2048, autotune=tuning))
+
+    def decided_after_the_rollout() -> dict[str, Any] | None:
+        engine = ie(ns)
+        last = ((engine.get("status") or {}).get("autotune") or {}).get("recommendation") or {}
+        return engine if available(ns) and last.get("reason") not in (None, "RolloutInProgress") else None
+    status = wait_for(decided_after_the_rollout, 90, "Available with a tuner decision after the rollout")["status"]
+    assert "maxBatchSize" not in ie(ns)["spec"]["autotune"]
+    assert status["batching"]["maxBatchSize"] == 2048 and status["batching"]["summary"] == "2048/2048", status
+    assert status["autotune"]["recommendation"]["reason"] != "OutOfBounds", status["autotune"]
+    kubectl("patch", "ie", "llama", "-n", ns, "--type=merge", "-p",
+            json.dumps({"spec": {"autotune": {"maxBatchSize": 1024}}}))
+    clamped = wait_for(lambda: ie(ns)["status"]["batching"]["maxBatchSize"] == 1024 and ie(ns)["status"], 60,
+                       "the start clamped into the written bound")
+    assert any(h["reason"] == "OutOfBounds" and h["toBatchSize"] == 1024 for h in clamped["autotune"]["history"])
 
 
 def test_scale_subresource(ns: str) -> None:
