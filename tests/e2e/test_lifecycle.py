@@ -104,9 +104,9 @@ def test_a_2048_start_with_no_tuner_bound_is_kept_and_an_explicit_1024_clamps_it
     apply(engine(ns, build__maxBatchSize=2048, batching__maxBatchSize=2048, autotune=tuning))
 
     def decided_after_the_rollout() -> dict[str, Any] | None:
-        engine = ie(ns)
-        last = ((engine.get("status") or {}).get("autotune") or {}).get("recommendation") or {}
-        return engine if available(ns) and last.get("reason") not in (None, "RolloutInProgress") else None
+        doc = ie(ns)
+        last = ((doc.get("status") or {}).get("autotune") or {}).get("recommendation") or {}
+        return doc if available(ns) and last.get("reason") not in (None, "RolloutInProgress") else None
     status = wait_for(decided_after_the_rollout, 90, "Available with a tuner decision after the rollout")["status"]
     assert "maxBatchSize" not in ie(ns)["spec"]["autotune"]
     assert status["batching"]["maxBatchSize"] == 2048 and status["batching"]["summary"] == "2048/2048", status
