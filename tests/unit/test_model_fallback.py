@@ -7,8 +7,9 @@ The planner here is the operator's (kvpilot/planning.py), fed the way the loop f
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from kvsim import Engine as KvsimEngine, Profile
 
 from kvpilot.api.status import AutotuneStatus, EngineStatus, ModelStatus, ModelTrust
 from kvpilot.autotune.gate import WhatIfGate, engine_model, may_simulate
+from kvpilot import planning
+from kvpilot.autotune import trust
 from kvpilot.autotune.policy import decide
 from kvpilot.autotune.trust import MODEL_TRUSTED, model_status
 from kvpilot.autotune.whatif import WhatIf, sim_config
@@ -29,6 +32,7 @@ from tests.unit.test_calibrate import SLOW, traffic
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 A100 = {"serving__gpuProduct": "NVIDIA-A100-SXM4-80GB"}
+CPU = re.compile(r" \([0-9.]+ CPU-s\)")  # a decision message's timing, not its content
 
 
 def full_batch_queueing() -> Any:
@@ -196,3 +200,41 @@ def test_status_keeps_no_model_without_iterations() -> None:
     p = planner.plan_inline(engine, planner.with_model(engine, Observed(status=EngineStatus())), Settings(), NOW)
     assert (p.status.autotune or AutotuneStatus()).model is None and p.status.condition(MODEL_TRUSTED) is None
     planner.close()
+
+
+def test_the_goodput_check_runs_once_a_minute_and_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The goodput check (one simulation) feeds only the figure status shows: sampled once a minute, it runs on
+    2 of 6 windows 15 s apart, and every plan decides as when it runs on each window."""
+    engine = make_engine("tensorrt", **A100)
+    kv = replace(full_batch_queueing(), arrival_rate=10.0, prompt_mean=150.0, output_mean=400.0, completion_rate=8.0,
+                 ttft_miss_fraction=0.2, tpot_miss_fraction=0.05)
+    calls: list[float] = []
+    check = planning.goodput_check
+
+    def counted(*args: Any) -> float | None:
+        calls.append(0.0)
+        return check(*args)
+    monkeypatch.setattr(planning, "goodput_check", counted)
+
+    def plans(check_seconds: float) -> list[tuple[Any, str | None]]:
+        monkeypatch.setattr(trust, "GOODPUT_CHECK_SECONDS", check_seconds)
+        planner = Planner()
+        feed(planner, engine, SLOW)
+        out, status = [], EngineStatus()
+        for k in range(6):  # as the loop does: each plan reads the status the one before wrote
+            observed = replace(serving(engine, kv), status=status)
+            p = planner.plan_inline(engine, observed, Settings(), NOW + timedelta(seconds=15 * k))
+            status, d = p.status, p.decision
+            model = (status.autotune or AutotuneStatus()).model
+            out.append(((d.action, d.target, d.reason, CPU.sub("", d.message)) if d else None,
+                        model.goodput_error_percent if model else None))
+        planner.close()
+        return out
+
+    every_window = plans(0.0)
+    assert len(calls) == 6 and every_window[0][1] is not None  # the check ran and status shows its figure
+    calls.clear()
+    sampled = plans(60.0)
+    assert len(calls) == 2  # at 0 s and 60 s
+    assert [decision for decision, _ in sampled] == [decision for decision, _ in every_window]
+    assert all(figure is not None for _, figure in sampled)  # shown between checks too

@@ -12,6 +12,7 @@ from kvpilot.api.status import AutotuneStatus, EngineStatus, ModelTrust, parse_s
 from kvpilot.api.status_schema import DECIMAL
 from kvpilot.autotune.engine_model import BaseModel
 from kvpilot.autotune.trust import (
+    GOODPUT_CHECK_SECONDS,
     MODEL_ERROR_BOUND,
     ModelMonitor,
     Trust,
@@ -156,3 +157,19 @@ def test_no_model_yet_is_unknown() -> None:
     cond = model_condition(None)
     assert (cond.status, cond.reason) == ("Unknown", "ModelCalibrating")
     assert Trust(ModelTrust.CALIBRATING, "x").model_error == 0.0
+
+
+def test_the_goodput_check_is_due_once_a_minute() -> None:
+    """Due before any check; then GOODPUT_CHECK_SECONDS after the last one noted. A window with nothing to
+    compare (None) does not restart the wait, and a clock that went back is due at once."""
+    monitor = ModelMonitor(KNOWN)
+    assert monitor.goodput_check_due(1000.0)
+    monitor.note_goodput_error(None, 1000.0)
+    assert monitor.goodput_check_due(1015.0)  # nothing was compared: check the next window
+    monitor.note_goodput_error(0.05, 1015.0)
+    assert not monitor.goodput_check_due(1015.0) and not monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS - 1)
+    assert monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS)
+    assert monitor.goodput_check_due(900.0)  # the clock went back
+    monitor.note_goodput_error(float("nan"), 2000.0)  # hostile: ignored, the wait still counts from 1015
+    assert monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS)
+    assert monitor.trust().goodput_error == pytest.approx(0.05)

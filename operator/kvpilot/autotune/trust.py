@@ -7,7 +7,8 @@ the what-if (``engine_model.calibrated_profile``), and the model's error against
   the window, against the measured one (``FitResult.latency_error``, a running mean of the magnitude). This is
   the engine model alone, against the quantity the pods report most directly.
 * **shown, not judged, goodput**: kvsim fed the window's traffic fit at the limit in force, against the good
-  requests the pods served, in percent of the offered traffic (``goodput_error``, smoothed like the latency).
+  requests the pods served, in percent of the offered traffic (``goodput_error``, smoothed over its checks, one
+  a minute at most: ``GOODPUT_CHECK_SECONDS``).
   It also carries the traffic fit's own error (lognormal lengths of an assumed spread around the window's
   means; near the engine's capacity a few percent of decode work moves it by tens of percent): on the suite's
   nominal long-output-a100 case, where the engine model is exact, it reads 30-50% at limit 64 while the what-if still ranks 512 over 64 correctly (it gained 1.27x). So it is
@@ -50,7 +51,11 @@ if TYPE_CHECKING:
 MODEL_TRUSTED = "ModelTrusted"
 MODEL_ERROR_BOUND = 0.10
 REGAIN_SHARE = 0.7
-GOODPUT_SMOOTHING = 0.3  # weight of the newest window in the running goodput error
+GOODPUT_SMOOTHING = 0.3  # weight of the newest check in the running goodput error
+# The goodput check (one simulation of the window's traffic at the limit in force) runs at most once a minute per
+# engine. It was most of a decision's CPU (about 90% on the suite's overloaded 22 ms case: 0.3-0.5 CPU-s a window)
+# for a figure status shows and nothing decides; measured in docs/live-tuner.md ("The what-if off the event loop").
+GOODPUT_CHECK_SECONDS = 60.0
 PROFILE_HYSTERESIS = 0.01  # a fitted value must move by 1% before the what-if simulates a new profile
 
 
@@ -123,6 +128,7 @@ class ModelMonitor:
         self.base = base
         self.fit = EngineFit(base.profile, known=base.known, max_num_tokens=max_num_tokens)
         self._goodput_error: float | None = None
+        self._goodput_checked_s: float | None = None
         self._state = ModelTrust.CALIBRATING
         self._fitted_at: float | None = None
         self._held: FitResult | None = None
@@ -136,11 +142,22 @@ class ModelMonitor:
         self._judge()
         return check
 
-    def note_goodput_error(self, error: float | None) -> None:
+    def goodput_check_due(self, now_s: float) -> bool:
+        """Whether a plan at ``now_s`` (seconds since the epoch) should run the goodput check: none noted yet, or
+        the last GOODPUT_CHECK_SECONDS or more ago (a clock that went back counts as due). The check only feeds
+        the figure status shows, so sampling it once a minute changes no decision (the simulations are seeded
+        and memoized: a verdict that needs the same one runs it itself)."""
+        last = self._goodput_checked_s
+        return last is None or not (last <= now_s < last + GOODPUT_CHECK_SECONDS)
+
+    def note_goodput_error(self, error: float | None, now_s: float | None = None) -> None:
         """The what-if's goodput check of a window (``goodput_error``, shown in status; it does not decide
-        trust, see the module docstring); None: nothing to compare this window."""
+        trust, see the module docstring), made at ``now_s`` (``goodput_check_due`` counts from it); None:
+        nothing to compare this window, and the next plan may check again."""
         if error is None or not math.isfinite(error):
             return
+        if now_s is not None and math.isfinite(now_s):
+            self._goodput_checked_s = now_s
         e = max(-1.0, min(1.0, error))
         previous = self._goodput_error
         self._goodput_error = e if previous is None else (1 - GOODPUT_SMOOTHING) * previous + GOODPUT_SMOOTHING * e
