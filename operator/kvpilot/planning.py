@@ -134,16 +134,18 @@ class Planner:
 
     def plan_checked(self, engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
         """The plan with the model checked first (the worker's job; the bench calls it inline): its goodput at
-        the limit in force against the pods' (shown in status, autotune/trust.py; once a minute at most,
-        ``ModelMonitor.goodput_check_due``, since that simulation was most of a decision's CPU); a calibrated model is then
+        the limit in force against the pods' (shown in status, autotune/trust.py; once a minute at most, and when the
+        limit moved: ``ModelMonitor.goodput_check_due``, since that simulation was most of a decision's CPU); a
+        calibrated model is then
         judged by its trust verdict, the datasheet by whether it reproduces the misses the pods show
         (``model_reproduces``)."""
         monitor = self.models.get(_key(engine))
         if monitor is not None and observed.kv is not None:
             model = what_if_model(engine.spec, _ceiling(engine, observed), observed)
-            limit = limit_in_force(observed.kv, _in_force(engine, observed), engine.spec.build.pipeline_parallel_size)
-            if model is not None and monitor.goodput_check_due(now.timestamp()):
-                monitor.note_goodput_error(goodput_check(model, observed.kv, limit), now.timestamp())
+            rendered = _in_force(engine, observed)  # not the in-engine tuner's cap, which moves every window
+            limit = limit_in_force(observed.kv, rendered, engine.spec.build.pipeline_parallel_size)
+            if model is not None and monitor.goodput_check_due(now.timestamp(), rendered):
+                monitor.note_goodput_error(goodput_check(model, observed.kv, limit), now.timestamp(), rendered)
                 observed = replace(observed, model=monitor.view(monitor.fitted_at))
         # A calibrated model is judged by its trust verdict (measured_only); the datasheet (no fit yet, or none
         # possible) still by whether it reproduces the pods' misses.

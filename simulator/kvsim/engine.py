@@ -40,11 +40,15 @@ class Engine:
     """Drive with ``submit`` and ``advance_to``; read ``drain_iteration_stats`` and ``finished_requests``."""
 
     def __init__(self, config: EngineConfig, *, epoch_s: float | None = None, time_scale: float = 1.0,
-                 timeline_interval_s: float | None = None, keep_finished: int | None = None) -> None:
+                 timeline_interval_s: float | None = None, keep_finished: int | None = None,
+                 iteration_stats: bool = True) -> None:
         """``epoch_s``: wall-clock time of simulated t=0 (for timestamps); ``time_scale``: simulated seconds per
         wall second (trtllm-serve's KVSIM_SPEEDUP), so a timestamp is epoch + t / time_scale.
         ``keep_finished``: how many finished-request records to keep (None: all, for offline runs that read
-        them at the end; a long-running server passes a bound, since it hands each record to its client)."""
+        them at the end; a long-running server passes a bound, since it hands each record to its client).
+        ``iteration_stats``: False for a run that reads only its requests' records (the tuner's what-if, a static
+        run): no per-iteration sample is built (``last_sample`` stays None, ``drain_iteration_stats`` returns
+        none), which was a tenth of such a run's CPU; the simulation itself is the same."""
         cfg = config.resolved()
         profile = cfg.resolved_profile
         max_seq_len, max_input_len, max_batch_size, max_num_tokens = resolved_limits(cfg)
@@ -72,6 +76,7 @@ class Engine:
         self.epoch_s = time.time() if epoch_s is None else epoch_s
         self.time_scale = time_scale
         self.last_sample: StepSample | None = None
+        self._iteration_stats = iteration_stats
         self.now = 0.0
         self.iteration = 0
         self._seq_numbers = itertools.count()
@@ -190,6 +195,11 @@ class Engine:
     @property
     def idle(self) -> bool:
         return not (self._sched.active or self._waiting or self._pending)
+
+    def outstanding(self) -> int:
+        """Requests queued or fetched (``counts()``'s queued + active): what a least-loaded balancer counts, asked
+        on every request it routes, so without building the counts."""
+        return len(self._waiting) + len(self._sched.active)
 
     def counts(self) -> dict[str, int]:
         """Requests by state: queued (arrived, not yet fetched: beyond max_batch_size), active (fetched),
@@ -350,14 +360,15 @@ class Engine:
     # -- stats ----------------------------------------------------------------------------
     def _record_step(self, dt: float, k: int, n_gen: int, n_ctx: int, ctx_tokens: int) -> None:
         sched = self._sched
-        self.last_sample = StepSample(
-            self.now, self.iteration, dt * 1000.0 / k, len(sched.active), len(self._waiting),
-            self._completed_step, self._max_active, self._max_batch_size, self._tuner.batch_size,
-            sched.batch_size, self._max_num_tokens, self._tuner.num_tokens, sched.max_num_tokens,
-            int(self.memory.used_bytes), self.memory.num_blocks, self.pool.used, self._tpb, sched.alloc_total,
-            sched.alloc_new, sched.reused, sched.missed, n_gen + n_ctx, n_ctx, n_gen, sched.paused_step,
-            ctx_tokens)
-        self._stats.append(self.last_sample)
+        if self._iteration_stats:
+            self.last_sample = StepSample(
+                self.now, self.iteration, dt * 1000.0 / k, len(sched.active), len(self._waiting),
+                self._completed_step, self._max_active, self._max_batch_size, self._tuner.batch_size,
+                sched.batch_size, self._max_num_tokens, self._tuner.num_tokens, sched.max_num_tokens,
+                int(self.memory.used_bytes), self.memory.num_blocks, self.pool.used, self._tpb, sched.alloc_total,
+                sched.alloc_new, sched.reused, sched.missed, n_gen + n_ctx, n_ctx, n_gen, sched.paused_step,
+                ctx_tokens)
+            self._stats.append(self.last_sample)
         self._completed_step = sched.paused_step = 0
         if self._timeline_interval is not None and self.now >= self._next_sample_s:
             self.timeline.append(self.snapshot())

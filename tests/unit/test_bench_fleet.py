@@ -148,3 +148,21 @@ def test_the_tally_counts_what_each_pod_resolved() -> None:
     assert sum(p.good for p in pods.values()) == whole.good
     again, _ = tally.interval(15.0, 30.0, 0, 2)
     assert again.resolved == 0  # each request counts once
+
+
+def test_a_fleet_without_iteration_stats_serves_the_same_through_a_rollout() -> None:
+    """The what-if's and the static runs' fleets build no iteration stats, also in the pods a rollout starts;
+    every request is served to the same bit as by a fleet that builds them."""
+    def run(stats: bool) -> tuple[list[tuple[object, ...]], Fleet]:
+        fleet = Fleet(engine_config(PROFILE, 64, 8), 2, restart_s=30.0, surge=True, iteration_stats=stats)
+        flood(fleet, 60, output=300)
+        fleet.roll_to(engine_config(PROFILE, 64, 32))
+        flood(fleet, 60, at=5.0, output=300)
+        fleet.advance(600.0)
+        return [(r.request_id, r.first_token_s, r.finish_s, r.error) for r in fleet.records], fleet
+    served, with_stats = run(True)
+    served_without, without = run(False)
+    assert served_without == served and len(served) > 60
+    assert any(r.restarts for r in without.replicas)  # a pod the rollout started served too
+    assert all(r.engine.drain_iteration_stats() == [] for r in without.replicas)
+    assert any(r.engine.last_sample is not None for r in with_stats.replicas)

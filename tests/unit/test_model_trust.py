@@ -159,17 +159,22 @@ def test_no_model_yet_is_unknown() -> None:
     assert Trust(ModelTrust.CALIBRATING, "x").model_error == 0.0
 
 
-def test_the_goodput_check_is_due_once_a_minute() -> None:
-    """Due before any check; then GOODPUT_CHECK_SECONDS after the last one noted. A window with nothing to
-    compare (None) does not restart the wait, and a clock that went back is due at once."""
+def test_the_goodput_check_is_due_once_a_minute_and_when_the_limit_moves() -> None:
+    """Due before any check; then GOODPUT_CHECK_SECONDS after the last one noted, or at once when the limit in
+    force moved (status says the figure is at that limit). A window with nothing to compare (None, NaN) does not
+    restart the wait, and a clock that went back is due at once."""
     monitor = ModelMonitor(KNOWN)
-    assert monitor.goodput_check_due(1000.0)
-    monitor.note_goodput_error(None, 1000.0)
-    assert monitor.goodput_check_due(1015.0)  # nothing was compared: check the next window
-    monitor.note_goodput_error(0.05, 1015.0)
-    assert not monitor.goodput_check_due(1015.0) and not monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS - 1)
-    assert monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS)
-    assert monitor.goodput_check_due(900.0)  # the clock went back
-    monitor.note_goodput_error(float("nan"), 2000.0)  # hostile: ignored, the wait still counts from 1015
-    assert monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS)
+    assert monitor.goodput_check_due(1000.0, 64)
+    monitor.note_goodput_error(None, 1000.0, 64)
+    assert monitor.goodput_check_due(1015.0, 64)  # nothing was compared: check the next window
+    monitor.note_goodput_error(0.05, 1015.0, 64)
+    assert not monitor.goodput_check_due(1015.0, 64)
+    assert not monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS - 1, 64)
+    assert monitor.goodput_check_due(1015.0 + GOODPUT_CHECK_SECONDS, 64)
+    assert monitor.goodput_check_due(1030.0, 128)  # a change rolled: the figure at 64 no longer describes it
+    assert monitor.goodput_check_due(900.0, 64)  # the clock went back
+    monitor.note_goodput_error(float("nan"), 2000.0, 64)  # hostile: ignored, the wait still counts from 1015
+    assert not monitor.goodput_check_due(1016.0, 64)
     assert monitor.trust().goodput_error == pytest.approx(0.05)
+    monitor.note_goodput_error(0.01)  # no time given: the figure moves, the wait stays as it was
+    assert not monitor.goodput_check_due(1016.0, 64) and monitor.trust().goodput_error != pytest.approx(0.05)

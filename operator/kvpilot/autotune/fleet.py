@@ -48,8 +48,7 @@ class Replica:
 
     def load(self) -> int:
         """Outstanding requests (queued, waiting for blocks, running): what a least-loaded balancer counts."""
-        counts = self.engine.counts()
-        return counts["queued"] + counts["active"]
+        return self.engine.outstanding()
 
 
 class Fleet:
@@ -60,17 +59,20 @@ class Fleet:
 
     def __init__(self, config: EngineConfig, replicas: int, restart_s: float, epoch_s: float = 0.0,
                  queue_factor: float = 2.0, client_timeout_s: float = 60.0, surge: bool = False,
-                 queue_timeout_s: float | None = None, max_surge: int = 1):
+                 queue_timeout_s: float | None = None, max_surge: int = 1, iteration_stats: bool = True):
         """``surge``: roll with maxSurge ``max_surge``, maxUnavailable 0 (a new pod becomes Ready before an old
         one drains). A surge pod holds its GPU from its start, and an old pod holds its GPU until it has
-        drained, so at most ``max_surge`` new or draining pods exist at once (the spare GPUs)."""
+        drained, so at most ``max_surge`` new or draining pods exist at once (the spare GPUs).
+        ``iteration_stats``: False where nothing drains the pods' iteration stats (the what-if, static runs;
+        kvsim.Engine then builds none): the same run, for less CPU."""
         self.restart_s = restart_s
         self.surge = surge
         self.max_surge = max(1, max_surge)
         self.queue_factor = queue_factor
         self.client_timeout_s = client_timeout_s
         self.queue_timeout_s = queue_timeout_s
-        self.replicas = [Replica(f"r{i}", config, Engine(config, epoch_s=epoch_s)) for i in range(replicas)]
+        self.iteration_stats = iteration_stats
+        self.replicas = [Replica(f"r{i}", config, self._engine(config, epoch_s)) for i in range(replicas)]
         self.backlog: deque[Request] = deque()  # waiting at the balancer (no replica had room)
         self.dropped = 0
         self.abandoned = 0
@@ -82,6 +84,9 @@ class Fleet:
         self._split = 0  # requests routed while a canary is judged (its share, see _canary_split)
         self.now = 0.0
 
+    def _engine(self, config: EngineConfig, epoch_s: float) -> Engine:
+        return Engine(config, epoch_s=epoch_s, iteration_stats=self.iteration_stats)
+
     # -- traffic ------------------------------------------------------------------------------------------
     def advance(self, t_s: float) -> None:
         for r in self.replicas:
@@ -91,8 +96,10 @@ class Fleet:
         self._abandon()
         self._transitions()
 
-    def _room(self, r: Replica) -> int:
-        return int(self.queue_factor * (r.config.max_batch_size or r.config.build_max_batch_size)) + 16 - r.load()
+    def _room(self, r: Replica, load: int | None = None) -> int:
+        """What ``r`` may still take (``load``: its ``load()``, where the caller has it)."""
+        held = r.load() if load is None else load
+        return int(self.queue_factor * (r.config.max_batch_size or r.config.build_max_batch_size)) + 16 - held
 
     def submit(self, request: Request) -> None:
         if self.backlog:  # first come, first served at the balancer too
@@ -105,12 +112,13 @@ class Fleet:
     def _send(self, request: Request) -> bool:
         # least loaded among the replicas with room: during a rollout a pod with the new, larger limit has
         # room while an old one is full, and the balancer must not stop at the old one
-        open_ = [r for r in self.replicas if r.state == "up" and self._room(r) > 0]
+        load = {id(r): r.load() for r in self.replicas if r.state == "up"}  # once per replica per request
+        open_ = [r for r in self.replicas if r.state == "up" and self._room(r, load[id(r)]) > 0]
         if self.canary_config is not None:
             open_ = self._canary_split(open_)
         if not open_:
             return False
-        target = min(open_, key=lambda r: (r.load(), r.name))
+        target = min(open_, key=lambda r: (load[id(r)], r.name))
         try:
             record = target.engine.submit(request, now_s=request.arrival_s)
         except RequestRejected:
@@ -240,7 +248,7 @@ class Fleet:
                 return
             if r.next_config is not None and not r.retire and r.replaces is None and id(r) not in replaced:
                 self.replicas.append(Replica(r.name + "'", r.next_config,
-                                             Engine(r.next_config, epoch_s=r.engine.epoch_s), state="down",
+                                             self._engine(r.next_config, r.engine.epoch_s), state="down",
                                              until_s=self.now + self.restart_s, restarts=r.restarts + 1, replaces=r))
                 busy += 1
 
@@ -264,7 +272,7 @@ class Fleet:
             elif r.state == "down" and self.now >= r.until_s:
                 r.config = r.next_config or r.config
                 r.next_config = None
-                r.engine = Engine(r.config, epoch_s=r.engine.epoch_s)
+                r.engine = self._engine(r.config, r.engine.epoch_s)
                 r.engine.advance_to(self.now)
                 r.state = "up"
                 r.restarts += 1

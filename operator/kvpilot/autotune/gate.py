@@ -11,8 +11,8 @@ Everything that decides it lives here:
   spent, the changes the simulation would have had to confirm wait (``WhatIfBudgetSpent``), protective lowers
   excepted;
 * the **model check** (``model_check``): the model must reproduce the present, or its "nothing to gain" is not
-  to be trusted and the rules decide alone; ``goodput_check`` measures its error at the limit in force for the
-  trust verdict;
+  to be trusted and the rules decide alone; ``goodput_check`` measures its error at the limit in force for
+  status (trust is judged on the latency error: autotune/trust.py);
 * the **recheck period** (``WhatIfGate.recheck``): after a decline the simulation reruns only
   ``RECHECK_SECONDS`` later, unless most requests miss.
 

@@ -53,8 +53,9 @@ MODEL_ERROR_BOUND = 0.10
 REGAIN_SHARE = 0.7
 GOODPUT_SMOOTHING = 0.3  # weight of the newest check in the running goodput error
 # The goodput check (one simulation of the window's traffic at the limit in force) runs at most once a minute per
-# engine. It was most of a decision's CPU (about 90% on the suite's overloaded 22 ms case: 0.3-0.5 CPU-s a window)
-# for a figure status shows and nothing decides; measured in docs/live-tuner.md ("The what-if off the event loop").
+# engine, and at once when the limit in force moved. On every window it was most of a decision's CPU (94% of the
+# planner's time on the suite's overloaded 22 ms case, under a profiler) for a figure status shows and no rule
+# reads (docs/tuner-suite.md, "Thirty-first pass").
 GOODPUT_CHECK_SECONDS = 60.0
 PROFILE_HYSTERESIS = 0.01  # a fitted value must move by 1% before the what-if simulates a new profile
 
@@ -128,7 +129,7 @@ class ModelMonitor:
         self.base = base
         self.fit = EngineFit(base.profile, known=base.known, max_num_tokens=max_num_tokens)
         self._goodput_error: float | None = None
-        self._goodput_checked_s: float | None = None
+        self._goodput_checked: tuple[float, int] | None = None  # (when, at which limit) the last check was noted
         self._state = ModelTrust.CALIBRATING
         self._fitted_at: float | None = None
         self._held: FitResult | None = None
@@ -142,22 +143,25 @@ class ModelMonitor:
         self._judge()
         return check
 
-    def goodput_check_due(self, now_s: float) -> bool:
-        """Whether a plan at ``now_s`` (seconds since the epoch) should run the goodput check: none noted yet, or
-        the last GOODPUT_CHECK_SECONDS or more ago (a clock that went back counts as due). The check only feeds
-        the figure status shows, so sampling it once a minute changes no decision (the simulations are seeded
-        and memoized: a verdict that needs the same one runs it itself)."""
-        last = self._goodput_checked_s
-        return last is None or not (last <= now_s < last + GOODPUT_CHECK_SECONDS)
+    def goodput_check_due(self, now_s: float, limit: int) -> bool:
+        """Whether a plan at ``now_s`` (seconds since the epoch), with ``limit`` in force (the one kvpilot
+        rendered, not the in-engine tuner's cap), should run the goodput check: none noted yet, the limit moved
+        since the last one (status says the figure is at the limit in force), or it is GOODPUT_CHECK_SECONDS old (a clock that went back counts as due). No rule reads
+        the figure, so in the bench, which plans without the CPU budget, sampling it changes no decision (the
+        simulations are seeded and memoized: a verdict that needs the same one runs it itself). Live, the CPU it no
+        longer takes stays in the engine's what-if budget (gate.WhatIfBudget), which then binds later or never."""
+        last = self._goodput_checked
+        return last is None or last[1] != limit or not (last[0] <= now_s < last[0] + GOODPUT_CHECK_SECONDS)
 
-    def note_goodput_error(self, error: float | None, now_s: float | None = None) -> None:
+    def note_goodput_error(self, error: float | None, now_s: float | None = None, limit: int = 0) -> None:
         """The what-if's goodput check of a window (``goodput_error``, shown in status; it does not decide
-        trust, see the module docstring), made at ``now_s`` (``goodput_check_due`` counts from it); None:
-        nothing to compare this window, and the next plan may check again."""
+        trust, see the module docstring), made at ``now_s`` with ``limit`` in force (``goodput_check_due``
+        counts from them; without ``now_s`` the wait stays as it was). None: nothing to compare this window, and
+        the next plan may check again."""
         if error is None or not math.isfinite(error):
             return
         if now_s is not None and math.isfinite(now_s):
-            self._goodput_checked_s = now_s
+            self._goodput_checked = (now_s, limit)
         e = max(-1.0, min(1.0, error))
         previous = self._goodput_error
         self._goodput_error = e if previous is None else (1 - GOODPUT_SMOOTHING) * previous + GOODPUT_SMOOTHING * e

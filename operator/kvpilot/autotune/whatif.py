@@ -127,7 +127,7 @@ def goodput_after(e: Engine, fit: TrafficFit, current: int, candidate: int, hori
     warmup = min(WARMUP_SECONDS, MAX_REQUESTS / fit.rate_per_s)
     requests = replayed_requests(fit, warmup + horizon_s)
     fleet = Fleet(_config(e, current), e.replicas, e.restart_seconds, surge=e.surge,
-                  queue_timeout_s=e.queue_timeout_s, max_surge=e.max_surge)
+                  queue_timeout_s=e.queue_timeout_s, max_surge=e.max_surge, iteration_stats=False)
     rolled = candidate == current
     for req in requests:
         if not rolled and req.arrival_s >= warmup:
@@ -179,9 +179,9 @@ def steady_run(e: Engine, fit: TrafficFit, limit: int, max_requests: int = MAX_R
     high rates: ``max_requests`` bounds the CPU), counted after the first fifth. Memoized (pure: seeded
     traffic, the same engine model)."""
     duration = min(STEADY_SECONDS, max_requests / fit.rate_per_s)
-    requests = replayed_requests(fit, duration)
-    fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s)
-    for req in requests:
+    fleet = Fleet(_config(e, limit), e.replicas, e.restart_seconds, queue_timeout_s=e.queue_timeout_s,
+                  iteration_stats=False)
+    for req in replayed_requests(fit, duration):
         fleet.advance(req.arrival_s)
         fleet.submit(req)
     fleet.advance(duration + 60.0)

@@ -72,7 +72,7 @@ def run_static_records(requests: list[Request], served: Served, config: EngineCo
                        horizon: float) -> tuple[dict[str, float], list[RequestRecord]]:
     """``config`` held for the whole run (no restart)."""
     case = served.case
-    fleet = Fleet(config, case.replicas, restart_s=0.0, queue_timeout_s=case.queue_timeout_s)
+    fleet = Fleet(config, case.replicas, restart_s=0.0, queue_timeout_s=case.queue_timeout_s, iteration_stats=False)
     for req in requests:
         fleet.advance(req.arrival_s)
         fleet.submit(req)
@@ -86,7 +86,7 @@ def run_changes(requests: list[Request], served: Served, start: int, changes: li
     both replicas surge at once with a spare GPU, else one pod at a time)."""
     case = served.case
     fleet = Fleet(served.config(start), case.replicas, case.restart_s, surge=case.spare_gpu,
-                  queue_timeout_s=case.queue_timeout_s, max_surge=case.replicas)
+                  queue_timeout_s=case.queue_timeout_s, max_surge=case.replicas, iteration_stats=False)
     pending = sorted(changes)
     for req in requests:
         while pending and req.arrival_s >= pending[0][0]:

@@ -70,7 +70,7 @@ def engine_config(profile: str | Profile, ceiling: int, runtime: int, in_engine_
 
 def run_static(requests: list[Request], config: EngineConfig, replicas: int, slo: Slo, horizon_s: float,
                duration_s: float, queue_timeout_s: float | None = None) -> dict[str, float]:
-    fleet = Fleet(config, replicas, restart_s=0.0, queue_timeout_s=queue_timeout_s)
+    fleet = Fleet(config, replicas, restart_s=0.0, queue_timeout_s=queue_timeout_s, iteration_stats=False)
     for req in requests:
         fleet.advance(req.arrival_s)
         fleet.submit(req)
