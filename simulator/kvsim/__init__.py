@@ -13,6 +13,9 @@ Stable Python API (the operator's tests and the autotuner benchmark build on it;
     engine.finished_requests()              # RequestRecord: arrival_s, first_token_s, finish_s, output_tokens,
                                             #   ttft_s, tpot_s, e2e_s, num_pauses, reused_blocks, error
     engine.counts()                         # queued / active / running / waitingForCapacity / paused / totals
+    engine.outstanding()                    # queued + active, without building the counts (a balancer's load)
+    Engine(config, iteration_stats=False)   # builds no iteration stats: the same run, for a caller that reads
+                                            #   only the requests' records (the tuner's what-if, static runs)
 
 Profiles are named ``<model>-<dtype>-<gpu>[-tpN]``; GPU and model facts come from specs, and one calibrated
 parameter set (fitted to NVIDIA's H100 Llama-3.1-8B FP8 table) serves them all.
