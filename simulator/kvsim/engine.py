@@ -48,7 +48,7 @@ class Engine:
         them at the end; a long-running server passes a bound, since it hands each record to its client).
         ``iteration_stats``: False for a run that reads only its requests' records (the tuner's what-if, a static
         run): no per-iteration sample is built (``last_sample`` stays None, ``drain_iteration_stats`` returns
-        none), which was a tenth of such a run's CPU; the simulation itself is the same."""
+        none), about 7% of such a run's CPU; the simulation itself is the same."""
         cfg = config.resolved()
         profile = cfg.resolved_profile
         max_seq_len, max_input_len, max_batch_size, max_num_tokens = resolved_limits(cfg)
