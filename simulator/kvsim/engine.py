@@ -9,7 +9,7 @@ O(log n) per event and O(1) per block, independent of how many iterations it liv
 
 A run ends at the next completion, at the next arrival that could be admitted, at the ``advance_to`` target,
 and (MAX_UTILIZATION) before the pool could run short; that iteration then goes through the full scheduler.
-One iteration-stats sample is emitted per step (see ``stats``).
+One iteration-stats sample is emitted per step (see ``stats``), unless the engine was built without them.
 
 The batch itself (the fetched requests, their blocks, the decode counter) and the capacity and micro-batch
 stages over it are a ``scheduler.Scheduler`` the engine owns; the engine adds time, arrivals, completions and

@@ -3,9 +3,11 @@ sheds, the balancer uses a pod with room during a rollout, and a rolled limit is
 
 from __future__ import annotations
 
+import pytest
 from kvsim import Request
 
 from kvpilot.autotune.fleet import Fleet
+from kvpilot.bench.runs import advance_through_rollout
 from kvpilot.bench.tuner import engine_config
 
 PROFILE = "llama-3.1-8b-bf16-a100"
@@ -150,19 +152,26 @@ def test_the_tally_counts_what_each_pod_resolved() -> None:
     assert again.resolved == 0  # each request counts once
 
 
-def test_a_fleet_without_iteration_stats_serves_the_same_through_a_rollout() -> None:
-    """The what-if's and the static runs' fleets build no iteration stats, also in the pods a rollout starts;
-    every request is served to the same bit as by a fleet that builds them."""
+@pytest.mark.parametrize("surge", [True, False])
+def test_a_fleet_without_iteration_stats_serves_the_same_through_a_rollout(surge: bool) -> None:
+    """The what-if's and the static runs' fleets build no iteration stats, also in the pods a rollout starts
+    (a surge pod, or a pod restarted in place); every request is served to the same bit as by a fleet that
+    builds them, the new pods' included."""
     def run(stats: bool) -> tuple[list[tuple[object, ...]], Fleet]:
-        fleet = Fleet(engine_config(PROFILE, 64, 8), 2, restart_s=30.0, surge=True, iteration_stats=stats)
-        flood(fleet, 60, output=300)
-        fleet.roll_to(engine_config(PROFILE, 64, 32))
-        flood(fleet, 60, at=5.0, output=300)
-        fleet.advance(600.0)
+        fleet = Fleet(engine_config(PROFILE, 64, 8), 2, restart_s=30.0, surge=surge, iteration_stats=stats)
+        requests = [Request(prompt_tokens=100, output_tokens=300, max_tokens=300, arrival_s=0.5 * i, request_id=i)
+                    for i in range(400)]
+        for r in requests:
+            if r.request_id == 20:
+                fleet.roll_to(engine_config(PROFILE, 64, 32))
+            advance_through_rollout(fleet, r.arrival_s)
+            fleet.submit(r)
+        advance_through_rollout(fleet, 400.0)
         return [(r.request_id, r.first_token_s, r.finish_s, r.error) for r in fleet.records], fleet
     served, with_stats = run(True)
     served_without, without = run(False)
-    assert served_without == served and len(served) > 60
-    assert any(r.restarts for r in without.replicas)  # a pod the rollout started served too
-    assert all(r.engine.drain_iteration_stats() == [] for r in without.replicas)
-    assert any(r.engine.last_sample is not None for r in with_stats.replicas)
+    assert served_without == served and len(served) == 400
+    rolled = [r for r in without.replicas if r.restarts and r.engine.finished_requests()]  # a new engine served
+    assert rolled and all(r.config.max_batch_size == 32 for r in rolled)  # the rollout's pods served too
+    assert all(r.engine.drain_iteration_stats() == [] and r.engine.last_sample is None for r in without.replicas)
+    assert all(r.engine.last_sample is not None for r in with_stats.replicas if r.sent)

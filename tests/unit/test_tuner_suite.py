@@ -275,6 +275,30 @@ def test_a_row_reuses_the_tuner_independent_figures_of_an_earlier_run(tmp_path) 
         load_bounds(str(tmp_path / "bad.json"))
 
 
+def test_a_stopped_scan_resumes_where_it_stopped(tmp_path) -> None:
+    """--resume --partial: the rows the file holds are kept as they are, not run again; only the missing ones
+    run and are appended, after a last line cut off mid-write (the scan was killed) is dropped. Rows of another
+    tuner setting (canary) are not reused, and --resume without --partial is refused, naming both."""
+    import json
+
+    import pytest
+
+    from kvpilot.bench.suite import main, resumed, run_suite
+
+    path = tmp_path / "scan.jsonl"
+    first = run_suite(True, ["light-l4"], partial=str(path))["cases"][0]
+    path.write_text(path.read_text() + '{"case": "light-l4", "sw')  # killed while writing the next row
+    out = run_suite(True, ["light-l4"], perturbations=["nominal", "memory0.8"], partial=str(path), resume=True)
+    assert [r["case"] for r in out["cases"]] == ["light-l4", "light-l4.memory0.8"]
+    assert out["cases"][0] == first  # read back, not run again: the same CPU figure too
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["case"] for line in lines] == ["light-l4", "light-l4.memory0.8"]
+    assert resumed(str(path), "Always") == {} and len(resumed(str(path), "Off")) == 2
+    assert resumed(str(tmp_path / "none.jsonl"), "Off") == {}  # a first run: nothing to keep
+    with pytest.raises(SystemExit, match="--resume.*--partial"):
+        main(True, ["light-l4"], resume=True)
+
+
 def test_a_pytorch_row_serves_the_pytorch_backend_and_its_peer_has_no_in_engine_tuner() -> None:
     """Issue 19: the suite on the PyTorch backend. Its rows are named CASE.pytorch, their pods are kvsim's PyTorch
     backend, and TensorRT-LLM's default there is static 2048 alone (the in-engine tuner is TensorRT's only)."""

@@ -96,10 +96,9 @@ class Fleet:
         self._abandon()
         self._transitions()
 
-    def _room(self, r: Replica, load: int | None = None) -> int:
-        """What ``r`` may still take (``load``: its ``load()``, where the caller has it)."""
-        held = r.load() if load is None else load
-        return int(self.queue_factor * (r.config.max_batch_size or r.config.build_max_batch_size)) + 16 - held
+    def _room(self, r: Replica, load: int) -> int:
+        """What ``r`` may still take, holding ``load`` (its ``load()``)."""
+        return int(self.queue_factor * (r.config.max_batch_size or r.config.build_max_batch_size)) + 16 - load
 
     def submit(self, request: Request) -> None:
         if self.backlog:  # first come, first served at the balancer too

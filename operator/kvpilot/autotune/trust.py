@@ -7,8 +7,8 @@ the what-if (``engine_model.calibrated_profile``), and the model's error against
   the window, against the measured one (``FitResult.latency_error``, a running mean of the magnitude). This is
   the engine model alone, against the quantity the pods report most directly.
 * **shown, not judged, goodput**: kvsim fed the window's traffic fit at the limit in force, against the good
-  requests the pods served, in percent of the offered traffic (``goodput_error``, smoothed over its checks, one
-  a minute at most: ``GOODPUT_CHECK_SECONDS``).
+  requests the pods served, in percent of the offered traffic (``goodput_error``, smoothed over its checks: one
+  a minute at most, and one when the limit moves, ``GOODPUT_CHECK_SECONDS``).
   It also carries the traffic fit's own error (lognormal lengths of an assumed spread around the window's
   means; near the engine's capacity a few percent of decode work moves it by tens of percent): on the suite's
   nominal long-output-a100 case, where the engine model is exact, it reads 30-50% at limit 64 while the what-if still ranks 512 over 64 correctly (it gained 1.27x). So it is
@@ -146,10 +146,11 @@ class ModelMonitor:
     def goodput_check_due(self, now_s: float, limit: int) -> bool:
         """Whether a plan at ``now_s`` (seconds since the epoch), with ``limit`` in force (the one kvpilot
         rendered, not the in-engine tuner's cap), should run the goodput check: none noted yet, the limit moved
-        since the last one (status says the figure is at the limit in force), or it is GOODPUT_CHECK_SECONDS old (a clock that went back counts as due). No rule reads
-        the figure, so in the bench, which plans without the CPU budget, sampling it changes no decision (the
-        simulations are seeded and memoized: a verdict that needs the same one runs it itself). Live, the CPU it no
-        longer takes stays in the engine's what-if budget (gate.WhatIfBudget), which then binds later or never."""
+        since the last one (status says the figure is at the limit in force), or it is GOODPUT_CHECK_SECONDS old
+        (a clock that went back counts as due). No rule reads the figure, so in the bench, which plans without the
+        CPU budget, sampling it changes no decision (the simulations are seeded and memoized: a verdict that needs
+        the same one runs it itself). Live, the CPU it no longer takes stays in the engine's what-if budget
+        (gate.WhatIfBudget), which then binds later or never."""
         last = self._goodput_checked
         return last is None or last[1] != limit or not (last[0] <= now_s < last[0] + GOODPUT_CHECK_SECONDS)
 

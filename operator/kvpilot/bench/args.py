@@ -39,6 +39,11 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
                         "--partial file of the same kvsim); only the tuned runs run (a third of the CPU).")
     p.add_argument("--partial", metavar="FILE", default=None,
                    help="With --suite: append each row to FILE (one JSON line) as soon as it is done.")
+    p.add_argument("--resume", action="store_true",
+                   help="With --partial: keep the rows FILE already holds (same case, served engine, spare GPU, "
+                        "backend and canary) instead of running them again, so a long scan that was stopped goes "
+                        "on where it stopped. Only for files written by the same code: rows are not checked "
+                        "against it.")
     p.add_argument("--workload", help="kvsim workload: a bundled name (chat, code) or a YAML path.")
     p.add_argument("--profile", help="kvsim profile, e.g. llama-3.1-8b-fp8-h100.")
     p.add_argument("--slo-ttft-ms", type=float, help="Time-to-first-token objective (ms).")

@@ -24,7 +24,7 @@ def run_bench(args: argparse.Namespace) -> int:
         perturbations = args.perturbation or (["nominal", *PERTURBATIONS] if args.perturbed else ["nominal"])
         return suite_main(args.json, args.case, spare_gpu=not args.no_spare_gpu, perturbations=perturbations,
                           jobs=args.jobs, bounds=args.bounds, partial=args.partial, backend=args.backend,
-                          canary=args.canary)
+                          canary=args.canary, resume=args.resume)
     missing = [flag for flag, value in (("--workload", args.workload), ("--profile", args.profile),
                                         ("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms))
                if value is None]

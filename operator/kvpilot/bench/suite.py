@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import replace
@@ -203,8 +204,8 @@ def row_key(case: Case, perturbation: str) -> str:
     return f"{row_name(case, perturbation)}|{'spare' if case.spare_gpu else 'full'}"
 
 
-def load_bounds(path: str) -> dict[str, dict[str, Any]]:
-    """The tuner-independent figures of every row of a suite JSON (or of a ``partial`` file of JSON lines)."""
+def _rows(path: str, flag: str) -> list[dict[str, Any]]:
+    """The rows of a suite JSON, or of a ``--partial`` file of JSON lines; ``flag`` names the option in errors."""
     try:
         with open(path) as f:
             text = f.read()
@@ -213,17 +214,38 @@ def load_bounds(path: str) -> dict[str, dict[str, Any]]:
         except ValueError:  # one row per line
             doc = {"cases": [json.loads(line) for line in text.splitlines() if line.strip()]}
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"kvpilot bench tuner --bounds {path}: {exc}") from None
+        raise SystemExit(f"kvpilot bench tuner {flag} {path}: {exc}") from None
     if isinstance(doc, dict) and "case" in doc:
         doc = {"cases": [doc]}  # a partial file of one row
-    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
-        raise SystemExit(f"kvpilot bench tuner --bounds {path}: not a suite result (an object with 'cases')")
-    out = {}
-    for row in doc.get("cases", []):
-        case = replace(next((c for c in CASES if c.name == row.get("baseCase", row.get("case"))), CASES[0]),
-                       spare_gpu=bool(row.get("spareGpu", True)), backend=str(row.get("backend", "tensorrt")))
-        out[row_key(case, row.get("perturbation", "nominal"))] = reused(row)
-    return out
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list) or \
+            not all(isinstance(row, dict) for row in doc["cases"]):
+        raise SystemExit(f"kvpilot bench tuner {flag} {path}: not a suite result (an object with 'cases')")
+    return list(doc["cases"])
+
+
+def _key_of(row: dict[str, Any]) -> str:
+    """``row_key`` of a row read back from a file."""
+    case = replace(next((c for c in CASES if c.name == row.get("baseCase", row.get("case"))), CASES[0]),
+                   spare_gpu=bool(row.get("spareGpu", True)), backend=str(row.get("backend", "tensorrt")))
+    return row_key(case, str(row.get("perturbation", "nominal")))
+
+
+def load_bounds(path: str) -> dict[str, dict[str, Any]]:
+    """The tuner-independent figures of every row of a suite JSON (or of a ``partial`` file of JSON lines)."""
+    return {_key_of(row): reused(row) for row in _rows(path, "--bounds")}
+
+
+def resumed(partial: str, canary: str) -> dict[str, dict[str, Any]]:
+    """The rows a ``--partial`` file already holds for this tuner setting (``canary``), by ``row_key``, so a scan
+    stopped part-way (a session's end) goes on where it stopped. A last line cut off mid-write (the process was
+    killed) is dropped from the file, so the rows appended next start on a line of their own."""
+    if not os.path.exists(partial):
+        return {}
+    with open(partial, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+    return {_key_of(row): row for row in _rows(partial, "--resume --partial") if row.get("canary", "Off") == canary}
 
 
 def _kept(row: dict[str, Any], partial: str | None) -> dict[str, Any]:
@@ -253,31 +275,37 @@ def suite_jobs(only: list[str] | None, spare_gpu: bool, perturbations: list[str]
 def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False, spare_gpu: bool = True,
               perturbations: list[str] | None = None, jobs: int = 1,
               bounds: dict[str, dict[str, Any]] | None = None, partial: str | None = None,
-              backend: str = "tensorrt", canary: str = "Off") -> dict[str, Any]:
+              backend: str = "tensorrt", canary: str = "Off", resume: bool = False) -> dict[str, Any]:
     """Every row (or those of the cases named in ``only``), on each served engine in ``perturbations`` (default:
     the nominal profile only). ``spare_gpu=False``: the same cases on a cluster with no free GPU, where every
     rollout drops a pod's capacity while it restarts. ``jobs``: rows run in that many processes at once (the
     figures do not depend on it; each row is deterministic). ``bounds``: tuner-independent figures to reuse, by
     ``row_key`` (``load_bounds``). ``partial``: a file each row is appended to (one JSON line) once it is done, so
-    a long run that is stopped keeps what it measured."""
+    a long run that is stopped keeps what it measured; with ``resume`` the rows it holds are not run again."""
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if as_json else print
     work = suite_jobs(only, spare_gpu, perturbations or ["nominal"], backend, canary)
     started = time.perf_counter()
     cpu = time.process_time()
-    jobs_in = [(c, p, series, (bounds or {}).get(row_key(c, p))) for c, p in work]
+    done = resumed(partial, canary) if resume and partial else {}
+    if done:
+        log(f"kvpilot bench tuner --resume: {sum(row_key(c, p) in done for c, p in work)} of {len(work)} rows "
+            f"already in {partial}")
+    jobs_in = [(c, p, series, (bounds or {}).get(row_key(c, p))) for c, p in work if row_key(c, p) not in done]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            rows = [_kept(row, partial) for row in pool.map(_row_job, jobs_in)]
+            ran = [_kept(row, partial) for row in pool.map(_row_job, jobs_in)]
     else:
-        rows = [_kept(run_case(c, series=series, log=log, perturbation=p, reuse=r), partial) for c, p, _s, r in jobs_in]
+        ran = [_kept(run_case(c, series=series, log=log, perturbation=p, reuse=r), partial) for c, p, _s, r in jobs_in]
+    fresh = iter(ran)
+    rows = [done[row_key(c, p)] if row_key(c, p) in done else next(fresh) for c, p in work]
     decision = [r[key]["decisionCpuMs"] for r in rows for key, *_ in TUNED_RUNS if r.get(key) is not None]
     return {
         "cases": rows,
         "wallSeconds": time.perf_counter() - started,
         # Children's CPU as well as this process's, so --jobs reports what the suite cost, not the parent's.
-        "cpuSeconds": time.process_time() - cpu if jobs <= 1 else sum(r["cpuSeconds"] for r in rows),
+        "cpuSeconds": time.process_time() - cpu if jobs <= 1 else sum(r["cpuSeconds"] for r in ran),
         "decisionCpuMs": {"mean": sum(d["mean"] * d["decisions"] for d in decision)
                           / max(1, sum(d["decisions"] for d in decision)),
                           "max": max((d["max"] for d in decision), default=0.0)},
@@ -291,9 +319,12 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
 
 def main(as_json: bool, only: list[str] | None = None, spare_gpu: bool = True,
          perturbations: list[str] | None = None, jobs: int = 1, bounds: str | None = None,
-         partial: str | None = None, backend: str = "tensorrt", canary: str = "Off") -> int:
+         partial: str | None = None, backend: str = "tensorrt", canary: str = "Off", resume: bool = False) -> int:
+    if resume and not partial:
+        raise SystemExit("kvpilot bench tuner --resume: needs --partial FILE (the rows it keeps and appends to)")
     out = run_suite(as_json, only, series=as_json, spare_gpu=spare_gpu, perturbations=perturbations, jobs=jobs,
-                    bounds=load_bounds(bounds) if bounds else None, partial=partial, backend=backend, canary=canary)
+                    bounds=load_bounds(bounds) if bounds else None, partial=partial, backend=backend, canary=canary,
+                    resume=resume)
     if as_json:
         print(json.dumps(out, indent=2))
     else:
