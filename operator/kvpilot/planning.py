@@ -134,11 +134,10 @@ class Planner:
 
     def plan_checked(self, engine: InferenceEngine, observed: Observed, settings: Settings, now: datetime) -> Plan:
         """The plan with the model checked first (the worker's job; the bench calls it inline): its goodput at
-        the limit in force against the pods' (shown in status, autotune/trust.py; once a minute at most, and when the
-        limit moved: ``ModelMonitor.goodput_check_due``, since that simulation was most of a decision's CPU); a
-        calibrated model is then
-        judged by its trust verdict, the datasheet by whether it reproduces the misses the pods show
-        (``model_reproduces``)."""
+        the limit in force against the pods' (shown in status, autotune/trust.py; once a minute at most, and when
+        the limit moved: ``ModelMonitor.goodput_check_due``, since that simulation was most of a decision's CPU);
+        a calibrated model is then judged by its trust verdict, the datasheet by whether it reproduces the misses
+        the pods show (``model_reproduces``)."""
         monitor = self.models.get(_key(engine))
         if monitor is not None and observed.kv is not None:
             model = what_if_model(engine.spec, _ceiling(engine, observed), observed)

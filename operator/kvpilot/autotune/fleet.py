@@ -111,8 +111,9 @@ class Fleet:
     def _send(self, request: Request) -> bool:
         # least loaded among the replicas with room: during a rollout a pod with the new, larger limit has
         # room while an old one is full, and the balancer must not stop at the old one
-        load = {id(r): r.load() for r in self.replicas if r.state == "up"}  # once per replica per request
-        open_ = [r for r in self.replicas if r.state == "up" and self._room(r, load[id(r)]) > 0]
+        up = [r for r in self.replicas if r.state == "up"]
+        load = {id(r): r.load() for r in up}  # once per replica per request
+        open_ = [r for r in up if self._room(r, load[id(r)]) > 0]
         if self.canary_config is not None:
             open_ = self._canary_split(open_)
         if not open_:

@@ -286,11 +286,11 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
     work = suite_jobs(only, spare_gpu, perturbations or ["nominal"], backend, canary)
     started = time.perf_counter()
     cpu = time.process_time()
+    keys = [row_key(c, p) for c, p in work]
     done = resumed(partial, canary) if resume and partial else {}
     if done:
-        log(f"kvpilot bench tuner --resume: {sum(row_key(c, p) in done for c, p in work)} of {len(work)} rows "
-            f"already in {partial}")
-    jobs_in = [(c, p, series, (bounds or {}).get(row_key(c, p))) for c, p in work if row_key(c, p) not in done]
+        log(f"kvpilot bench tuner --resume: {sum(k in done for k in keys)} of {len(work)} rows already in {partial}")
+    jobs_in = [(c, p, series, (bounds or {}).get(k)) for (c, p), k in zip(work, keys) if k not in done]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -299,7 +299,7 @@ def run_suite(as_json: bool, only: list[str] | None = None, series: bool = False
     else:
         ran = [_kept(run_case(c, series=series, log=log, perturbation=p, reuse=r), partial) for c, p, _s, r in jobs_in]
     fresh = iter(ran)
-    rows = [done[row_key(c, p)] if row_key(c, p) in done else next(fresh) for c, p in work]
+    rows = [done[k] if k in done else next(fresh) for k in keys]
     decision = [r[key]["decisionCpuMs"] for r in rows for key, *_ in TUNED_RUNS if r.get(key) is not None]
     return {
         "cases": rows,
