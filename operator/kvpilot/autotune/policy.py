@@ -191,7 +191,8 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
     rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
     does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
     staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
-    missed, nor one that over-reads it by OVER_READ or more (``_over_read``, checked first). Within, not as much:
+    missed; one that over-reads it by OVER_READ or more judges nothing, and the break waits (``_over_read``,
+    checked first). Within, not as much:
     the settled minutes are a swell-prone sample (on the document Q&A they read 2.3-6.0% where the phase missed
     2.1%, and the model 1.3-2.4%). On the overloaded case with a 22 ms TPOT
     objective the model served every request at 2048 where the pods missed 7-8% over the settled minute; its veto
@@ -207,14 +208,17 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
 
 
 def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
-    """Why the calibrated model may neither judge nor size this protective lower (None: it may): a mild break
-    (under MILD_BREAK missed over the settled minutes) that the model, staying put on the traffic it replays, reads
-    OVER_READ or more worse than the settled minutes did. The rules' lower (sized on the measured p95, or the
-    fitted step latency near a cliff), as the guarantees and verification's bars left it, stands. Measured on
-    document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from 2048, PyTorch, spare GPU,
-    docs/tuner-suite.md "Twenty-third pass"): the model missed 37.8% staying put where the settled minutes missed
-    6.2%, judged the break and chose 29 over the rules' 58; at 29 the documents queued, a raise to 44 was still
-    rolling out when chat arrived, and the run ended at 0.909x static 2048 (0.954x with the rules' 58)."""
+    """Why this protective lower waits (None: it need not): a mild break (under MILD_BREAK missed over the settled
+    minutes) that the calibrated model, staying put on the traffic it replays, reads OVER_READ or more worse than
+    the settled minutes did. Such a model may neither judge nor size it, and what is left calls for no lower: the
+    settled minutes at this limit missed too few for the measurements to call for one (a mild break is a trusted
+    model's to judge, ``_model_judges``), and one window's share is a swell. The break waits, as a thin one does
+    (``TpotBreakUnconfirmed``), until the settled minutes miss MILD_BREAK or more (a lower no model may then
+    veto) or a model reproduces it. Measured on document Q&A served 20% faster than its profile
+    (rag-then-chat-a100.all-fast from 2048, PyTorch, spare GPU, docs/tuner-suite.md "Twenty-third pass" and
+    "Thirty-third pass"): the model missed 37.8% staying put where the settled minutes missed 6.2%; judging the
+    break it chose 29 (0.909x static 2048), and the rules' own lower, to 58, left the pods at 58 when chat arrived
+    (0.954x). Waiting, the run stays at 2048 (1.000x), and the other runs where this fired moved by -0.1% to +0.9%."""
     reading = _mild_reading(inp, w, decision, model)
     if reading is None:
         return None
@@ -223,7 +227,8 @@ def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
         return None
     return (f"the model fitted to the pods misses {seen:.1%} staying put where the settled minutes missed "
             f"{settled:.1%} over {seconds:.0f}s: it does not reproduce this break, so it neither judges nor "
-            f"sizes the lower")
+            f"sizes a lower, and a mild break no model judges waits until the settled minutes miss "
+            f"{MILD_BREAK:.0%} or more")
 
 
 def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,
@@ -296,8 +301,8 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     """The rules' change as the what-if simulation confirms (or resizes) it, or a hold when no candidate
     beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
-    slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes),
-    and a model that over-reads a mild break does not resize it either (``_over_read``)."""
+    slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes);
+    a mild break that the model over-reads waits (``_over_read``)."""
     protective = _called_for(inp, decision, w)
     traffic = replayed(inp.history.last_traffic, w)  # the window with the pooled traffic (autotune/pooling.py)
     if protective:
@@ -305,7 +310,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
         decision = replace(decision, message=f"{decision.message}; {young}") if young else decision
     over = _over_read(inp, traffic, decision, model) if protective else None
     if over is not None:
-        return replace(decision, message=f"{decision.message}; {over}")
+        return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED, f"{decision.message}; {over}")
     judged = _model_judges(inp, traffic, decision, model) if protective else None
     if judged is not None:
         protective = False
