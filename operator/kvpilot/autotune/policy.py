@@ -58,7 +58,7 @@ from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
 # model may judge (``_model_judges``); at this share or more the lower is made whatever any model says.
 MILD_BREAK = 0.10
 REPRODUCED = MILD_BREAK / 2  # the model's miss share at most this below the settled one, to judge (``_model_judges``)
-OVER_READ = MILD_BREAK  # the model's miss share this far above the settled one: it neither judges nor sizes (``_over_read``)
+OVER_READ = MILD_BREAK  # the model's miss share this far above the settled one: the mild break waits (``_over_read``)
 
 
 def decide(inp: TunerInput) -> Decision:
