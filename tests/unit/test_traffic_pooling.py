@@ -321,3 +321,36 @@ def test_a_burst_read_again_by_an_overlapping_pass_is_not_pooled_twice() -> None
 @pytest.mark.parametrize("per_minute", [5e-324, 0, -1, float("nan")])
 def test_a_record_whose_rate_is_not_a_positive_number_per_second_is_unknown(per_minute: float) -> None:
     assert SeenTraffic.from_status(per_minute, 2000, 280, age_s=15.0, requests=100) is None
+
+
+def _first_lower(gate: WhatIfGate, share_missing: float, bad_windows: int = 12) -> int | None:
+    """After 16 windows at 1024 all in time, windows where ``share_missing`` of the requests miss TPOT: the number
+    of such windows after which the tuner first lowers (None: it never does)."""
+    for k in range(1, bad_windows + 1):
+        base = Baseline()
+        ends = [NOW.timestamp() - 15.0 * (16 + k - 1 - i) for i in range(16 + k)]
+        for i, end in enumerate(ends):
+            base = base.observe(figures(end, 1024, 1.0 if i < 16 else 1.0 - share_missing), 1024)
+        w = replace(kv(active=60, tpot=73.0, tpot_misses=share_missing), peak_active=60, mean_active=40.0)
+        d = decide(inp(current=1024, w=w, mem=Memory(baseline=base), what_if=gate, last_applied_at=None))
+        if d.action == "Lower":
+            return k
+        assert d.action == "Hold", d.message
+    return None
+
+
+@pytest.mark.parametrize("share_missing", [0.2, 0.3, 0.5])
+def test_a_break_that_lasts_is_lowered_soon_though_the_model_over_reads_it(monkeypatch: pytest.MonkeyPatch,
+                                                                            share_missing: float) -> None:
+    """The wait for a mild break the model over-reads is a delay, not a veto: once the settled minutes miss
+    MILD_BREAK the lower is made, at most five windows (75 s) after the datasheet (which never judges a break)
+    makes it: 9 against 4 windows at 20% missing, 6 against 2 at 30%, 4 against 2 at 50% (docs/tuner-suite.md,
+    "Thirty-third pass"). The settled minutes' pool is capped, so a longer clean history does not lengthen it."""
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(29, "goodput 5.34 staying at 1024; 7.95 at 29"))
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.9)  # reads every window far worse than the pods
+    datasheet = _first_lower(WhatIfGate(model=MODEL), share_missing)
+    over_read = _first_lower(WhatIfGate(model=MODEL, calibrated=True), share_missing)
+    assert datasheet is not None and over_read is not None
+    assert datasheet < over_read <= datasheet + 5, (datasheet, over_read)

@@ -210,15 +210,17 @@ def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatI
 def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
     """Why this protective lower waits (None: it need not): a mild break (under MILD_BREAK missed over the settled
     minutes) that the calibrated model, staying put on the traffic it replays, reads OVER_READ or more worse than
-    the settled minutes did. Such a model may neither judge nor size it, and what is left calls for no lower: the
-    settled minutes at this limit missed too few for the measurements to call for one (a mild break is a trusted
-    model's to judge, ``_model_judges``), and one window's share is a swell. The break waits, as a thin one does
-    (``TpotBreakUnconfirmed``), until the settled minutes miss MILD_BREAK or more (a lower no model may then
-    veto) or a model reproduces it. Measured on document Q&A served 20% faster than its profile
-    (rag-then-chat-a100.all-fast from 2048, PyTorch, spare GPU, docs/tuner-suite.md "Twenty-third pass" and
-    "Thirty-third pass"): the model missed 37.8% staying put where the settled minutes missed 6.2%; judging the
-    break it chose 29 (0.909x static 2048), and the rules' own lower, to 58, left the pods at 58 when chat arrived
-    (0.954x). Waiting, the run stays at 2048 (1.000x), and the other runs where this fired moved by -0.1% to +0.9%."""
+    the settled minutes did. Where a calibrated model exists, a mild break is its to judge (``_model_judges``);
+    this one cannot judge it, nor size a lower. The break waits (``TpotBreakUnconfirmed``) until the settled
+    minutes miss MILD_BREAK or more, when the lower is made and no model may veto it, or until a model reproduces
+    it. This holds a protective lower back, which only a calibrated model's presence does, and only for a time: a
+    break that lasts at 20-50% of each window's requests is lowered 30-75 s later than before. Without a
+    calibrated model (the datasheet, a fit not trusted, the budget spent) the rules' lower goes ahead as before.
+    Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from 2048, PyTorch,
+    spare GPU, docs/tuner-suite.md "Twenty-third pass" and "Thirty-third pass"): one window's swell of long
+    prompts missed 30%, the settled minutes 6.2%, the model 37.8% staying put. Judging the break the model chose
+    29 (0.909x static 2048); the rules' own lower, to 58, left the pods at 58 when chat arrived (0.954x). Waiting,
+    the run stays at 2048 (1.000x), and the other runs where this fired moved by -0.1% to +0.9%."""
     reading = _mild_reading(inp, w, decision, model)
     if reading is None:
         return None
@@ -228,7 +230,7 @@ def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     return (f"the model fitted to the pods misses {seen:.1%} staying put where the settled minutes missed "
             f"{settled:.1%} over {seconds:.0f}s: it does not reproduce this break, so it neither judges nor "
             f"sizes a lower, and a mild break no model judges waits until the settled minutes miss "
-            f"{MILD_BREAK:.0%} or more")
+            f"{MILD_BREAK:.0%} or more, or a model reproduces it")
 
 
 def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,
