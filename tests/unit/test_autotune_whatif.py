@@ -60,7 +60,7 @@ def test_a_raise_the_limit_does_not_need_loses_to_its_restart() -> None:
 
 
 def test_candidates_follow_the_rules_direction_within_bounds() -> None:
-    from kvpilot.autotune.whatif import candidates
+    from kvpilot.autotune.ladder import candidates
 
     assert candidates(64, 96, 8, 1024) == [96, 128, 256, 512]
     assert candidates(64, 96, 8, 200) == [96, 128, 200]

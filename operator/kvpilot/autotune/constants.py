@@ -11,7 +11,7 @@ MIN_RELATIVE_STEP = 0.25  # smaller raises are not worth a pod restart
 MIN_PROTECTIVE_STEP = 0.10  # lowering to protect memory or latency may be finer
 MAX_RAISE_FACTOR = 2.0  # without a completion rate to size the step
 MIN_RAISE_FACTOR = 1.5  # a raise that fixes misses must be a real step
-# The rules raise at most x4 in one change; the what-if's ladder (whatif.candidates) may still offer x8.
+# The rules raise at most x4 in one change; the what-if's ladder (ladder.candidates) may still offer x8.
 MAX_STEP_FACTOR = 4.0
 # While the calibrated model disagrees with the pods by more than its bound (autotune/trust.py), raises are sized
 # from measurements alone and step at most x1.5 (MIN_RAISE_FACTOR: the smallest raise worth a restart), so a

@@ -49,7 +49,7 @@ from kvpilot.autotune.replay import fit_traffic
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import Decline
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
-from kvpilot.autotune.whatif import candidates as what_if_candidates
+from kvpilot.autotune.ladder import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
@@ -334,7 +334,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     best, why, decline = what_if_verdict(model, traffic, inp.current,
                                          _options(inp, w, decision, lo, hi, ahead is not None),
                                          restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
-                                         for_gain=not protective)
+                                         for_gain=not protective, ahead=ahead is not None)
     if best is not None:
         return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     if decline == Decline.NO_FIT:

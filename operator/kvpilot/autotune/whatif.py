@@ -29,7 +29,7 @@ from kvsim.memory import plan_for
 
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, cap_bounds, fit_traffic, quantized, replayed_requests
-from kvpilot.autotune.robust import YOUNG_ERROR, least_regret, paid_back, paying_gain
+from kvpilot.autotune.robust import YOUNG_ERROR, least_regret, off_the_edge, paid_back, paying_gain
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
@@ -66,10 +66,10 @@ class Engine:
     surge: bool
     ttft_ms: float
     tpot_ms: float
-    # The simulated gateway sheds a request not scheduled within this many seconds (SHED_SHARE of the TTFT
-    # objective). The simulation then measures what each limit serves in time, its capacity under the SLO:
-    # without shedding, a first-come-first-served queue near saturation fills to the client timeout and every
-    # limit short of ample capacity scores ~0, so the comparison would measure the queue, not the limit.
+    # The simulated gateway sheds a request not scheduled within this many seconds (SHED_SHARE of the TTFT objective).
+    # The simulation then measures what each limit serves in time, its capacity under the SLO: without shedding, a
+    # first-come-first-served queue near saturation fills to the client timeout and every limit short of ample
+    # capacity scores ~0, so the comparison would measure the queue, not the limit.
     queue_timeout_s: float | None = None
     max_surge: int = 1  # with surge: pods started at once (the spare GPUs; the whole rollout when all fit)
     model_error: float = 0.0
@@ -78,26 +78,6 @@ class Engine:
     # TensorRT backend only): it caps the batch below max_batch_size, so a model without it predicts batches, and
     # misses, the pods never show.
     in_engine_tuner: bool = False
-
-
-def candidates(current: int, target: int, lo: int, hi: int, deeper: bool = False) -> list[int]:
-    """The rules' target and the steps a doubling ladder offers in the same direction, within the bounds (a
-    lower also halves the target: protective lowers are sized from the batch that runs, which may still be
-    too large when prefills, not the batch, break TPOT; and offers the step between, the target over the square
-    root of two: measured on the suite's overloaded case with a 22 ms TPOT objective, a lower from 2048 chose
-    between 89 (over the objective) and 44 (a third of the requests then missed TTFT), while 64 served best).
-    ``deeper``: a lower ranked on the traffic still arriving (autotune/ahead.py) also offers the target over
-    2 sqrt(2) and over 4: the batch that runs, which sized the target, is the old traffic's. On chat then document
-    Q&A without a spare GPU, on an engine decoding 23% faster than its profile, the ladder stopped at 82 where the
-    documents wanted 29-51, and a second rolling restart followed (from 64: 14.194 req/s; offered 41 and 58,
-    the model chose 51 and the run served 15.129)."""
-    if target > current:
-        ladder = [current * 2, current * 4, current * 8]
-    else:
-        half, between = current // 2, round(target / math.sqrt(2))
-        ladder = [half, target // 2] + ([between] if abs(between - half) > 0.1 * half else [])
-        ladder += [target // 4, round(target / (2 * math.sqrt(2)))] if deeper else []
-    return sorted({max(lo, min(hi, c)) for c in [target, *ladder]} - {current})
 
 
 def sim_config(profile: str | Profile, ceiling: int, limit: int, scheduler_policy: str,
@@ -210,7 +190,7 @@ def _p95(values_s: list[float]) -> float | None:
 
 def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], lost: float, current: int,
            e: Engine, margin: float = MARGIN, slower: dict[int, Outcome] | None = None,
-           with_error: bool = True) -> int | None:
+           with_error: bool = True, ahead: bool = False) -> int | None:
     """The candidate to roll to, from its simulated outcome (``results``), staying put's (``stay``), its gain
     over the horizon (``gains``) and the good requests the restart spoils (``lost``); None: stay.
 
@@ -220,18 +200,19 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     ``slower`` holds staying put and those candidates replayed on an engine slower than the model
     (``slower_engine``), and the options whose worst regret over the two engines (the shortfall from the best
     option on that engine) is within that error of the least are kept (minimax regret). Staying put among them
-    means no change; else the largest of them, capacity to spare (the traffic fit under-counts long outputs
-    still in flight; verdict replays raises only). Issue 18: on an engine slower than its model, 104, 128,
-    256 and 512 scored alike and the model alone took 512, where the pods broke TPOT; replayed slower, 104
-    queued and 512 fell off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4%
-    that serves a tenth on the slower engine, where staying put holds, is no robust gain (nor one whose restart
-    never pays back there: ``robust.paid_back``). Without surge the gain that pays the restart is the one left
-    once the model's error is taken off the candidate, and it must pay NO_SURGE_PAYBACK times
-    (``robust.paying_gain``).
+    means no change; else the largest of them, capacity to spare (the traffic fit under-counts long outputs still
+    in flight; verdict replays raises only). Issue 18: on an engine slower than its model, 104, 128, 256 and 512
+    scored alike and the model alone took 512, where the pods broke TPOT; replayed slower, 104 queued and 512 fell
+    off the cliff, so 256 (the best static value) was kept. A raise the model wants by 4% that serves a tenth on
+    the slower engine, where staying put holds, is no robust gain (nor one whose restart never pays back there:
+    ``robust.paid_back``). Without surge the gain that pays the restart is the one left once the model's error is
+    taken off the candidate, and it must pay NO_SURGE_PAYBACK times (``robust.paying_gain``).
 
     Without the replay (none was given, or its memory plan refused an option), among the candidates within that
     error of the best the one with the most margin on the objectives wins (p95 TTFT and TPOT against their
-    objectives, margins within the same error counting as equal), and among equal margins the largest."""
+    objectives, margins within the same error counting as equal), and among equal margins the largest. Ranked on
+    traffic carried ``ahead`` of the window, a choice that misses an objective in the model gives way to one that
+    meets them all (``robust.off_the_edge``)."""
     error = max(0.0, e.model_error) if math.isfinite(e.model_error) else 1.0
 
     def pays(c: int) -> float:  # a lower keeps the whole gain: most are protective, sized by the model
@@ -241,18 +222,22 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
     if not ok:
         return None
     tolerance = max(NOISE, error)
+    goodput, margins = {c: results[c].goodput for c in ok}, {c: results[c].margin(e) for c in ok}
     if slower is not None and all(c in slower for c in [current, *ok]):
         # Staying put is one of the options (a raise must also pay its restart back on the slower engine).
-        ok = paid_back(ok, gains, lost, stay.goodput, {c: results[c].goodput for c in ok},
-                       {c: slower[c].goodput for c in [current, *ok]}, current)
+        ok = paid_back(ok, gains, lost, stay.goodput, goodput, {c: slower[c].goodput for c in [current, *ok]}, current)
         options = [current, *ok]
         model = {**results, current: stay}
         kept = least_regret(options, [{c: model[c].goodput for c in options}, {c: slower[c].goodput for c in options}],
                             tolerance)
-        return None if current in kept else max(kept)
-    near = least_regret(ok, [{c: results[c].goodput for c in ok}], tolerance)
-    widest = max(results[c].margin(e) for c in near)
-    return max(c for c in near if results[c].margin(e) >= widest - tolerance)
+        if current in kept:
+            return None
+        best, pool = max(kept), kept
+    else:
+        near = least_regret(ok, [goodput], tolerance)
+        widest = max(margins[c] for c in near)
+        best, pool = max(c for c in near if margins[c] >= widest - tolerance), ok
+    return off_the_edge(best, pool, goodput, margins) if ahead else best
 
 
 def slower_engine(e: Engine) -> Engine:
@@ -329,16 +314,17 @@ def _slower_runs(e: Engine, fit: TrafficFit, candidates: list[int], budget: int)
 
 
 def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart_cost_s: float,
-            horizon_s: float, margin: float = MARGIN, for_gain: bool = True) -> WhatIf:
+            horizon_s: float, margin: float = MARGIN, for_gain: bool = True, ahead: bool = False) -> WhatIf:
     """The candidate whose gain over staying put, over the horizon left once the rollout is done, exceeds the
     good requests the restart spoils (``restart_cost_s`` seconds of the good traffic, from the policy's cost
     model for the rollout in force) and beats staying put by ``margin`` (or the model's error, if larger);
     None when no candidate does (``WhatIf.decline`` says why). Also the figures and the CPU it took. The choice
     among equals reads the margin on the objectives from each candidate's own simulated p95s (``choose``). A
     change ``for_gain`` (not one the measurements call for, which the model may resize but not veto) must also
-    hold where the placed max_tokens is off by its error (``_cap_shaky``). Without surge a raise pays its restart only from what the model's error leaves of its gain,
-    1.5 times over (``robust.paying_gain``); the reason then ends with ERROR_EATS_GAIN (and the decline is
-    YOUNG_ERROR) where a young model's error alone declined it."""
+    hold where the placed max_tokens is off by its error (``_cap_shaky``). Without surge a raise pays its restart
+    only from what the model's error leaves of its gain, 1.5 times over (``robust.paying_gain``); the reason then
+    ends with ERROR_EATS_GAIN (the decline is YOUNG_ERROR) where a young model's error alone declined it. ``ahead``:
+    ``w`` holds traffic carried on ahead of the pods' window (autotune/ahead.py), for ``choose``."""
     fit = fit_traffic(w)
     if fit is None:
         return WhatIf(None, "no traffic fit", Decline.NO_FIT)
@@ -361,7 +347,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     # 20.7 req/s over the run where 59 serves 24.7 (tight-tpot-overload.pytorch from 2048).
     moving = [c for c in movers(results, stay, e, margin) if c > current]
     slow = _slower_runs(e, fit, [current, *moving], budget) if moving else None
-    best = choose(results, stay, gains, lost, current, e, margin, slow)
+    best = choose(results, stay, gains, lost, current, e, margin, slow, ahead=ahead)
     young = best is None and e.model_error > YOUNG_ERROR \
         and choose(results, stay, gains, lost, current, e, margin, slow, with_error=False) is not None
     shaky = _cap_shaky(e, fit, current, best, horizon_s - rollout_s, restart_cost_s, budget) \
