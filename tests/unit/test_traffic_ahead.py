@@ -69,9 +69,11 @@ def test_a_tpot_lower_mid_shift_is_ranked_on_the_traffic_ahead(monkeypatch: pyte
     import kvpilot.autotune.policy as policy
 
     seen: list[KvWindow] = []
+    ranked_ahead: list[object] = []
 
-    def verdict(_model: object, traffic: KvWindow, *_a: object, **_k: object) -> WhatIf:
+    def verdict(_model: object, traffic: KvWindow, *_a: object, **k: object) -> WhatIf:
         seen.append(traffic)
+        ranked_ahead.append(k.get("ahead"))
         return WhatIf(51, "goodput 4.27 staying at 256; 7.09 at 51")
 
     monkeypatch.setattr(policy, "what_if_verdict", verdict)
@@ -83,8 +85,10 @@ def test_a_tpot_lower_mid_shift_is_ranked_on_the_traffic_ahead(monkeypatch: pyte
     d = decide(replace(base, history=waited))
     assert d.action == "Lower" and d.target == 51 and "the mix is moving" in d.message, d.message
     assert seen and seen[-1].prompt_mean > 703.0
+    assert ranked_ahead[-1] is True  # the choice knows its traffic is carried ahead (robust.off_the_edge)
     # without a record of the last window the window's own lengths are replayed, as before
     seen.clear()
     d = decide(replace(base, history=TunerHistory(last_applied_at=None)))
     assert d.action == "Lower" and "the mix is moving" not in d.message, d.message
     assert seen and seen[-1].prompt_mean == pytest.approx(703.0)
+    assert ranked_ahead[-1] is False
