@@ -118,7 +118,7 @@ def test_only_a_raise_is_replayed_on_the_slower_engine() -> None:
 
 def test_a_lower_ranked_ahead_of_the_window_gives_way_to_one_that_meets_the_objectives() -> None:
     # chat-then-rag-a100.overhead0.7 without a spare GPU, the documents' lower at 945 s, ranked on prompts carried
-    # on to 1,763 tokens (the what-if's figures): 89 scored best with its p95 TPOT 2% over the 60 ms objective; 51
+    # on to 1,770 tokens (the what-if's figures): 89 scored best with its p95 TPOT 2% over the 60 ms objective; 51
     # scored 3.4% less with 36% to spare.
     results = {31: run(5.57, 37.8), 45: run(6.31, 37.8), 51: run(6.46, 38.4), 89: run(6.69, 61.2),
                126: run(1.58, 83.4)}

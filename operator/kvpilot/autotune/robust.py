@@ -1,10 +1,10 @@
-"""Choices that survive the model being wrong (issue 18): minimax regret, a payback on the slower engine, and the
-share of a gain without surge that may pay a restart.
+"""Choices that survive the model being wrong (issue 18): minimax regret, a payback on the slower engine, the
+share of a gain without surge that may pay a restart, and a step back from the knee on extrapolated traffic.
 
 The engine model is fitted at the limit in force and extrapolates to every other. Where options clear the bar in
 the model, the what-if (``whatif.choose``) replays them, staying put included, on an engine slower than the model
-(``whatif.slower_engine``) and keeps the options whose worst regret over the two engines is least. A pure function
-of the goodputs each engine gives each option.
+(``whatif.slower_engine``) and keeps the options whose worst regret over the two engines is least. Pure functions
+of the goodputs each engine gives each option (and, for ``off_the_edge``, of their margins on the objectives).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def paying_gain(gain: float, goodput: float, stay: float, error: float, surge: b
 
 
 # A candidate the model sees missing an objective at p95 sits past the knee of the latency curve, where traffic a
-# little heavier than the model's finds the cliff: issue 18's 512, at a p95 TPOT of 62 ms against 60, served 1.72
-# good req/s where 256 served 24.18. Where the model ranks candidates on traffic carried ahead of the window
+# little heavier than the model's finds the cliff: in issue 18's own sweep, 512, at a p95 TPOT of 62 ms against 60,
+# served 1.72 good req/s where 256 served 24.18. Where the model ranks candidates on traffic carried ahead of the window
 # (autotune/ahead.py: an extrapolation of where the prompts are heading), such a candidate gives way to the largest
 # one that meets every objective in the model and scores within this share of it. Measured on the suite without a
 # spare GPU (chat then document Q&A, the engine's step overhead 30% under its profile): a lower chosen at 89 (6.69
@@ -99,5 +99,5 @@ def off_the_edge(best: int, pool: Sequence[int], goodput: Mapping[int, float], m
     meets every objective and scores within EDGE_GIVE of its ``goodput``."""
     if margin[best] >= 0:
         return best
-    safe = [c for c in pool if margin[c] >= 0 and 0 < goodput[c] >= (1.0 - EDGE_GIVE) * goodput[best]]
+    safe = [c for c in pool if margin[c] >= 0 and goodput[c] > 0 and goodput[c] >= (1.0 - EDGE_GIVE) * goodput[best]]
     return max(safe, default=best)

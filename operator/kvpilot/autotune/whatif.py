@@ -232,7 +232,7 @@ def choose(results: dict[int, Outcome], stay: Outcome, gains: dict[int, float], 
                             tolerance)
         if current in kept:
             return None
-        best, pool = max(kept), kept
+        best, pool = max(kept), kept  # raises only: a lower, carried ahead or not, is never replayed slower
     else:
         near = least_regret(ok, [goodput], tolerance)
         widest = max(margins[c] for c in near)
