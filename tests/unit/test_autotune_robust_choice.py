@@ -1,10 +1,13 @@
 """The what-if's robust choice (whatif.choose with ``slower``): among candidates that beat staying put, the one whose
 worst regret over the model and an engine slower than the model is least, staying put included, so a tie in the
-model is not broken towards the TPOT cliff and a thin gain in the model does not buy one (issue 18)."""
+model is not broken towards the TPOT cliff and a thin gain in the model does not buy one (issue 18); and, on traffic
+carried ahead of the window, a step back from a limit past the knee (robust.off_the_edge)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import pytest
 
 from kvsim import get_profile
 
@@ -141,3 +144,21 @@ def test_off_the_edge_keeps_a_choice_that_meets_the_objectives() -> None:
     assert 1.0 - goodput[40] / goodput[84] > EDGE_GIVE
     # A candidate that serves nothing has no p95 to miss, and is no way off the edge.
     assert off_the_edge(84, [0, 84], {0: 0.0, 84: 0.0}, {0: 0.0, 84: -0.1}) == 84
+
+
+def test_the_decision_says_when_a_limit_past_the_knee_gave_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvpilot.autotune.whatif as whatif
+    from kvpilot.autotune.window import KvWindow
+
+    # The documents' lower of the first test, its outcomes given (the simulation is not what is tested here).
+    outcomes = {256: run(1.21, 90.0), 31: run(5.57, 37.8), 51: run(6.46, 38.4), 89: run(6.69, 61.2)}
+    monkeypatch.setattr(whatif, "_placed", lambda _e, _fit, c, _budget: outcomes[c])
+    w = KvWindow(samples=10, pods=2, peak_utilization=0.3, mean_utilization=0.3, peak_used_blocks=100,
+                 max_blocks=14000, tokens_per_block=32, peak_active=250, mean_active=240, peak_queued=0,
+                 mean_queued=0, paused=0, runtime_batch_size=256, arrival_rate=7.6, prompt_mean=1770,
+                 output_mean=480, length_share=0.1)
+    best, why, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False, ahead=True)
+    assert best == 51
+    assert "89 misses an objective at p95 on the traffic carried ahead: 51 meets them all" in why, why
+    best, why, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False)
+    assert best == 89 and "carried ahead" not in why, why

@@ -29,7 +29,7 @@ from kvsim.memory import plan_for
 
 from kvpilot.autotune.fleet import Fleet
 from kvpilot.autotune.replay import MAX_REQUESTS, TrafficFit, cap_bounds, fit_traffic, quantized, replayed_requests
-from kvpilot.autotune.robust import YOUNG_ERROR, least_regret, off_the_edge, paid_back, paying_gain
+from kvpilot.autotune.robust import EDGE_GIVE, YOUNG_ERROR, least_regret, off_the_edge, paid_back, paying_gain
 from kvpilot.autotune.window import KvWindow
 
 MARGIN = 0.03  # the candidate must beat staying put by 3% of goodput over the horizon
@@ -353,6 +353,9 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     shaky = _cap_shaky(e, fit, current, best, horizon_s - rollout_s, restart_cost_s, budget) \
         if best is not None and for_gain else None
     best = None if shaky else best
+    edge = choose(results, stay, gains, lost, current, e, margin, slow) if ahead and best is not None else best
+    stepped = (f"; {edge} misses an objective at p95 on the traffic carried ahead: {best} meets them all and scores "
+               f"within {EDGE_GIVE:.0%} of it") if edge != best else ""
     tried = ", ".join(f"{results[c].goodput:.2f} at {c} (margin {results[c].margin(e):.0%})" for c in sorted(results))
     if slow:
         tried += "; on an engine 20% slower: " + ", ".join(
@@ -362,7 +365,7 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
     cap = f", max_tokens placed at {fit.max_tokens}" if fit.max_tokens else ""
     why = (f"simulated {fit.rate_per_s:.1f} req/s{burst} (prompt {fit.prompt_mean:.0f}, output {fit.output_mean:.0f} tokens"
            f"{cap}): goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good "
-           f"requests{error}{'; ' + shaky if shaky else ''}{'; ' + ERROR_EATS_GAIN if young else ''} "
+           f"requests{error}{stepped}{'; ' + shaky if shaky else ''}{'; ' + ERROR_EATS_GAIN if young else ''} "
            f"({time.process_time() - started:.1f} CPU-s)")
     return WhatIf(best, why, None if best is not None else Decline.YOUNG_ERROR if young else Decline.NO_GAIN)
 
