@@ -46,10 +46,10 @@ from kvpilot.autotune.shift import mix_wait
 from kvpilot.autotune.signals import restart_load, tpot_margin, tpot_trade_off
 from kvpilot.autotune.censored import output_factor, uncensored
 from kvpilot.autotune.replay import fit_traffic
+from kvpilot.autotune.ladder import candidates as what_if_candidates
 from kvpilot.autotune.whatif import MARGIN as WHAT_IF_MARGIN
 from kvpilot.autotune.whatif import Decline
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
-from kvpilot.autotune.ladder import candidates as what_if_candidates
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
