@@ -233,6 +233,28 @@ def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
             f"{MILD_BREAK:.0%} or more, or a model reproduces it")
 
 
+def _over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | None:
+    """Why the model's gain from a lower it judges (no protective one) is no evidence (None: it may be): staying
+    put on the traffic it replays (``w``), the model (fitted or not) misses OVER_READ or more of the requests beyond
+    what the settled minutes at this limit missed (``rules.settled_misses``). It then ranks a swell, not the
+    traffic: the window it replays (a burst of long prompts) makes the limit in force look worse than the pods
+    have served it, and the smaller batch it prefers trades the TPOT misses of the swell for TTFT misses that
+    last. The mirror of ``_over_read`` (a protective lower on a mild break waits), for a lower only the model asks
+    for: it is declined and the simulation reruns RECHECK_SECONDS later. Measured on the suite's overloaded case
+    with a 22 ms TPOT objective, served by PyTorch decoding 30% off its profile with a spare GPU
+    (tight-tpot-overload.decode0.7 from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 1,425 s a window of
+    365-token prompts (299 before) replayed at 64 missed 50% where the settled 135 s missed 32%; the model chose
+    40 (15.17 against 12.86 good req/s staying put), the pods served 15.7 good req/s at 40 where they had served
+    19.2 at 64, and the rollback 270 s later left the run at 0.970x static 64."""
+    settled = settled_misses(inp)
+    seen = model_misses(model, w, inp.current) if settled is not None else None
+    if settled is None or seen is None or seen - settled[0] < OVER_READ:
+        return None
+    return (f"the model misses {seen:.1%} staying put on the traffic it replays, where the "
+            f"settled minutes at {inp.current} missed {settled[0]:.1%} over {settled[1]:.0f}s: it ranks a swell, "
+            f"so its gain from a lower is no evidence")
+
+
 def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,
                   model: WhatIfEngine) -> tuple[float, float, float] | None:
     """(share missed over the settled minutes, their seconds, the calibrated model's share missed staying put on
@@ -335,6 +357,11 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
                                          _options(inp, w, decision, lo, hi, ahead is not None),
                                          restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
                                          for_gain=not protective, ahead=ahead is not None)
+    lowers = best is not None and best < inp.current and not protective
+    misread = _over_read_gain(inp, traffic, model) if lowers else None
+    if misread is not None:
+        held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}; {misread}")
+        return replace(held, recheck_later=True)
     if best is not None:
         return replace(decision, target=best, message=f"{decision.message}; {why}; chose {best}")
     if decline == Decline.NO_FIT:
