@@ -354,3 +354,35 @@ def test_a_break_that_lasts_is_lowered_soon_though_the_model_over_reads_it(monke
     over_read = _first_lower(WhatIfGate(model=MODEL, calibrated=True), share_missing)
     assert datasheet is not None and over_read is not None
     assert datasheet < over_read <= datasheet + 5, (datasheet, over_read)
+
+
+def tpot_trade() -> KvWindow:
+    """A window at 1024, batch full, where TPOT misses (12%, p95 64 ms against 60) sit beside more TTFT misses
+    (25%): a lower trades one for the other, so it is the model's to judge (``signals.tpot_trade_off``)."""
+    return replace(kv(active=1024, tpot=64.0, tpot_misses=0.12), peak_active=1024, ttft_miss_fraction=0.25)
+
+
+def test_a_lower_only_the_model_asks_for_waits_where_it_over_reads_the_limit_in_force(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """tight-tpot-overload.decode0.7 from 64 (PyTorch, spare GPU): a window of long prompts replayed at 64 missed
+    50% where the settled minutes missed 32%; the model chose 40, which served 18% less than 64 until the
+    rollback. A model that reads the limit in force OVER_READ or more worse than the pods served it ranks a
+    swell: its lower is declined, and the simulation reruns later."""
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(700, "goodput 8.00 staying; 9.00 at 700"))
+    settled = settled_at(1024, 0.68)  # 32% missed over the settled minutes
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.32 + OVER_READ + 0.01)
+    for gate in (WhatIfGate(model=MODEL, calibrated=True), WhatIfGate(model=MODEL)):
+        d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=gate, last_applied_at=None))
+        assert d.action == "Hold" and d.reason == "NoPredictedGain" and d.recheck_later, d.message
+        assert "it ranks a swell" in d.message and "missed 32.0% over" in d.message and "chose" not in d.message
+    # less than OVER_READ above the settled minutes, the model's lower stands
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.32 + OVER_READ - 0.01)
+    d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
+    # a protective lower (a TPOT cliff: p95 far over, most requests missing) the model sizes, however it reads
+    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.95)
+    cliff = replace(tpot_trade(), tpot_p95_ms=120.0, tpot_miss_fraction=0.6)
+    d = decide(inp(current=1024, w=cliff, mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
