@@ -1,5 +1,5 @@
 """The traffic the what-if replays is pooled over the windows that agree (autotune/pooling.py), and a mild TPOT break
-is the calibrated model's to judge (policy._model_judges). Measured where it mattered: rag-then-chat-a100.all-fast
+is the calibrated model's to judge (judged.model_judges). Measured where it mattered: rag-then-chat-a100.all-fast
 from 2048 (docs/tuner-suite.md, "Tenth pass")."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 from kvpilot.autotune.gate import WhatIfGate
 from kvpilot.autotune.gate import model_misses
-from kvpilot.autotune.policy import MILD_BREAK, OVER_READ, REPRODUCED, decide
+from kvpilot.autotune.judged import MILD_BREAK, OVER_READ, REPRODUCED
+from kvpilot.autotune.policy import decide
 from kvpilot.autotune.burst import BURST_HISTORY_SECONDS
 from kvpilot.autotune.pooling import BURSTY_CV, POOL_SECONDS, filling, pool_seconds, pooled_traffic, replayed, window_traffic
 from kvpilot.autotune.shift import MAX_POOLED, SeenTraffic
@@ -168,9 +169,10 @@ def tpot_swell() -> KvWindow:
 
 def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvpilot.autotune.policy as policy
+    import kvpilot.autotune.judged as judged
 
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 8.00 staying at 1024", Decline.NO_GAIN))
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.02)  # the model misses 2% staying put
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.02)  # the model misses 2% staying put
     calibrated = WhatIfGate(model=MODEL, calibrated=True)
     mild = settled_at(1024, 1.0 - MILD_BREAK / 2)
     d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
@@ -183,11 +185,11 @@ def test_a_mild_break_is_the_calibrated_models_to_judge(monkeypatch: pytest.Monk
     d = decide(inp(current=1024, w=tpot_swell(), mem=lasting, what_if=calibrated, last_applied_at=None))
     assert d.action == "Lower" and "cannot veto" in d.message, d.message
     # nor a model blind to the break: it must miss within REPRODUCED of what the settled minutes missed
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.0)
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.0)
     seven = settled_at(1024, 0.93)
     d = decide(inp(current=1024, w=tpot_swell(), mem=seven, what_if=calibrated, last_applied_at=None))
     assert d.action == "Lower" and "cannot veto" in d.message, d.message
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.07 - REPRODUCED + 0.005)
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.07 - REPRODUCED + 0.005)
     d = decide(inp(current=1024, w=tpot_swell(), mem=seven, what_if=calibrated, last_applied_at=None))
     assert d.action == "Hold" and "the model fitted to the pods misses 2.5% staying put" in d.message, d.message
 
@@ -197,23 +199,24 @@ def test_a_mild_break_that_the_model_over_reads_waits(monkeypatch: pytest.Monkey
     to the pods 37.8% staying put; it judged the break and lowered 2048 -> 29 (0.909x), and the rules' own lower
     to 58 left the pods there when chat arrived (0.954x). Neither the model nor one window judges it: it waits."""
     import kvpilot.autotune.policy as policy
+    import kvpilot.autotune.judged as judged
 
     sized = WhatIf(29, "goodput 5.34 staying at 1024; 7.95 at 29")
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: sized)
     calibrated = WhatIfGate(model=MODEL, calibrated=True)
     mild = settled_at(1024, 0.94)
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + OVER_READ + 0.01)
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.06 + OVER_READ + 0.01)
     d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
     rules = math.floor(60 * 60.0 / 73.0)  # the running batch over the p95's ratio to the objective
     assert d.action == "Hold" and d.target == 1024 and d.reason == "TpotBreakUnconfirmed", d.message
     assert "does not reproduce this break" in d.message and f"1024->{rules}" in d.message, d.message
     assert "chose" not in d.message and "waits until the settled minutes miss 10%" in d.message, d.message
     # less than OVER_READ above the settled minutes, the model judges (and sizes) as before
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.06 + OVER_READ - 0.01)
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.06 + OVER_READ - 0.01)
     d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
     assert d.action == "Lower" and d.target == 29 and "which the model judges" in d.message, d.message
     # a break of MILD_BREAK or more is the model's to size, however it reads the present
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.9)
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.9)
     d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 1.0 - 2 * MILD_BREAK), what_if=calibrated,
                    last_applied_at=None))
     assert d.action == "Lower" and d.target == 29 and "does not reproduce" not in d.message, d.message
@@ -234,9 +237,10 @@ def test_the_model_s_misses_staying_put_are_simulated_on_the_traffic_it_replays(
 
 def test_a_mild_break_the_model_can_fix_is_lowered_as_the_model_sizes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvpilot.autotune.policy as policy
+    import kvpilot.autotune.judged as judged
 
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(300, "goodput 8.00 staying; 8.40 at 300"))
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.05)  # it reproduces the break staying put
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.05)  # it reproduces the break staying put
     d = decide(inp(current=1024, w=tpot_swell(), mem=settled_at(1024, 0.95),
                    what_if=WhatIfGate(model=MODEL, calibrated=True), last_applied_at=None))
     assert d.action == "Lower" and d.target == 300, d.message
@@ -347,42 +351,12 @@ def test_a_break_that_lasts_is_lowered_soon_though_the_model_over_reads_it(monke
     makes it: 9 against 4 windows at 20% missing, 6 against 2 at 30%, 4 against 2 at 50% (docs/tuner-suite.md,
     "Thirty-third pass"). The settled minutes' pool is capped, so a longer clean history does not lengthen it."""
     import kvpilot.autotune.policy as policy
+    import kvpilot.autotune.judged as judged
 
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(29, "goodput 5.34 staying at 1024; 7.95 at 29"))
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.9)  # reads every window far worse than the pods
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.9)  # reads every window far worse than the pods
     datasheet = _first_lower(WhatIfGate(model=MODEL), share_missing)
     over_read = _first_lower(WhatIfGate(model=MODEL, calibrated=True), share_missing)
     assert datasheet is not None and over_read is not None
     assert datasheet < over_read <= datasheet + 5, (datasheet, over_read)
 
-
-def tpot_trade() -> KvWindow:
-    """A window at 1024, batch full, where TPOT misses (12%, p95 64 ms against 60) sit beside more TTFT misses
-    (25%): a lower trades one for the other, so it is the model's to judge (``signals.tpot_trade_off``)."""
-    return replace(kv(active=1024, tpot=64.0, tpot_misses=0.12), peak_active=1024, ttft_miss_fraction=0.25)
-
-
-def test_a_lower_only_the_model_asks_for_waits_where_it_over_reads_the_limit_in_force(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """tight-tpot-overload.decode0.7 from 64 (PyTorch, spare GPU): a window of long prompts replayed at 64 missed
-    50% where the settled minutes missed 32%; the model chose 40, which served 18% less than 64 until the
-    rollback. A model that reads the limit in force OVER_READ or more worse than the pods served it ranks a
-    swell: its lower is declined, and the simulation reruns later."""
-    import kvpilot.autotune.policy as policy
-
-    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(700, "goodput 8.00 staying; 9.00 at 700"))
-    settled = settled_at(1024, 0.68)  # 32% missed over the settled minutes
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.32 + OVER_READ + 0.01)
-    for gate in (WhatIfGate(model=MODEL, calibrated=True), WhatIfGate(model=MODEL)):
-        d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=gate, last_applied_at=None))
-        assert d.action == "Hold" and d.reason == "NoPredictedGain" and d.recheck_later, d.message
-        assert "it ranks a swell" in d.message and "missed 32.0% over" in d.message and "chose" not in d.message
-    # less than OVER_READ above the settled minutes, the model's lower stands
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.32 + OVER_READ - 0.01)
-    d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
-    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
-    # a protective lower (a TPOT cliff: p95 far over, most requests missing) the model sizes, however it reads
-    monkeypatch.setattr(policy, "model_misses", lambda *_a: 0.95)
-    cliff = replace(tpot_trade(), tpot_p95_ms=120.0, tpot_miss_fraction=0.6)
-    d = decide(inp(current=1024, w=cliff, mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
-    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message

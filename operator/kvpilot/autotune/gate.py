@@ -171,7 +171,7 @@ class WhatIfGate:
     # no simulation, and the rules step conservatively (the fallback flag the rules read).
     measured_only: bool = False
     # The model is fitted to the pods and trusted (autotune/trust.py), not the datasheet: it may judge a mild TPOT
-    # break (policy._model_judges).
+    # break (judged.model_judges).
     calibrated: bool = False
 
     @property

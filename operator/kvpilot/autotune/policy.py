@@ -34,7 +34,7 @@ from kvpilot.autotune.constants import (
 )
 from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.ahead import traffic_ahead
-from kvpilot.autotune.gate import model_misses
+from kvpilot.autotune.judged import model_judges, over_read, over_read_gain, unsettled_break
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.pooling import replayed
@@ -53,12 +53,6 @@ from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.whatif import verdict as what_if_verdict
 from kvpilot.autotune.window import KvWindow
 from kvpilot.autotune.reasons import PROTECTIVE_REASONS, TunerReason
-
-# A TPOT break that misses fewer than this share of the requests over the settled minutes is one the calibrated
-# model may judge (``_model_judges``); at this share or more the lower is made whatever any model says.
-MILD_BREAK = 0.10
-REPRODUCED = MILD_BREAK / 2  # the model's miss share at most this below the settled one, to judge (``_model_judges``)
-OVER_READ = MILD_BREAK  # the model's miss share this far above the settled one: the mild break waits (``_over_read``)
 
 
 def decide(inp: TunerInput) -> Decision:
@@ -180,94 +174,6 @@ def _called_for(inp: TunerInput, decision: Decision, w: KvWindow) -> bool:
     return called_for(decision, w, inp.spec.slo, settled_split(inp, w))
 
 
-def _model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
-    """Why the calibrated model may veto this protective lower (None: it may not). A TPOT break that missed fewer
-    than MILD_BREAK of the requests over the settled minutes at this limit (``rules.settled_misses``) is no cliff,
-    and a model fitted to these pods (trusted: its step latency within the bound of theirs) knows whether a
-    smaller batch fixes it: prefill chunks of long prompts interleaved with the decode steps break TPOT at any
-    batch size. Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from
-    2048, docs/tuner-suite.md "Tenth pass"): 2048 missed 2.1% of the phase, single windows 19-29% and the settled
-    minutes 6%; static 64 served 19 more of the phase's 7,200 requests than static 2048, and the lower to 60 the
-    rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
-    does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
-    staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
-    missed; one that over-reads it by OVER_READ or more judges nothing, and the break waits (``_over_read``,
-    checked first). Within, not as much:
-    the settled minutes are a swell-prone sample (on the document Q&A they read 2.3-6.0% where the phase missed
-    2.1%, and the model 1.3-2.4%). On the overloaded case with a 22 ms TPOT
-    objective the model served every request at 2048 where the pods missed 7-8% over the settled minute; its veto
-    held 2048 (26.75 req/s), where the lower it may not veto now serves 27.57."""
-    reading = _mild_reading(inp, w, decision, model)
-    if reading is None:
-        return None
-    settled, seconds, seen = reading
-    if settled - seen >= REPRODUCED:
-        return None
-    return (f"a mild break ({settled:.1%} missed over {seconds:.0f}s; the model fitted to the pods misses "
-            f"{seen:.1%} staying put), which the model judges")
-
-
-def _over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
-    """Why this protective lower waits (None: it need not): a mild break (under MILD_BREAK missed over the settled
-    minutes) that the calibrated model, staying put on the traffic it replays, reads OVER_READ or more worse than
-    the settled minutes did. Where a calibrated model exists, a mild break is its to judge (``_model_judges``);
-    this one cannot judge it, nor size a lower. The break waits (``TpotBreakUnconfirmed``) until the settled
-    minutes miss MILD_BREAK or more, when the lower is made and no model may veto it, or until a model reproduces
-    it. This holds a protective lower back, which only a calibrated model's presence does, and only for a time: a
-    break that lasts at 20-50% of each window's requests is lowered 30-75 s later than before. Without a
-    calibrated model (the datasheet, a fit not trusted, the budget spent) the rules' lower goes ahead as before.
-    Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from 2048, PyTorch,
-    spare GPU, docs/tuner-suite.md "Twenty-third pass" and "Thirty-third pass"): one window's swell of long
-    prompts missed 30%, the settled minutes 6.2%, the model 37.8% staying put. Judging the break the model chose
-    29 (0.909x static 2048); the rules' own lower, to 58, left the pods at 58 when chat arrived (0.954x). Waiting,
-    the run stays at 2048 (1.000x), and the other runs where this fired moved by -0.1% to +0.9%."""
-    reading = _mild_reading(inp, w, decision, model)
-    if reading is None:
-        return None
-    settled, seconds, seen = reading
-    if seen - settled < OVER_READ:
-        return None
-    return (f"the model fitted to the pods misses {seen:.1%} staying put where the settled minutes missed "
-            f"{settled:.1%} over {seconds:.0f}s: it does not reproduce this break, so it neither judges nor "
-            f"sizes a lower, and a mild break no model judges waits until the settled minutes miss "
-            f"{MILD_BREAK:.0%} or more, or a model reproduces it")
-
-
-def _over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | None:
-    """Why the model's gain from a lower it judges (no protective one) is no evidence (None: it may be): staying
-    put on the traffic it replays (``w``), the model (fitted or not) misses OVER_READ or more of the requests beyond
-    what the settled minutes at this limit missed (``rules.settled_misses``). It then ranks a swell, not the
-    traffic: the window it replays (a burst of long prompts) makes the limit in force look worse than the pods
-    have served it, and the smaller batch it prefers trades the TPOT misses of the swell for TTFT misses that
-    last. The mirror of ``_over_read`` (a protective lower on a mild break waits), for a lower only the model asks
-    for: it is declined and the simulation reruns RECHECK_SECONDS later. Measured on the suite's overloaded case
-    with a 22 ms TPOT objective, served by PyTorch decoding 30% off its profile with a spare GPU
-    (tight-tpot-overload.decode0.7 from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 1,425 s a window of
-    365-token prompts (299 before) replayed at 64 missed 50% where the settled 135 s missed 32%; the model chose
-    40 (15.17 against 12.86 good req/s staying put), the pods served 15.7 good req/s at 40 where they had served
-    19.2 at 64, and the rollback 270 s later left the run at 0.970x static 64."""
-    settled = settled_misses(inp)
-    seen = model_misses(model, w, inp.current) if settled is not None else None
-    if settled is None or seen is None or seen - settled[0] < OVER_READ:
-        return None
-    return (f"the model misses {seen:.1%} staying put on the traffic it replays, where the "
-            f"settled minutes at {inp.current} missed {settled[0]:.1%} over {settled[1]:.0f}s: it ranks a swell, "
-            f"so its gain from a lower is no evidence")
-
-
-def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,
-                  model: WhatIfEngine) -> tuple[float, float, float] | None:
-    """(share missed over the settled minutes, their seconds, the calibrated model's share missed staying put on
-    ``w``) for a TPOT-break lower whose settled share is a mild break (under MILD_BREAK); None otherwise. The
-    model's share is one memoized simulation (``gate.model_misses``)."""
-    if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not inp.what_if.calibrated:
-        return None
-    settled = settled_misses(inp)
-    if settled is None or settled[0] >= MILD_BREAK:
-        return None
-    seen = model_misses(model, w, inp.current)
-    return None if seen is None else (settled[0], settled[1], seen)
-
 
 def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | None:
     """A hold while the traffic's mix is shifting (autotune/shift.py) and the change is no protective one, or a
@@ -326,20 +232,23 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes);
-    a mild break that the model over-reads waits (``_over_read``)."""
+    a mild break that the model over-reads waits (``judged.over_read``)."""
     protective = _called_for(inp, decision, w)
     traffic = replayed(inp.history.last_traffic, w)  # the window with the pooled traffic (autotune/pooling.py)
     if protective:
         traffic, young = uncensored(traffic, w)
         decision = replace(decision, message=f"{decision.message}; {young}") if young else decision
-    over = _over_read(inp, traffic, decision, model) if protective else None
+    over = over_read(inp, traffic, decision, model) if protective else None
     if over is not None:
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED, f"{decision.message}; {over}")
-    judged = _model_judges(inp, traffic, decision, model) if protective else None
+    judged = model_judges(inp, traffic, decision, model) if protective else None
     if judged is not None:
         protective = False
         decision = replace(decision, message=f"{decision.message}; {judged}")
-    recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w)
+    # A young batch's break read on one window may wait for its settled minutes where the model, run afresh, finds
+    # no lower that beats staying put (``judged.unsettled_break``).
+    waits = unsettled_break(inp, w, decision) if protective else None
+    recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w) if waits is None else None
     if recheck is not None:
         if protective:
             return replace(decision, message=f"{decision.message}; the simulation, which declined it recently, "
@@ -358,7 +267,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
                                          restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
                                          for_gain=not protective, ahead=ahead is not None)
     lowers = best is not None and best < inp.current and not protective
-    misread = _over_read_gain(inp, traffic, model) if lowers else None
+    misread = over_read_gain(inp, traffic, model) if lowers else None
     if misread is not None:
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}; {misread}")
         return replace(held, recheck_later=True)
@@ -369,6 +278,8 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if decline == Decline.UNPLACEABLE:
         return replace(decision, message=f"{decision.message}; {why}")
     # NO_GAIN or YOUNG_ERROR (a verdict without a reason is read as NO_GAIN: it holds, never lets a change through).
+    if waits is not None:
+        return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED, f"{decision.message}; but {why}; {waits}")
     if protective:
         return replace(decision, message=f"{decision.message}; {why}: no candidate beats staying put in the "
                        f"model, but the measurements call for it and the model cannot veto it")

@@ -1,0 +1,144 @@
+"""Where the model may judge a lower, and where it misreads the limit in force.
+
+The what-if ranks candidates on the traffic it replays; the pods measure the limit in force. These checks set
+one against the other before the model's word counts: a mild TPOT break is the calibrated model's to judge where
+it reproduces the break (``model_judges``); one it over-reads waits (``over_read``); and a lower only the model
+asks for is declined where it reads the limit in force far worse than the settled minutes served it
+(``over_read_gain``); a break read on one window before any settled minutes waits for them where no lower the
+model tries beats staying put (``unsettled_break``). Pure: each reads the tuner's input and one memoized simulation (``gate.model_misses``).
+"""
+
+from __future__ import annotations
+
+from kvpilot.autotune.constants import SEVERE_MISSES, TPOT_CONFIRM_SECONDS
+from kvpilot.autotune.decision import Decision
+from kvpilot.autotune.gate import model_misses
+from kvpilot.autotune.inputs import TunerInput
+from kvpilot.autotune.reasons import TunerReason
+from kvpilot.autotune.rules import settled_misses
+from kvpilot.autotune.verify import MAX_SETTLE_SECONDS
+from kvpilot.autotune.whatif import Engine as WhatIfEngine
+from kvpilot.autotune.window import KvWindow
+
+# A TPOT break that misses fewer than this share of the requests over the settled minutes is one the calibrated
+# model may judge (``model_judges``); at this share or more the lower is made whatever any model says.
+MILD_BREAK = 0.10
+REPRODUCED = MILD_BREAK / 2  # the model's miss share at most this below the settled one, to judge (``model_judges``)
+OVER_READ = MILD_BREAK  # the model's miss share this far above the settled one: the mild break waits (``over_read``)
+
+
+def model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
+    """Why the calibrated model may veto this protective lower (None: it may not). A TPOT break that missed fewer
+    than MILD_BREAK of the requests over the settled minutes at this limit (``rules.settled_misses``) is no cliff,
+    and a model fitted to these pods (trusted: its step latency within the bound of theirs) knows whether a
+    smaller batch fixes it: prefill chunks of long prompts interleaved with the decode steps break TPOT at any
+    batch size. Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from
+    2048, docs/tuner-suite.md "Tenth pass"): 2048 missed 2.1% of the phase, single windows 19-29% and the settled
+    minutes 6%; static 64 served 19 more of the phase's 7,200 requests than static 2048, and the lower to 60 the
+    rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
+    does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
+    staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
+    missed; one that over-reads it by OVER_READ or more judges nothing, and the break waits (``over_read``,
+    checked first). Within, not as much:
+    the settled minutes are a swell-prone sample (on the document Q&A they read 2.3-6.0% where the phase missed
+    2.1%, and the model 1.3-2.4%). On the overloaded case with a 22 ms TPOT
+    objective the model served every request at 2048 where the pods missed 7-8% over the settled minute; its veto
+    held 2048 (26.75 req/s), where the lower it may not veto now serves 27.57."""
+    reading = _mild_reading(inp, w, decision, model)
+    if reading is None:
+        return None
+    settled, seconds, seen = reading
+    if settled - seen >= REPRODUCED:
+        return None
+    return (f"a mild break ({settled:.1%} missed over {seconds:.0f}s; the model fitted to the pods misses "
+            f"{seen:.1%} staying put), which the model judges")
+
+
+def over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
+    """Why this protective lower waits (None: it need not): a mild break (under MILD_BREAK missed over the settled
+    minutes) that the calibrated model, staying put on the traffic it replays, reads OVER_READ or more worse than
+    the settled minutes did. Where a calibrated model exists, a mild break is its to judge (``model_judges``);
+    this one cannot judge it, nor size a lower. The break waits (``TpotBreakUnconfirmed``) until the settled
+    minutes miss MILD_BREAK or more, when the lower is made and no model may veto it, or until a model reproduces
+    it. This holds a protective lower back, which only a calibrated model's presence does, and only for a time: a
+    break that lasts at 20-50% of each window's requests is lowered 30-75 s later than before. Without a
+    calibrated model (the datasheet, a fit not trusted, the budget spent) the rules' lower goes ahead as before.
+    Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from 2048, PyTorch,
+    spare GPU, docs/tuner-suite.md "Twenty-third pass" and "Thirty-third pass"): one window's swell of long
+    prompts missed 30%, the settled minutes 6.2%, the model 37.8% staying put. Judging the break the model chose
+    29 (0.909x static 2048); the rules' own lower, to 58, left the pods at 58 when chat arrived (0.954x). Waiting,
+    the run stays at 2048 (1.000x), and the other runs where this fired moved by -0.1% to +0.9%."""
+    reading = _mild_reading(inp, w, decision, model)
+    if reading is None:
+        return None
+    settled, seconds, seen = reading
+    if seen - settled < OVER_READ:
+        return None
+    return (f"the model fitted to the pods misses {seen:.1%} staying put where the settled minutes missed "
+            f"{settled:.1%} over {seconds:.0f}s: it does not reproduce this break, so it neither judges nor "
+            f"sizes a lower, and a mild break no model judges waits until the settled minutes miss "
+            f"{MILD_BREAK:.0%} or more, or a model reproduces it")
+
+
+def over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | None:
+    """Why the model's gain from a lower it judges (no protective one) is no evidence (None: it may be): staying
+    put on the traffic it replays (``w``), the model (fitted or not) misses OVER_READ or more of the requests beyond
+    what the settled minutes at this limit missed (``rules.settled_misses``). It then ranks a swell, not the
+    traffic: the window it replays (a burst of long prompts) makes the limit in force look worse than the pods
+    have served it, and the smaller batch it prefers trades the TPOT misses of the swell for TTFT misses that
+    last. The mirror of ``over_read`` (a protective lower on a mild break waits), for a lower only the model asks
+    for: it is declined and the simulation reruns RECHECK_SECONDS later. Measured on the suite's overloaded case
+    with a 22 ms TPOT objective, served by PyTorch decoding 30% off its profile with a spare GPU
+    (tight-tpot-overload.decode0.7 from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 1,425 s a window of
+    365-token prompts (299 before) replayed at 64 missed 50% where the settled 135 s missed 32%; the model chose
+    40 (15.17 against 12.86 good req/s staying put), the pods served 15.7 good req/s at 40 where they had served
+    19.2 at 64, and the rollback 270 s later left the run at 0.970x static 64."""
+    settled = settled_misses(inp)
+    seen = model_misses(model, w, inp.current) if settled is not None else None
+    if settled is None or seen is None or seen - settled[0] < OVER_READ:
+        return None
+    return (f"the model misses {seen:.1%} staying put on the traffic it replays, where the "
+            f"settled minutes at {inp.current} missed {settled[0]:.1%} over {settled[1]:.0f}s: it ranks a swell, "
+            f"so its gain from a lower is no evidence")
+
+
+def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
+    """Why a protective lower for a TPOT break waits for the settled minutes (None: it need not), called where
+    the model, staying put, beats every lower it tried: the break is read on this window's own share alone (no
+    settled minutes at this limit yet, ``rules.settled_misses``), fewer than SEVERE_MISSES of its requests missed
+    TPOT, and the batch at this limit is young (in force under MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS). A
+    window of 20-50% missing decides at once where nothing else weighs (``rules._lasting_misses``); here the model
+    weighs against it, and a minute of settled traffic tells a cold start's swell from a lasting break. It delays,
+    never vetoes: once the settled minutes exist they decide (a break of MILD_BREAK or more over them is lowered
+    whatever any model says), and past the young batch's time the window's own share decides as before.
+    Measured on the suite's overloaded case with a 22 ms TPOT objective, served by PyTorch slower in everything
+    with a spare GPU (tight-tpot-overload.all-slow from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 75 s,
+    15 s past the warm-up, one window broke TPOT (p95 27 ms); the model scored staying at 64 at 19.85 good req/s
+    and the best lower, 51, at 17.90; the lower went ahead, TTFT misses at 51 ran 25-44% for the rest of the run,
+    and no way back to 64 was open within the planning horizon: 0.953x static 64."""
+    if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or settled_misses(inp) is not None:
+        return None
+    share = w.tpot_miss_fraction
+    base = inp.history.verification.baseline
+    start = base.settle.in_force_s
+    if share is None or share >= SEVERE_MISSES or base.limit != inp.current or start is None:
+        return None
+    if inp.now.timestamp() - start >= MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS:
+        return None
+    return (f"no lower the model tries beats staying put, and one window's share ({share:.0%} missing TPOT) is no "
+            f"lasting break before the batch at {inp.current} has settled ({base.side.seconds:.0f}s of settled "
+            f"traffic; a lasting break is told from a transient on {TPOT_CONFIRM_SECONDS:.0f}s): waiting")
+
+
+def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,
+                  model: WhatIfEngine) -> tuple[float, float, float] | None:
+    """(share missed over the settled minutes, their seconds, the calibrated model's share missed staying put on
+    ``w``) for a TPOT-break lower whose settled share is a mild break (under MILD_BREAK); None otherwise. The
+    model's share is one memoized simulation (``gate.model_misses``)."""
+    if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or not inp.what_if.calibrated:
+        return None
+    settled = settled_misses(inp)
+    if settled is None or settled[0] >= MILD_BREAK:
+        return None
+    seen = model_misses(model, w, inp.current)
+    return None if seen is None else (settled[0], settled[1], seen)

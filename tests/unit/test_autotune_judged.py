@@ -1,0 +1,97 @@
+"""Where the model may delay or decline a lower (autotune/judged.py): a lower only the model asks for, judged on
+a window it reads far worse than the pods served the limit in force, and a young batch's TPOT break read on one
+window where no lower the model tries beats staying put. Measured where it mattered:
+tight-tpot-overload.decode0.7 and .all-slow from 64 (PyTorch, spare GPU; docs/tuner-suite.md "Thirty-fifth
+pass")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kvpilot.autotune.constants import SEVERE_MISSES, TPOT_CONFIRM_SECONDS
+from kvpilot.autotune.gate import WhatIfGate
+from kvpilot.autotune.judged import OVER_READ
+from kvpilot.autotune.policy import decide
+from kvpilot.autotune.verification import Baseline, Memory
+from kvpilot.autotune.verify import MAX_SETTLE_SECONDS, Settle
+from kvpilot.autotune.whatif import Decline, WhatIf
+from kvpilot.autotune.window import KvWindow
+from tests.unit.test_autotune_rollback import MODEL, NOW, inp, kv
+from tests.unit.test_traffic_pooling import settled_at
+
+
+def tpot_trade() -> KvWindow:
+    """A window at 1024, batch full, where TPOT misses (12%, p95 64 ms against 60) sit beside more TTFT misses
+    (25%): a lower trades one for the other, so it is the model's to judge (``signals.tpot_trade_off``)."""
+    return replace(kv(active=1024, tpot=64.0, tpot_misses=0.12), peak_active=1024, ttft_miss_fraction=0.25)
+
+
+def test_a_lower_only_the_model_asks_for_waits_where_it_over_reads_the_limit_in_force(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """tight-tpot-overload.decode0.7 from 64 (PyTorch, spare GPU): a window of long prompts replayed at 64 missed
+    50% where the settled minutes missed 32%; the model chose 40, which served 18% less than 64 until the
+    rollback. A model that reads the limit in force OVER_READ or more worse than the pods served it ranks a
+    swell: its lower is declined, and the simulation reruns later."""
+    import kvpilot.autotune.policy as policy
+    import kvpilot.autotune.judged as judged
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(700, "goodput 8.00 staying; 9.00 at 700"))
+    settled = settled_at(1024, 0.68)  # 32% missed over the settled minutes
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.32 + OVER_READ + 0.01)
+    for gate in (WhatIfGate(model=MODEL, calibrated=True), WhatIfGate(model=MODEL)):
+        d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=gate, last_applied_at=None))
+        assert d.action == "Hold" and d.reason == "NoPredictedGain" and d.recheck_later, d.message
+        assert "it ranks a swell" in d.message and "missed 32.0% over" in d.message and "chose" not in d.message
+    # less than OVER_READ above the settled minutes, the model's lower stands
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.32 + OVER_READ - 0.01)
+    d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
+    # a protective lower (a TPOT cliff: p95 far over, most requests missing) the model sizes, however it reads
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.95)
+    cliff = replace(tpot_trade(), tpot_p95_ms=120.0, tpot_miss_fraction=0.6)
+    d = decide(inp(current=1024, w=cliff, mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
+
+
+def young(limit: int, seconds: float) -> Memory:
+    """A batch at ``limit`` in force for ``seconds``, with no settled minutes yet."""
+    return Memory(baseline=Baseline(limit, settle=Settle(in_force_s=NOW.timestamp() - seconds)))
+
+
+def cold_break(share: float = 0.3) -> KvWindow:
+    """A window at 64, the batch full, where ``share`` of the requests missed TPOT (p95 90 ms against 60)."""
+    return replace(kv(active=64, tpot=90.0, tpot_misses=share), peak_active=64, mean_active=64.0)
+
+
+def test_a_young_batchs_break_on_one_window_waits_where_no_lower_the_model_tries_beats_staying_put(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """tight-tpot-overload.all-slow from 64 (PyTorch, spare GPU): at 75 s one window broke TPOT, the model scored
+    staying at 64 above every lower, and the lower to 51 ended the run at 0.953x static 64. It now waits for the
+    settled minutes; it never waits where the model finds a lower, where most requests miss, or past the young
+    batch's time."""
+    import kvpilot.autotune.policy as policy
+
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(None, "goodput 19.85 staying at 64",
+                                                                           Decline.NO_GAIN))
+    gate = WhatIfGate(model=MODEL, calibrated=True)
+    d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=gate, last_applied_at=None))
+    assert d.action == "Hold" and d.reason == "TpotBreakUnconfirmed", d.message
+    assert "no lower the model tries beats staying put" in d.message and "30% missing TPOT" in d.message
+    # a decline recorded a moment ago is no reason to skip the simulation: the break reruns it, and waits
+    d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=gate, last_applied_at=None,
+                   declined_since=NOW))
+    assert d.action == "Hold" and d.reason == "TpotBreakUnconfirmed", d.message
+    # most requests missing, or the batch past its settling time: the lower goes ahead, unvetoed
+    for w, mem in ((cold_break(SEVERE_MISSES), young(64, 30.0)),
+                   (cold_break(), young(64, MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS + 15.0))):
+        d = decide(inp(current=64, w=w, mem=mem, what_if=gate, last_applied_at=None))
+        assert d.action == "Lower" and "cannot veto" in d.message, d.message
+    # settled minutes that missed 30%: they decide, and no model vetoes the lower
+    d = decide(inp(current=64, w=cold_break(), mem=settled_at(64, 0.7), what_if=gate, last_applied_at=None))
+    assert d.action == "Lower" and "cannot veto" in d.message, d.message
+    # where the model finds a lower that beats staying put, it sizes it at once
+    monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(40, "goodput 9.00 staying; 12.00 at 40"))
+    d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=gate, last_applied_at=None))
+    assert d.action == "Lower" and d.target == 40, d.message
