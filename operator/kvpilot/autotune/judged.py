@@ -4,11 +4,13 @@ The what-if ranks candidates on the traffic it replays; the pods measure the lim
 one against the other before the model's word counts: a mild TPOT break is the calibrated model's to judge where
 it reproduces the break (``model_judges``); one it over-reads waits (``over_read``); and a lower only the model
 asks for is declined where it reads the limit in force far worse than the settled minutes served it
-(``over_read_gain``); a break read on one window before any settled minutes waits for them where no lower the
-model tries beats staying put (``unsettled_break``). Pure: each reads the tuner's input and one memoized simulation (``gate.model_misses``).
+(``over_read_gain``); a break read on one window before any settled minutes waits for them where the model holds
+staying put clearly best (``unsettled_break``, ``waits_for_settling``). Pure: each reads the tuner's input and one memoized simulation (``gate.model_misses``).
 """
 
 from __future__ import annotations
+
+import math
 
 from kvpilot.autotune.constants import SEVERE_MISSES, TPOT_CONFIRM_SECONDS
 from kvpilot.autotune.decision import Decision
@@ -17,6 +19,7 @@ from kvpilot.autotune.inputs import TunerInput
 from kvpilot.autotune.reasons import TunerReason
 from kvpilot.autotune.rules import settled_misses
 from kvpilot.autotune.verify import MAX_SETTLE_SECONDS
+from kvpilot.autotune.whatif import MARGIN, WhatIf
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.window import KvWindow
 
@@ -103,19 +106,12 @@ def over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | N
 
 
 def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
-    """Why a protective lower for a TPOT break waits for the settled minutes (None: it need not), called where
-    the model, staying put, beats every lower it tried: the break is read on this window's own share alone (no
-    settled minutes at this limit yet, ``rules.settled_misses``), fewer than SEVERE_MISSES of its requests missed
-    TPOT, and the batch at this limit is young (in force under MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS). A
-    window of 20-50% missing decides at once where nothing else weighs (``rules._lasting_misses``); here the model
-    weighs against it, and a minute of settled traffic tells a cold start's swell from a lasting break. It delays,
-    never vetoes: once the settled minutes exist they decide (a break of MILD_BREAK or more over them is lowered
-    whatever any model says), and past the young batch's time the window's own share decides as before.
-    Measured on the suite's overloaded case with a 22 ms TPOT objective, served by PyTorch slower in everything
-    with a spare GPU (tight-tpot-overload.all-slow from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 75 s,
-    15 s past the warm-up, one window broke TPOT (p95 27 ms); the model scored staying at 64 at 19.85 good req/s
-    and the best lower, 51, at 17.90; the lower went ahead, TTFT misses at 51 ran 25-44% for the rest of the run,
-    and no way back to 64 was open within the planning horizon: 0.953x static 64."""
+    """Why a protective lower for a TPOT break may wait for the settled minutes (None: it may not), if the model
+    then holds staying put clearly best (``waits_for_settling``): the break is read on this window's own share
+    alone (no settled minutes at this limit yet, ``rules.settled_misses``), fewer than SEVERE_MISSES of its
+    requests missed TPOT, and the batch at this limit is young (in force under MAX_SETTLE_SECONDS +
+    TPOT_CONFIRM_SECONDS). A window of 20-50% missing decides at once where nothing else weighs
+    (``rules._lasting_misses``); a minute of settled traffic tells a cold start's swell from a lasting break."""
     if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or settled_misses(inp) is not None:
         return None
     share = w.tpot_miss_fraction
@@ -125,9 +121,31 @@ def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | N
         return None
     if inp.now.timestamp() - start >= MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS:
         return None
-    return (f"no lower the model tries beats staying put, and one window's share ({share:.0%} missing TPOT) is no "
-            f"lasting break before the batch at {inp.current} has settled ({base.side.seconds:.0f}s of settled "
-            f"traffic; a lasting break is told from a transient on {TPOT_CONFIRM_SECONDS:.0f}s): waiting")
+    return (f"one window's share ({share:.0%} missing TPOT) is no lasting break before the batch at "
+            f"{inp.current} has settled ({base.side.seconds:.0f}s of settled traffic; a lasting break is told "
+            f"from a transient on {TPOT_CONFIRM_SECONDS:.0f}s): waiting")
+
+
+def waits_for_settling(unsettled: str | None, verdict: WhatIf, error: float) -> str | None:
+    """Why the protective lower of an ``unsettled_break`` waits (None: it goes ahead as the rules size it): the
+    model declined every lower, and staying put scores above the best of them by more than the model's error and
+    the what-if's MARGIN (``WhatIf.lead``), a verdict and not a tie. It delays, never vetoes: once the settled
+    minutes exist they decide (a break of MILD_BREAK or more over them is lowered whatever any model says), and
+    past the young batch's time the window's own share decides as before.
+    Measured on the suite's overloaded case with a 22 ms TPOT objective, served by PyTorch slower in everything
+    with a spare GPU (tight-tpot-overload.all-slow from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 75 s,
+    15 s past the warm-up, a window missed TPOT for 29% of its requests; the model scored staying at 64 at 19.85
+    good req/s and the best lower, 51, at 17.90 (a lead of 10%, its error 6%); the lower went ahead, TTFT misses at
+    51 ran 24-44% for the rest of the run, no way back to 64 was open within the planning horizon: 0.953x static
+    64. Without the lead it misfired: on the TensorRT backend (that case, from 64; long-output-a100.prefill0.7 from
+    2048) the model's lead was 2% and none, the lower the window called for was a gain, and waiting cost 1.5% and
+    5.8%."""
+    if unsettled is None or verdict.best is not None or not math.isfinite(error):
+        return None
+    if verdict.lead <= max(error, MARGIN):
+        return None
+    return (f"staying put scores {verdict.lead:.0%} above every lower the model tries, past its error "
+            f"({error:.0%}), and {unsettled}")
 
 
 def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,

@@ -34,7 +34,7 @@ from kvpilot.autotune.constants import (
 )
 from kvpilot.autotune.costs import restart_cost_seconds
 from kvpilot.autotune.ahead import traffic_ahead
-from kvpilot.autotune.judged import model_judges, over_read, over_read_gain, unsettled_break
+from kvpilot.autotune.judged import model_judges, over_read, over_read_gain, unsettled_break, waits_for_settling
 from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.inputs import TunerInput, bounds, hold
 from kvpilot.autotune.pooling import replayed
@@ -245,10 +245,10 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if judged is not None:
         protective = False
         decision = replace(decision, message=f"{decision.message}; {judged}")
-    # A young batch's break read on one window may wait for its settled minutes where the model, run afresh, finds
-    # no lower that beats staying put (``judged.unsettled_break``).
-    waits = unsettled_break(inp, w, decision) if protective else None
-    recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w) if waits is None else None
+    # A young batch's break read on one window may wait for its settled minutes where the model, run afresh, holds
+    # staying put clearly best (``judged.unsettled_break``, ``judged.waits_for_settling``).
+    unsettled = unsettled_break(inp, w, decision) if protective else None
+    recheck = inp.what_if.recheck(inp.history.declined_since, inp.now, w) if unsettled is None else None
     if recheck is not None:
         if protective:
             return replace(decision, message=f"{decision.message}; the simulation, which declined it recently, "
@@ -262,10 +262,10 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     load = restart_load(inp.spec.slo, inp.current, w)
     tpot_near = not tpot_margin(inp.spec.slo, w)
     margin = WHAT_IF_MARGIN * (TPOT_NEAR_MARGIN_FACTOR if decision.action == Action.RAISE and tpot_near else 1.0)
-    best, why, decline = what_if_verdict(model, traffic, inp.current,
-                                         _options(inp, w, decision, lo, hi, ahead is not None),
-                                         restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
-                                         for_gain=not protective, ahead=ahead is not None)
+    verdict = what_if_verdict(model, traffic, inp.current, _options(inp, w, decision, lo, hi, ahead is not None),
+                              restart_cost_seconds(inp.cost, load), PLANNING_HORIZON_SECONDS, margin,
+                              for_gain=not protective, ahead=ahead is not None)
+    best, why, decline = verdict.best, verdict.why, verdict.decline
     lowers = best is not None and best < inp.current and not protective
     misread = over_read_gain(inp, traffic, model) if lowers else None
     if misread is not None:
@@ -278,6 +278,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if decline == Decline.UNPLACEABLE:
         return replace(decision, message=f"{decision.message}; {why}")
     # NO_GAIN or YOUNG_ERROR (a verdict without a reason is read as NO_GAIN: it holds, never lets a change through).
+    waits = waits_for_settling(unsettled, verdict, model.model_error)
     if waits is not None:
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED, f"{decision.message}; but {why}; {waits}")
     if protective:

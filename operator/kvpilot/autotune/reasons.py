@@ -25,8 +25,8 @@ class TunerReason(StrEnum):
     # A TPOT break in one window while the batch at this limit has not settled long enough to tell a
     # transient from a lasting one (rules.py, ``_lasting_misses``), or a mild one (the settled minutes missed
     # under 10%) that the calibrated model reads far worse than the pods do, so no model may judge it
-    # (judged.py, ``over_read``), or one window before the settled minutes that no lower the model tries beats
-    # (judged.py, ``unsettled_break``).
+    # (judged.py, ``over_read``), or one window before the settled minutes where the model holds staying put
+    # clearly best (judged.py, ``waits_for_settling``).
     TPOT_BREAK_UNCONFIRMED = "TpotBreakUnconfirmed"
     # The KV pool calls for a lower (requests paused, a MaxUtilization pool over target), but too few requests
     # finished to say what it costs them, and there are no settled minutes at this limit yet (``_pool_lower``).

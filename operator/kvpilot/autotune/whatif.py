@@ -285,6 +285,9 @@ class WhatIf(NamedTuple):
     best: int | None
     why: str
     decline: Decline | None = None
+    # How far staying put scores above the best candidate tried, as a share of staying put (0 where one scores
+    # as well or higher, or none was tried): a decline with a lead past the model's error is a verdict, not a tie.
+    lead: float = 0.0
 
 
 def unplaceable(e: Engine, limit: int) -> str | None:
@@ -367,7 +370,9 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
            f"{cap}): goodput {stay.goodput:.2f} staying at {current}; {tried}; the restart spoils ~{lost:.0f} good "
            f"requests{error}{stepped}{'; ' + shaky if shaky else ''}{'; ' + ERROR_EATS_GAIN if young else ''} "
            f"({time.process_time() - started:.1f} CPU-s)")
-    return WhatIf(best, why, None if best is not None else Decline.YOUNG_ERROR if young else Decline.NO_GAIN)
+    top = max((o.goodput for o in results.values()), default=stay.goodput)
+    lead = max(0.0, 1.0 - top / stay.goodput) if stay.goodput > 0 else 0.0
+    return WhatIf(best, why, None if best is not None else Decline.YOUNG_ERROR if young else Decline.NO_GAIN, lead)
 
 
 def _cap_shaky(e: Engine, fit: TrafficFit, current: int, best: int, seconds: float, restart_cost_s: float,
