@@ -28,7 +28,7 @@ def tpot_trade() -> KvWindow:
     return replace(kv(active=1024, tpot=64.0, tpot_misses=0.12), peak_active=1024, ttft_miss_fraction=0.25)
 
 
-def test_a_lower_only_the_model_asks_for_waits_where_it_over_reads_the_limit_in_force(
+def test_a_lower_only_the_model_asks_for_is_declined_where_it_over_reads_the_limit_in_force(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """tight-tpot-overload.decode0.7 from 64 (PyTorch, spare GPU): a window of long prompts replayed at 64 missed
     50% where the settled minutes missed 32%; the model chose 40, which served 18% less than 64 until the
@@ -47,6 +47,11 @@ def test_a_lower_only_the_model_asks_for_waits_where_it_over_reads_the_limit_in_
     # less than OVER_READ above the settled minutes, the model's lower stands
     monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.32 + OVER_READ - 0.01)
     d = decide(inp(current=1024, w=tpot_trade(), mem=settled, what_if=WhatIfGate(model=MODEL), last_applied_at=None))
+    assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
+    # without settled minutes at the limit there is nothing to read the model against: the lower stands
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.9)
+    d = decide(inp(current=1024, w=tpot_trade(), mem=Memory(), what_if=WhatIfGate(model=MODEL),
+                   last_applied_at=None))
     assert d.action == "Lower" and d.target == 700 and "swell" not in d.message, d.message
     # a protective lower (a TPOT cliff: p95 far over, most requests missing) the model sizes, however it reads
     monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.95)
@@ -78,7 +83,8 @@ def test_a_young_batchs_break_on_one_window_waits_where_no_lower_the_model_tries
     gate = WhatIfGate(model=replace(MODEL, model_error=0.06), calibrated=True)
     d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=gate, last_applied_at=None))
     assert d.action == "Hold" and d.reason == "TpotBreakUnconfirmed", d.message
-    assert "staying put scores 10% above every lower the model tries, past its error (6%)" in d.message
+    assert "staying put scores 10% above every lower the fitted model tries, past its error and margin (6%)" \
+        in d.message
     assert "30% missing TPOT" in d.message
     # a decline recorded a moment ago is no reason to skip the simulation: the break reruns it, and waits
     d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=gate, last_applied_at=None,
@@ -94,13 +100,29 @@ def test_a_young_batchs_break_on_one_window_waits_where_no_lower_the_model_tries
     assert d.action == "Lower" and "cannot veto" in d.message, d.message
     # a tie within the model's error is no verdict (TensorRT, that case from 64: a lead of 2% with 5% error, where
     # the lower was a gain); nor is a model whose error is unknown
-    for lead, error in ((0.05, 0.06), (0.02, 0.0), (0.5, float("nan")), (0.5, float("inf"))):
+    # the same for the datasheet (no fit of these pods: it never judges a break, and reads an error of 0)
+    for lead, error, calibrated in ((0.05, 0.06, True), (0.02, 0.0, True), (0.5, float("nan"), True),
+                                    (0.5, float("inf"), True), (0.5, 0.0, False)):
         tied = WhatIf(None, "goodput 21.06 staying at 64; 20.68 at 57", Decline.NO_GAIN, lead=lead)
         monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: tied)
-        unsure = WhatIfGate(model=replace(MODEL, model_error=error), calibrated=True)
+        unsure = WhatIfGate(model=replace(MODEL, model_error=error), calibrated=calibrated)
         d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=unsure, last_applied_at=None))
-        assert d.action == "Lower" and "cannot veto" in d.message, (lead, error, d.message)
+        assert d.action == "Lower" and "cannot veto" in d.message, (lead, error, calibrated, d.message)
     # where the model finds a lower that beats staying put, it sizes it at once
     monkeypatch.setattr(policy, "what_if_verdict", lambda *_a, **_k: WhatIf(40, "goodput 9.00 staying; 12.00 at 40"))
     d = decide(inp(current=64, w=cold_break(), mem=young(64, 30.0), what_if=gate, last_applied_at=None))
     assert d.action == "Lower" and d.target == 40, d.message
+
+
+def test_only_a_tpot_lower_is_read_against_the_settled_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``over_read_gain`` was measured on TPOT trade-offs alone; a lower for free batch slots (``ReservationBound``)
+    the model ranks as before, however it reads the limit in force."""
+    import kvpilot.autotune.judged as judged
+    from kvpilot.autotune.decision import Decision
+
+    monkeypatch.setattr(judged, "model_misses", lambda *_a: 0.9)
+    settled = inp(current=1024, w=tpot_trade(), mem=settled_at(1024, 0.68))
+    tpot = Decision("Lower", 700, "TpotObjectiveBroken", "p95 TPOT 64ms > objective 60ms")
+    slots = Decision("Lower", 700, "ReservationBound", "requests wait for KV blocks beside a batch of 300")
+    assert judged.over_read_gain(settled, tpot_trade(), tpot, MODEL) is not None
+    assert judged.over_read_gain(settled, tpot_trade(), slots, MODEL) is None

@@ -4,8 +4,9 @@ The what-if ranks candidates on the traffic it replays; the pods measure the lim
 one against the other before the model's word counts: a mild TPOT break is the calibrated model's to judge where
 it reproduces the break (``model_judges``); one it over-reads waits (``over_read``); and a lower only the model
 asks for is declined where it reads the limit in force far worse than the settled minutes served it
-(``over_read_gain``); a break read on one window before any settled minutes waits for them where the model holds
-staying put clearly best (``unsettled_break``, ``waits_for_settling``). Pure: each reads the tuner's input and one memoized simulation (``gate.model_misses``).
+(``over_read_gain``); a break read on one window before any settled minutes waits for them where the fitted
+model holds staying put clearly best (``unsettled_break``, ``waits_for_settling``). Pure: each reads the tuner's
+input and one memoized simulation (``gate.model_misses``), or the what-if's verdict.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def over_read(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEng
             f"{MILD_BREAK:.0%} or more, or a model reproduces it")
 
 
-def over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | None:
-    """Why the model's gain from a lower it judges (no protective one) is no evidence (None: it may be): staying
+def over_read_gain(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEngine) -> str | None:
+    """Why the model's gain from a TPOT lower it judges (a trade-off, no protective one) is no evidence (None: it
+    may be; and for any other lower, such as one for free batch slots, where it was not measured): staying
     put on the traffic it replays (``w``), the model (fitted or not) misses OVER_READ or more of the requests beyond
     what the settled minutes at this limit missed (``rules.settled_misses``). It then ranks a swell, not the
     traffic: the window it replays (a burst of long prompts) makes the limit in force look worse than the pods
@@ -96,7 +98,7 @@ def over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | N
     365-token prompts (299 before) replayed at 64 missed 50% where the settled 135 s missed 32%; the model chose
     40 (15.17 against 12.86 good req/s staying put), the pods served 15.7 good req/s at 40 where they had served
     19.2 at 64, and the rollback 270 s later left the run at 0.970x static 64."""
-    settled = settled_misses(inp)
+    settled = settled_misses(inp) if decision.reason == TunerReason.TPOT_OBJECTIVE_BROKEN else None
     seen = model_misses(model, w, inp.current) if settled is not None else None
     if settled is None or seen is None or seen - settled[0] < OVER_READ:
         return None
@@ -108,7 +110,8 @@ def over_read_gain(inp: TunerInput, w: KvWindow, model: WhatIfEngine) -> str | N
 def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
     """Why a protective lower for a TPOT break may wait for the settled minutes (None: it may not), if the model
     then holds staying put clearly best (``waits_for_settling``): the break is read on this window's own share
-    alone (no settled minutes at this limit yet, ``rules.settled_misses``), fewer than SEVERE_MISSES of its
+    alone (no settled minutes at this limit yet, ``rules.settled_misses``; for a thin window the rules may have
+    sized it on the sparse pool, the gate reads the window's share still), fewer than SEVERE_MISSES of its
     requests missed TPOT, and the batch at this limit is young (in force under MAX_SETTLE_SECONDS +
     TPOT_CONFIRM_SECONDS). A window of 20-50% missing decides at once where nothing else weighs
     (``rules._lasting_misses``); a minute of settled traffic tells a cold start's swell from a lasting break."""
@@ -126,12 +129,14 @@ def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | N
             f"from a transient on {TPOT_CONFIRM_SECONDS:.0f}s): waiting")
 
 
-def waits_for_settling(unsettled: str | None, verdict: WhatIf, error: float) -> str | None:
-    """Why the protective lower of an ``unsettled_break`` waits (None: it goes ahead as the rules size it): the
-    model declined every lower, and staying put scores above the best of them by more than the model's error and
+def waits_for_settling(unsettled: str | None, verdict: WhatIf, calibrated: bool, error: float) -> str | None:
+    """Why the protective lower of an ``unsettled_break`` waits (None: it goes ahead as the rules size it): a
+    model fitted to these pods and trusted (``calibrated``; the datasheet never judges a break, and reads an error
+    of 0) declined every lower, and staying put scores above the best of them by more than the model's error and
     the what-if's MARGIN (``WhatIf.lead``), a verdict and not a tie. It delays, never vetoes: once the settled
-    minutes exist they decide (a break of MILD_BREAK or more over them is lowered whatever any model says), and
-    past the young batch's time the window's own share decides as before.
+    minutes exist they weigh the break as without this wait (MILD_BREAK or more missed over them is lowered
+    whatever any model says; a milder break or a trade-off is the model's to judge), and past the young batch's
+    time the window's own share decides as before.
     Measured on the suite's overloaded case with a 22 ms TPOT objective, served by PyTorch slower in everything
     with a spare GPU (tight-tpot-overload.all-slow from 64, docs/tuner-suite.md "Thirty-fifth pass"): at 75 s,
     15 s past the warm-up, a window missed TPOT for 29% of its requests; the model scored staying at 64 at 19.85
@@ -140,12 +145,13 @@ def waits_for_settling(unsettled: str | None, verdict: WhatIf, error: float) -> 
     64. Without the lead it misfired: on the TensorRT backend (that case, from 64; long-output-a100.prefill0.7 from
     2048) the model's lead was 2% and none, the lower the window called for was a gain, and waiting cost 1.5% and
     5.8%."""
-    if unsettled is None or verdict.best is not None or not math.isfinite(error):
+    if unsettled is None or verdict.best is not None or not calibrated or not math.isfinite(error):
         return None
-    if verdict.lead <= max(error, MARGIN):
+    bar = max(error, MARGIN)
+    if verdict.lead <= bar:
         return None
-    return (f"staying put scores {verdict.lead:.0%} above every lower the model tries, past its error "
-            f"({error:.0%}), and {unsettled}")
+    return (f"staying put scores {verdict.lead:.0%} above every lower the fitted model tries, past its error "
+            f"and margin ({bar:.0%}), and {unsettled}")
 
 
 def _mild_reading(inp: TunerInput, w: KvWindow, decision: Decision,

@@ -174,7 +174,6 @@ def _called_for(inp: TunerInput, decision: Decision, w: KvWindow) -> bool:
     return called_for(decision, w, inp.spec.slo, settled_split(inp, w))
 
 
-
 def _settled(inp: TunerInput, w: KvWindow, decision: Decision) -> Decision | None:
     """A hold while the traffic's mix is shifting (autotune/shift.py) and the change is no protective one, or a
     TPOT break no settled minutes weigh yet (``_break_in_transit``): the what-if would size it on lengths that
@@ -232,7 +231,9 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     beats staying put. A protective change the measurements call for (paused requests, KV pressure, a broken
     TPOT objective) the simulation may resize among its candidates but never veto (issue 18: on an engine
     slower than its model, the model saw no gain in lowering from a TPOT cliff, and held there for 28 minutes);
-    a mild break that the model over-reads waits (``judged.over_read``)."""
+    a mild break that the model over-reads waits (``judged.over_read``), and so does a young batch's break read on
+    one window where the model clearly prefers staying put (``judged.waits_for_settling``). A TPOT lower only the
+    model asks for is declined where it over-reads the limit in force (``judged.over_read_gain``)."""
     protective = _called_for(inp, decision, w)
     traffic = replayed(inp.history.last_traffic, w)  # the window with the pooled traffic (autotune/pooling.py)
     if protective:
@@ -267,7 +268,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
                               for_gain=not protective, ahead=ahead is not None)
     best, why, decline = verdict.best, verdict.why, verdict.decline
     lowers = best is not None and best < inp.current and not protective
-    misread = over_read_gain(inp, traffic, model) if lowers else None
+    misread = over_read_gain(inp, traffic, decision, model) if lowers else None
     if misread is not None:
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}; {misread}")
         return replace(held, recheck_later=True)
@@ -278,7 +279,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
     if decline == Decline.UNPLACEABLE:
         return replace(decision, message=f"{decision.message}; {why}")
     # NO_GAIN or YOUNG_ERROR (a verdict without a reason is read as NO_GAIN: it holds, never lets a change through).
-    waits = waits_for_settling(unsettled, verdict, model.model_error)
+    waits = waits_for_settling(unsettled, verdict, inp.what_if.calibrated, model.model_error)
     if waits is not None:
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED, f"{decision.message}; but {why}; {waits}")
     if protective:
