@@ -18,8 +18,7 @@ from kvpilot.autotune.decision import Decision
 from kvpilot.autotune.gate import model_misses
 from kvpilot.autotune.inputs import TunerInput
 from kvpilot.autotune.reasons import TunerReason
-from kvpilot.autotune.rules import settled_misses
-from kvpilot.autotune.verify import MAX_SETTLE_SECONDS
+from kvpilot.autotune.rules import settled_misses, young_batch
 from kvpilot.autotune.whatif import MARGIN, WhatIf
 from kvpilot.autotune.whatif import Engine as WhatIfEngine
 from kvpilot.autotune.window import KvWindow
@@ -112,18 +111,14 @@ def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | N
     then holds staying put clearly best (``waits_for_settling``): the break is read on this window's own share
     alone (no settled minutes at this limit yet, ``rules.settled_misses``; for a thin window the rules may have
     sized it on the sparse pool, the gate reads the window's share still), fewer than SEVERE_MISSES of its
-    requests missed TPOT, and the batch at this limit is young (in force under MAX_SETTLE_SECONDS +
-    TPOT_CONFIRM_SECONDS). A window of 20-50% missing decides at once where nothing else weighs
+    requests missed TPOT, and the batch at this limit is young (``rules.young_batch``). A window of 20-50% missing decides at once where nothing else weighs
     (``rules._lasting_misses``); a minute of settled traffic tells a cold start's swell from a lasting break."""
     if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or settled_misses(inp) is not None:
         return None
     share = w.tpot_miss_fraction
+    if share is None or share >= SEVERE_MISSES or not young_batch(inp):
+        return None
     base = inp.history.verification.baseline
-    start = base.settle.in_force_s
-    if share is None or share >= SEVERE_MISSES or base.limit != inp.current or start is None:
-        return None
-    if inp.now.timestamp() - start >= MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS:
-        return None
     return (f"one window's share ({share:.0%} missing TPOT) is no lasting break before the batch at "
             f"{inp.current} has settled ({base.side.seconds:.0f}s of settled traffic; a lasting break is told "
             f"from a transient on {TPOT_CONFIRM_SECONDS:.0f}s): waiting")

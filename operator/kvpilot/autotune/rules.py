@@ -236,16 +236,23 @@ def _lasting_misses(inp: TunerInput, w: KvWindow, misses: float, broken: str) ->
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED,
                     f"{broken}, with {misses:.0%} of this window's requests missing it; {finished:.0f} requests "
                     f"finished in it, too few to tell, and no settled minutes at {inp.current} yet: waiting")
-    base = inp.history.verification.baseline
-    if misses >= REVERSAL_MIN_TPOT_MISSES or base.limit != inp.current:
-        return misses, ""
-    start = base.settle.in_force_s
-    if start is not None and inp.now.timestamp() - start < MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS:
+    if misses < REVERSAL_MIN_TPOT_MISSES and young_batch(inp):
+        base = inp.history.verification.baseline
         return hold(inp, TunerReason.TPOT_BREAK_UNCONFIRMED,
                     f"{broken}, with {misses:.0%} of this window's requests missing it; the batch at {inp.current} "
                     f"has {base.side.seconds:.0f}s of settled traffic (a lasting break is told from a transient on "
                     f"{TPOT_CONFIRM_SECONDS:.0f}s): waiting")
     return misses, ""
+
+
+def young_batch(inp: TunerInput) -> bool:
+    """The batch at the limit in force is still settling: verification's baseline is at this limit and it came
+    into force under MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS ago, too soon to tell a lasting TPOT break from a
+    transient on one window (``_lasting_misses``, ``judged.unsettled_break``)."""
+    base = inp.history.verification.baseline
+    start = base.settle.in_force_s
+    return (base.limit == inp.current and start is not None
+            and inp.now.timestamp() - start < MAX_SETTLE_SECONDS + TPOT_CONFIRM_SECONDS)
 
 
 def settled_misses(inp: TunerInput, sparse: bool = False) -> tuple[float, float] | None:
