@@ -109,13 +109,13 @@ def test_only_a_raise_is_replayed_on_the_slower_engine() -> None:
                  max_blocks=14000, tokens_per_block=32, peak_active=90, mean_active=85, peak_queued=0,
                  mean_queued=0, paused=0, runtime_batch_size=2048, arrival_rate=28.5, prompt_mean=330,
                  output_mean=264, length_share=0.157)
-    _, why, _, _ = verdict(tight, w, 2048, [42, 59, 84, 1024], 18.0, 1800.0)
+    _, why, _, _, _ = verdict(tight, w, 2048, [42, 59, 84, 1024], 18.0, 1800.0)
     assert "slower" not in why
     # A raise from a full batch of 64 (the window of test_autotune_whatif's budget test): every candidate scores
     # alike in the model; replayed slower, 128 queues, so the largest of the least regrets is 256, not 1024.
     full = replace(w, peak_active=64, mean_active=64, peak_queued=10, mean_queued=5, runtime_batch_size=64,
                    arrival_rate=11.5, prompt_mean=150, output_mean=600, length_share=0.2227)
-    best, why, _, _ = verdict(A100, full, 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    best, why, _, _, _ = verdict(A100, full, 64, [128, 256, 512, 1024], 200.0, 1800.0)
     assert "on an engine 20% slower" in why and best == 256
 
 
@@ -157,8 +157,8 @@ def test_the_decision_says_when_a_limit_past_the_knee_gave_way(monkeypatch: pyte
                  max_blocks=14000, tokens_per_block=32, peak_active=250, mean_active=240, peak_queued=0,
                  mean_queued=0, paused=0, runtime_batch_size=256, arrival_rate=7.6, prompt_mean=1770,
                  output_mean=480, length_share=0.1)
-    best, why, _, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False, ahead=True)
+    best, why, _, _, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False, ahead=True)
     assert best == 51
     assert "89 misses an objective at p95 on the traffic carried ahead: 51 meets them all" in why, why
-    best, why, _, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False)
+    best, why, _, _, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False)
     assert best == 89 and "carried ahead" not in why, why

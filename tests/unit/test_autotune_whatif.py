@@ -24,7 +24,7 @@ def window(rate: float, prompt: float = 150, output: float = 600) -> KvWindow:
 
 def test_no_traffic_data_means_no_verdict() -> None:
     assert fit_traffic(replace(window(5.0), arrival_rate=0.0)) is None
-    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit", Decline.NO_FIT, 0.0)
+    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit", Decline.NO_FIT, 0.0, None)
 
 
 def test_fit_is_the_fleet_rate() -> None:
@@ -33,7 +33,7 @@ def test_fit_is_the_fleet_rate() -> None:
 
 
 def test_light_traffic_gains_nothing_from_a_raise() -> None:
-    best, why, _, _ = verdict(A100, window(0.5), 64, [128, 256], 10.0, 1800.0)
+    best, why, _, _, _ = verdict(A100, window(0.5), 64, [128, 256], 10.0, 1800.0)
     assert best is None, why
 
 
@@ -73,7 +73,7 @@ def test_candidates_follow_the_rules_direction_within_bounds() -> None:
 
 
 def test_a_collapsed_limit_is_raised_to_the_best_candidate() -> None:
-    best, why, _, _ = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
+    best, why, _, _, _ = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
     assert best in (128, 256), why
 
 
@@ -102,7 +102,7 @@ def test_one_decision_shares_a_budget_of_simulated_requests() -> None:
     from kvpilot.autotune.whatif import steady_run
 
     steady_run.cache_clear()
-    best, why, _, _ = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
+    best, why, _, _, _ = verdict(A100, window(11.5), 64, [128, 256, 512, 1024], 200.0, 1800.0)
     # Staying put and four candidates, each within the share; then the robust choice's replays on the slower
     # engine: staying put and each candidate that beats it, each within the same share; then, for the change
     # chosen, staying put and it with the placed max_tokens one step lower and one higher.
@@ -180,9 +180,9 @@ def test_a_model_that_cannot_place_a_limit_leaves_the_decision_to_the_rules() ->
     assert unplaceable(model, 8) is None
     refused = unplaceable(model, 2048)
     assert refused is not None and refused.startswith(UNPLACEABLE) and "do not fit" in refused
-    best, why, decline, _ = verdict(model, window(5.0), 2048, [8, 64], 10.0, 1800.0)
+    best, why, decline, _, _ = verdict(model, window(5.0), 2048, [8, 64], 10.0, 1800.0)
     assert best is None and why.startswith(UNPLACEABLE) and decline == Decline.UNPLACEABLE
-    best, why, _, _ = verdict(model, window(5.0), 64, [32, 2048], 10.0, 1800.0)
+    best, why, _, _, _ = verdict(model, window(5.0), 64, [32, 2048], 10.0, 1800.0)
     assert "at 2048" not in why and "at 32" in why
     at_2048 = replace(window(5.0), runtime_batch_size=2048)
     assert (model_check(model, at_2048, rendered=2048) or "").startswith(UNPLACEABLE)
@@ -194,12 +194,28 @@ def test_a_decline_says_how_far_staying_put_leads_the_best_candidate() -> None:
     it); where a candidate scores as well or higher, none (judged.waits_for_settling reads a tie as no verdict)."""
     import re
 
-    best, why, decline, lead = verdict(A100, window(7.0), 64, [32], 200.0, 1800.0)  # 32 queues what 64 serves
+    best, why, decline, lead, _ = verdict(A100, window(7.0), 64, [32], 200.0, 1800.0)  # 32 queues what 64 serves
     stay = float(re.search(r"goodput ([\d.]+) staying at 64", why).group(1))  # type: ignore[union-attr]
     at_32 = float(re.search(r"([\d.]+) at 32 \(margin", why).group(1))  # type: ignore[union-attr]
     assert best is None and decline == Decline.NO_GAIN and at_32 < stay, why
     assert lead == pytest.approx(1.0 - at_32 / stay, abs=0.002) and lead > 0.05, (lead, why)
-    best, why, _, lead = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
+    best, why, _, lead, _ = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
     assert best is not None and lead == 0.0, why
-    best, why, _, lead = verdict(A100, window(5.0), 64, [32], 200.0, 1800.0)  # light: 32 serves it as well
+    best, why, _, lead, _ = verdict(A100, window(5.0), 64, [32], 200.0, 1800.0)  # light: 32 serves it as well
     assert best is None and lead == 0.0, why
+
+
+def test_a_choice_says_what_share_of_the_traffic_it_is_predicted_to_win() -> None:
+    """``WhatIf.gain``: the chosen candidate's goodput above staying put's, over the rate replayed, as the message's
+    figures read it (judged.over_read_gain sets it against the model's misreading of the limit in force); None
+    where nothing is chosen."""
+    import re
+
+    best, why, _, _, gain = verdict(A100, window(11.5), 64, [128, 256], 200.0, 1800.0)
+    assert best is not None and gain is not None, why
+    rate = float(re.search(r"simulated ([\d.]+) req/s", why).group(1))  # type: ignore[union-attr]
+    stay = float(re.search(r"goodput ([\d.]+) staying at 64", why).group(1))  # type: ignore[union-attr]
+    chosen = float(re.search(rf"([\d.]+) at {best} \(margin", why).group(1))  # type: ignore[union-attr]
+    assert gain == pytest.approx((chosen - stay) / rate, abs=0.002) and gain > 0.05, (gain, why)
+    best, why, _, _, gain = verdict(A100, window(7.0), 64, [32], 200.0, 1800.0)
+    assert best is None and gain is None, why

@@ -53,12 +53,12 @@ def test_a_lower_the_model_wants_only_at_the_placed_cap_is_not_made() -> None:
     """At the placed cap (1,070) the model serves 23.5 at 1024 against 22.6 staying at 2048, p95 TPOT 1% inside
     its objective; with the cap 10% lower 1024 falls off the TPOT cliff (4.6). The pods at 1024 broke TPOT,
     and the protective lower that followed ended the run at 0.946x TensorRT-LLM's default."""
-    best, why, decline, _ = verdict(MODEL, WINDOW, 2048, [367, 519, 734, 1024], 18.0, 1800.0)
+    best, why, decline, _, _ = verdict(MODEL, WINDOW, 2048, [367, 519, 734, 1024], 18.0, 1800.0)
     assert best is None and decline == Decline.NO_GAIN
     assert "max_tokens placed at 1070" in why and "with max_tokens at 968 (the placed cap's error)" in why
     # A change the measurements call for is the model's to resize, never to veto: no bound is asked of it.
-    best, why, _, _ = verdict(MODEL, WINDOW, 2048, [367, 519, 734, 1024], 18.0, 1800.0, for_gain=False)
+    best, why, _, _, _ = verdict(MODEL, WINDOW, 2048, [367, 519, 734, 1024], 18.0, 1800.0, for_gain=False)
     assert best == 1024 and "placed cap's error" not in why
     # With the cap unknown (no Prometheus page), there is nothing to bound and the model's choice stands.
-    best, why, _, _ = verdict(MODEL, replace(WINDOW, length_share=None), 2048, [367, 519, 734, 1024], 18.0, 1800.0)
+    best, why, _, _, _ = verdict(MODEL, replace(WINDOW, length_share=None), 2048, [367, 519, 734, 1024], 18.0, 1800.0)
     assert "placed" not in why and best is not None, why

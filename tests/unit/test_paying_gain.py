@@ -78,7 +78,7 @@ def test_verdict_notes_a_decline_by_a_young_models_error_alone(monkeypatch: pyte
                  runtime_batch_size=64, window_seconds=15.0, completion_rate=12.0, arrival_rate=16.15,
                  prompt_mean=148.0, output_mean=518.0)
     e = replace(NO_SURGE, model_error=error, surge=surge)
-    chosen, why, decline, _ = whatif.verdict(e, w, 64, [256], 198.0, 1800.0)
+    chosen, why, decline, _, _ = whatif.verdict(e, w, 64, [256], 198.0, 1800.0)
     assert (chosen, ERROR_EATS_GAIN in why) == (best, note), why
     assert decline == (None if best else Decline.YOUNG_ERROR if note else Decline.NO_GAIN), why
 

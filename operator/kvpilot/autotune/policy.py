@@ -268,7 +268,7 @@ def _simulated(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIfEn
                               for_gain=not protective, ahead=ahead is not None)
     best, why, decline = verdict.best, verdict.why, verdict.decline
     lowers = best is not None and best < inp.current and not protective
-    misread = over_read_gain(inp, traffic, decision, model) if lowers else None
+    misread = over_read_gain(inp, traffic, decision, model, verdict.gain) if lowers else None
     if misread is not None:
         held = hold(inp, TunerReason.NO_PREDICTED_GAIN, f"{decision.message}; but {why}; {misread}")
         return replace(held, recheck_later=True)

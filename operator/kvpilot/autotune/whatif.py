@@ -288,6 +288,9 @@ class WhatIf(NamedTuple):
     # How far staying put scores above the best candidate tried, as a share of staying put (0 where one scores
     # as well or higher, or none was tried): a decline with a lead past the model's error is a verdict, not a tie.
     lead: float = 0.0
+    # The chosen candidate's goodput above staying put's, as a share of the traffic replayed (None: none chosen,
+    # or not known): the points of requests served in time the change is predicted to win.
+    gain: float | None = None
 
 
 def unplaceable(e: Engine, limit: int) -> str | None:
@@ -372,7 +375,9 @@ def verdict(e: Engine, w: KvWindow, current: int, candidates: list[int], restart
            f"({time.process_time() - started:.1f} CPU-s)")
     top = max((o.goodput for o in results.values()), default=stay.goodput)
     lead = max(0.0, 1.0 - top / stay.goodput) if stay.goodput > 0 else 0.0
-    return WhatIf(best, why, None if best is not None else Decline.YOUNG_ERROR if young else Decline.NO_GAIN, lead)
+    gain = (results[best].goodput - stay.goodput) / fit.rate_per_s if best is not None and fit.rate_per_s > 0 else None
+    return WhatIf(best, why, None if best is not None else Decline.YOUNG_ERROR if young else Decline.NO_GAIN, lead,
+                  gain)
 
 
 def _cap_shaky(e: Engine, fit: TrafficFit, current: int, best: int, seconds: float, restart_cost_s: float,
