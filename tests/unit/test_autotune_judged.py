@@ -84,7 +84,8 @@ def test_a_lower_whose_gain_is_within_what_the_model_over_reads_is_declined(monk
     assert "misses 10.5% staying put" in d.message and "missed 4.0% over" in d.message, d.message
     # a gain past the over-reading stands; so does one the verdict does not state (a what-if that chose nothing
     # new to say), and one where the model reads the limit in force no worse than the pods served it
-    for gain, seen in ((0.07, 0.105), (None, 0.105), (0.01, 0.04), (0.01, 0.03)):
+    # (a gain equal to the over-read stands: the model must over-read by more than the lower gains)
+    for gain, seen in ((0.07, 0.105), (0.065, 0.105), (None, 0.105), (0.01, 0.04), (0.01, 0.03), (0.0, 0.03)):
         lowered_for(gain)
         monkeypatch.setattr(judged, "model_misses", lambda *_a, seen=seen: seen)
         d = decide(inp(current=1024, w=tpot_swell(), mem=mild, what_if=calibrated, last_applied_at=None))
@@ -152,8 +153,8 @@ def test_a_young_batchs_break_on_one_window_waits_where_no_lower_the_model_tries
 
 
 def test_only_a_tpot_lower_is_read_against_the_settled_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``over_read_gain`` was measured on TPOT trade-offs alone; a lower for free batch slots (``ReservationBound``)
-    the model ranks as before, however it reads the limit in force."""
+    """``over_read_gain`` was measured on TPOT trade-offs and mild breaks the model judges alone; a lower for free
+    batch slots (``ReservationBound``) the model ranks as before, however it reads the limit in force."""
     import kvpilot.autotune.judged as judged
     from kvpilot.autotune.decision import Decision
 

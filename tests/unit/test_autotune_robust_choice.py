@@ -157,8 +157,11 @@ def test_the_decision_says_when_a_limit_past_the_knee_gave_way(monkeypatch: pyte
                  max_blocks=14000, tokens_per_block=32, peak_active=250, mean_active=240, peak_queued=0,
                  mean_queued=0, paused=0, runtime_batch_size=256, arrival_rate=7.6, prompt_mean=1770,
                  output_mean=480, length_share=0.1)
-    best, why, _, _, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False, ahead=True)
+    best, why, _, _, gain = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False, ahead=True)
     assert best == 51
+    # WhatIf.gain reads the limit chosen, not the best scored: (6.46 - 1.21) over the rate replayed
+    rate = float(why.split("simulated ", 1)[1].split(" req/s", 1)[0])
+    assert gain == pytest.approx((6.46 - 1.21) / rate, rel=0.005), (gain, why)  # the rate printed to 0.1 req/s
     assert "89 misses an objective at p95 on the traffic carried ahead: 51 meets them all" in why, why
     best, why, _, _, _ = whatif.verdict(A100, w, 256, [31, 51, 89], 18.0, 1800.0, for_gain=False)
     assert best == 89 and "carried ahead" not in why, why

@@ -24,7 +24,8 @@ def window(rate: float, prompt: float = 150, output: float = 600) -> KvWindow:
 
 def test_no_traffic_data_means_no_verdict() -> None:
     assert fit_traffic(replace(window(5.0), arrival_rate=0.0)) is None
-    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (None, "no traffic fit", Decline.NO_FIT, 0.0, None)
+    assert verdict(A100, replace(window(5.0), prompt_mean=0.0), 64, [128], 10.0, 1800.0) == (
+        None, "no traffic fit", Decline.NO_FIT, 0.0, None)
 
 
 def test_fit_is_the_fleet_rate() -> None:
@@ -219,3 +220,4 @@ def test_a_choice_says_what_share_of_the_traffic_it_is_predicted_to_win() -> Non
     assert gain == pytest.approx((chosen - stay) / rate, abs=0.002) and gain > 0.05, (gain, why)
     best, why, _, _, gain = verdict(A100, window(7.0), 64, [32], 200.0, 1800.0)
     assert best is None and gain is None, why
+    # for a lower, the one change judged.over_read_gain reads it for: tests/unit/test_autotune_robust_choice.py

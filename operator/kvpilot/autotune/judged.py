@@ -4,9 +4,9 @@ The what-if ranks candidates on the traffic it replays; the pods measure the lim
 one against the other before the model's word counts: a mild TPOT break is the calibrated model's to judge where
 it reproduces the break (``model_judges``); one it over-reads waits (``over_read``); and a lower only the model
 asks for is declined where it reads the limit in force far worse than the settled minutes served it, or worse by
-more than the lower gains (``over_read_gain``); a break read on one window before any settled minutes waits for them where the fitted
-model holds staying put clearly best (``unsettled_break``, ``waits_for_settling``). Pure: each reads the tuner's
-input and one memoized simulation (``gate.model_misses``), or the what-if's verdict.
+more than the lower gains (``over_read_gain``); a break read on one window before any settled minutes waits for
+them where the fitted model holds staying put clearly best (``unsettled_break``, ``waits_for_settling``). Pure:
+each reads the tuner's input and one memoized simulation (``gate.model_misses``), or the what-if's verdict.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def model_judges(inp: TunerInput, w: KvWindow, decision: Decision, model: WhatIf
     batch size. Measured on document Q&A served 20% faster than its profile (rag-then-chat-a100.all-fast from
     2048, docs/tuner-suite.md "Tenth pass"): 2048 missed 2.1% of the phase, single windows 19-29% and the settled
     minutes 6%; static 64 served 19 more of the phase's 7,200 requests than static 2048, and the lower to 60 the
-    rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw no gain where the pods missed every request), nor
-    does any model a break of MILD_BREAK or more, paused requests or KV pressure, nor a model blind to the break:
+    rules made left the pods at 60 when chat arrived. The datasheet never judges a break (issue 18: at 512 it saw
+    no gain where the pods missed every request), nor does any model a break of MILD_BREAK or more, paused
+    requests or KV pressure, nor a model blind to the break:
     staying put on the traffic it replays (``w``), it must miss within REPRODUCED of the share the settled minutes
     missed; one that over-reads it by OVER_READ or more judges nothing, and the break waits (``over_read``,
     checked first). Within, not as much:
@@ -91,7 +92,7 @@ def over_read_gain(inp: TunerInput, w: KvWindow, decision: Decision, model: What
     than the settled minutes at this limit missed (``rules.settled_misses``), by OVER_READ or more, or by more than
     ``gain`` (``WhatIf.gain``: the share of the requests the lower is predicted to win). It then ranks a swell, not
     the traffic: the window it replays (a burst of long prompts) makes the limit in force look worse than the pods
-    have served it, and a gain no larger than that misreading is the misreading. The mirror of ``over_read`` (a
+    have served it, and a gain smaller than that misreading is the misreading. The mirror of ``over_read`` (a
     protective lower on a mild break waits), for a lower only the model asks for: it is declined and the
     simulation reruns RECHECK_SECONDS later.
 
@@ -109,14 +110,18 @@ def over_read_gain(inp: TunerInput, w: KvWindow, decision: Decision, model: What
     seen = model_misses(model, w, inp.current) if settled is not None else None
     if settled is None or seen is None:
         return None
+    # ``seen`` and ``gain`` read the same replayed traffic (``quantized(fit_traffic(w))``, one rate); ``seen`` is
+    # the memoized run staying put that the verdict made where their run budgets agree (a lower's few candidates),
+    # else another draw of the same simulation.
     over = seen - settled[0]
-    within = gain is not None and 0 < over and gain <= over
+    within = gain is not None and over > max(gain, 0.0)
     if over < OVER_READ and not within:
         return None
     misread = (f"the model misses {seen:.1%} staying put on the traffic it replays, where the settled minutes at "
                f"{inp.current} missed {settled[0]:.1%} over {settled[1]:.0f}s")
-    if within and gain is not None:
-        return f"{misread}: its gain from a lower ({gain:.1%} of the requests) is within what it over-reads, no evidence"
+    if within:
+        return (f"{misread}: its gain from a lower ({gain or 0.0:.1%} of the requests) is within what it "
+                f"over-reads, no evidence")
     return f"{misread}: it ranks a swell, so its gain from a lower is no evidence"
 
 
@@ -125,8 +130,9 @@ def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | N
     then holds staying put clearly best (``waits_for_settling``): the break is read on this window's own share
     alone (no settled minutes at this limit yet, ``rules.settled_misses``; for a thin window the rules may have
     sized it on the sparse pool, the gate reads the window's share still), fewer than SEVERE_MISSES of its
-    requests missed TPOT, and the batch at this limit is young (``rules.young_batch``). A window of 20-50% missing decides at once where nothing else weighs
-    (``rules._lasting_misses``); a minute of settled traffic tells a cold start's swell from a lasting break."""
+    requests missed TPOT, and the batch at this limit is young (``rules.young_batch``). A window of 20-50% missing
+    decides at once where nothing else weighs (``rules._lasting_misses``); a minute of settled traffic tells a
+    cold start's swell from a lasting break."""
     if decision.reason != TunerReason.TPOT_OBJECTIVE_BROKEN or settled_misses(inp) is not None:
         return None
     share = w.tpot_miss_fraction
