@@ -114,15 +114,14 @@ def over_read_gain(inp: TunerInput, w: KvWindow, decision: Decision, model: What
     # the memoized run staying put that the verdict made where their run budgets agree (a lower's few candidates),
     # else another draw of the same simulation.
     over = seen - settled[0]
-    within = gain is not None and over > max(gain, 0.0)
-    if over < OVER_READ and not within:
-        return None
     misread = (f"the model misses {seen:.1%} staying put on the traffic it replays, where the settled minutes at "
                f"{inp.current} missed {settled[0]:.1%} over {settled[1]:.0f}s")
-    if within:
-        return (f"{misread}: its gain from a lower ({gain or 0.0:.1%} of the requests) is within what it "
-                f"over-reads, no evidence")
-    return f"{misread}: it ranks a swell, so its gain from a lower is no evidence"
+    if gain is not None and over > max(gain, 0.0):
+        return (f"{misread}: its gain from a lower ({gain:.1%} of the requests) is within what it over-reads, "
+                f"no evidence")
+    if over >= OVER_READ:
+        return f"{misread}: it ranks a swell, so its gain from a lower is no evidence"
+    return None
 
 
 def unsettled_break(inp: TunerInput, w: KvWindow, decision: Decision) -> str | None:
